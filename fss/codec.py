@@ -1,0 +1,151 @@
+"""The strict, versioned wire format of keys and key batches.
+
+Single key (all integers little-endian, bit fields least significant bit first):
+
+    header   8 bytes   version (1) | kind (1 DCF, 2 DPF) | party | bits | out_bits |
+                       flags (cmp code in bits 0-2: lt le gt ge eq = 0..4; bit 3 signed) | width u16
+    seed     16        party's root seed
+    cw_seed  16*bits   seed correction per level; bit 0 of every one is reserved and zero
+    cw_t     ceil(2*bits/8)       bit 2i = left, bit 2i+1 = right control-bit correction of level i
+    cw_v     ceil(L*width*out_bits/8)   L = bits+1 (DCF) or 1 (DPF) payload corrections, level-major,
+                       each element out_bits wide
+    padding bits at the end of cw_t and cw_v are zero.
+
+Batch: the same header with kind | 0x80, a u64 key count, then the bodies (everything after the
+header) of the keys in order. Decoding refuses anything else with `KeyFormatError`: wrong length,
+version, kind, party, parameters, reserved bits or padding.
+"""
+from __future__ import annotations
+
+import numpy as np
+
+from .errors import KeyFormatError
+from .keys import Key, KeyBatch
+from .params import BATCH_FLAG, BATCH_HEADER_LEN, FORMAT_VERSION, HEADER_LEN, LAMBDA_BYTES, TreeParams
+
+_CHUNK = 8192  # keys per chunk in the bit (un)packing, to bound temporary memory
+
+
+def _bodies(batch: KeyBatch, lo: int, hi: int) -> np.ndarray:
+    """Bodies of keys lo..hi as an (hi - lo, body_len) uint8 array."""
+    p, m = batch.params, hi - lo
+    seeds = batch.seeds[lo:hi].astype("<u8", copy=False).view(np.uint8).reshape(m, LAMBDA_BYTES)
+    cws = np.ascontiguousarray(batch.cw_seed[:, lo:hi].transpose(1, 0, 2)).astype("<u8", copy=False)
+    cws = cws.view(np.uint8).reshape(m, p.bits * LAMBDA_BYTES)
+    ct = batch.cw_t[:, lo:hi].T
+    tbits = np.stack([ct & 1, (ct >> 1) & 1], axis=-1).reshape(m, 2 * p.bits)
+    tbytes = np.packbits(tbits, axis=1, bitorder="little")
+    vals = np.ascontiguousarray(batch.cw_v[:, lo:hi].transpose(1, 0, 2)).reshape(m, -1).astype("<u8", copy=False)
+    vbytes = vals.view(np.uint8).reshape(m, -1)
+    if p.out_bits != 64:
+        vb = np.unpackbits(vbytes, axis=1, bitorder="little").reshape(m, -1, 64)[:, :, : p.out_bits]
+        vbytes = np.packbits(vb.reshape(m, -1), axis=1, bitorder="little")
+    return np.concatenate([seeds, cws, tbytes, vbytes], axis=1)
+
+
+def encode_batch(batch: KeyBatch) -> bytes:
+    p, n = batch.params, len(batch)
+    parts = [p.header(batch.party, batch=True), n.to_bytes(8, "little")]
+    for lo in range(0, n, _CHUNK):
+        parts.append(_bodies(batch, lo, min(n, lo + _CHUNK)).tobytes())
+    return b"".join(parts)
+
+
+def encode_key(key: Key) -> bytes:
+    return key.params.header(key.party) + _bodies(key.batch, 0, 1).tobytes()
+
+
+def _check_header(p: TreeParams, data: bytes, batch: bool, party: int | None) -> int:
+    """Validates a key or batch header against the expected parameters; returns the party."""
+    if data[0] != FORMAT_VERSION:
+        raise KeyFormatError(f"unsupported key format version {data[0]} (expected {FORMAT_VERSION})")
+    want_kind = p.kind | (BATCH_FLAG if batch else 0)
+    if data[1] != want_kind:
+        what = "a key batch" if batch else "a single key"
+        raise KeyFormatError(f"kind byte 0x{data[1]:02x} is not {what} of this function family (0x{want_kind:02x})")
+    if data[2] not in (0, 1):
+        raise KeyFormatError(f"party must be 0 or 1, got {data[2]}")
+    if party is not None and data[2] != party:
+        raise KeyFormatError(f"key of party {data[2]}, expected party {party}")
+    got = (data[3], data[4], data[5], int.from_bytes(data[6:8], "little"))
+    want = (p.bits, p.out_bits, p.flags(), p.width)
+    if got != want:
+        raise KeyFormatError(
+            f"key parameters (bits, out_bits, flags, width) = {got} do not match {p.describe()} = {want}"
+        )
+    return data[2]
+
+
+def _parse_bodies(p: TreeParams, body: np.ndarray, out: dict[str, np.ndarray], lo: int) -> None:
+    """Parses an (m, body_len) uint8 array into the batch arrays at keys lo..lo+m, strictly."""
+    m = body.shape[0]
+    pos = 0
+    out["seeds"][lo : lo + m] = body[:, :LAMBDA_BYTES].copy().view("<u8").reshape(m, 2)
+    pos += LAMBDA_BYTES
+    cws = body[:, pos : pos + p.bits * LAMBDA_BYTES].copy().view("<u8").reshape(m, p.bits, 2)
+    if np.any(cws[:, :, 0] & np.uint64(1)):
+        raise KeyFormatError("reserved bit 0 of a seed correction word is set")
+    out["cw_seed"][:, lo : lo + m] = cws.transpose(1, 0, 2)
+    pos += p.bits * LAMBDA_BYTES
+    tbits = np.unpackbits(body[:, pos : pos + p.t_bytes], axis=1, bitorder="little")
+    if np.any(tbits[:, 2 * p.bits :]):
+        raise KeyFormatError("nonzero padding after the control-bit corrections")
+    tb = tbits[:, : 2 * p.bits].reshape(m, p.bits, 2)
+    out["cw_t"][:, lo : lo + m] = (tb[:, :, 0] | (tb[:, :, 1] << 1)).T
+    pos += p.t_bytes
+    vraw = body[:, pos : pos + p.v_bytes]
+    count = p.v_levels * p.width
+    if p.out_bits == 64:
+        vals = vraw.copy().view("<u8").reshape(m, count)
+    else:
+        vbits = np.unpackbits(vraw, axis=1, bitorder="little")
+        if np.any(vbits[:, count * p.out_bits :]):
+            raise KeyFormatError("nonzero padding after the payload corrections")
+        vb = np.zeros((m, count, 64), dtype=np.uint8)
+        vb[:, :, : p.out_bits] = vbits[:, : count * p.out_bits].reshape(m, count, p.out_bits)
+        vals = np.packbits(vb.reshape(m, -1), axis=1, bitorder="little").view("<u8").reshape(m, count)
+    out["cw_v"][:, lo : lo + m] = vals.reshape(m, p.v_levels, p.width).transpose(1, 0, 2)
+
+
+def _empty_arrays(p: TreeParams, n: int) -> dict[str, np.ndarray]:
+    return {
+        "seeds": np.empty((n, 2), np.uint64),
+        "cw_seed": np.empty((p.bits, n, 2), np.uint64),
+        "cw_t": np.empty((p.bits, n), np.uint8),
+        "cw_v": np.empty((p.v_levels, n, p.width), np.uint64),
+    }
+
+
+def _as_bytes(data: object) -> bytes:
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise KeyFormatError(f"expected bytes, got {type(data).__name__}")
+    return bytes(data)
+
+
+def decode_key(p: TreeParams, data: object, party: int | None = None) -> Key:
+    """Parses one key of parameters `p` (and of `party`, if given); anything else: KeyFormatError."""
+    data = _as_bytes(data)
+    if len(data) != p.key_size:
+        raise KeyFormatError(f"a key of {p.describe()} is {p.key_size} bytes, got {len(data)}")
+    got_party = _check_header(p, data, batch=False, party=party)
+    arrays = _empty_arrays(p, 1)
+    _parse_bodies(p, np.frombuffer(data, np.uint8, offset=HEADER_LEN).reshape(1, -1), arrays, 0)
+    return Key(KeyBatch(p, got_party, **arrays))
+
+
+def decode_batch(p: TreeParams, data: object, party: int | None = None) -> KeyBatch:
+    """Parses a key batch of parameters `p`; anything else: KeyFormatError."""
+    data = _as_bytes(data)
+    if len(data) < BATCH_HEADER_LEN:
+        raise KeyFormatError(f"a key batch is at least {BATCH_HEADER_LEN} bytes, got {len(data)}")
+    got_party = _check_header(p, data, batch=True, party=party)
+    n = int.from_bytes(data[HEADER_LEN:BATCH_HEADER_LEN], "little")
+    if len(data) - BATCH_HEADER_LEN != n * p.body_len:
+        raise KeyFormatError(
+            f"a batch of {n} keys of {p.describe()} is {BATCH_HEADER_LEN + n * p.body_len} bytes, got {len(data)}"
+        )
+    arrays = _empty_arrays(p, n)
+    bodies = np.frombuffer(data, np.uint8, offset=BATCH_HEADER_LEN).reshape(n, p.body_len)
+    for lo in range(0, n, _CHUNK):
+        _parse_bodies(p, bodies[lo : lo + _CHUNK], arrays, lo)
+    return KeyBatch(p, got_party, **arrays)

@@ -1,0 +1,144 @@
+"""What the DCF and the DPF share: the public gen/eval API over the one tree walk (`fss.tree`)."""
+from __future__ import annotations
+
+import secrets
+from typing import Sequence, Union
+
+import numpy as np
+
+from . import codec, inputs, tree
+from .errors import KeyMismatchError, ParameterError
+from .keys import Key, KeyBatch
+from .params import TreeParams
+
+Payload = Union[int, Sequence[int]]
+Share = Union[int, tuple]
+ROOT_BYTES = 32  # two 16-byte root seeds per key pair: all the randomness gen needs
+
+
+class TreeFunction:
+    """Base of `DCF` and `DPF`. Subclasses set `params` in their constructor."""
+
+    params: TreeParams
+
+    # --- sizes and codecs -----------------------------------------------------------------
+    @property
+    def bits(self) -> int:
+        return self.params.bits
+
+    @property
+    def out_bits(self) -> int:
+        return self.params.out_bits
+
+    @property
+    def width(self) -> int:
+        return self.params.width
+
+    @property
+    def key_size(self) -> int:
+        """Bytes of one serialized key (`Key.to_bytes()`)."""
+        return self.params.key_size
+
+    def key_from_bytes(self, data: bytes, party: int | None = None) -> Key:
+        """Strictly parses one key of this function; raises `KeyFormatError` on anything else."""
+        return codec.decode_key(self.params, data, party)
+
+    def batch_from_bytes(self, data: bytes, party: int | None = None) -> KeyBatch:
+        """Strictly parses a `KeyBatch` of this function; raises `KeyFormatError` on anything else."""
+        return codec.decode_batch(self.params, data, party)
+
+    # --- gen -------------------------------------------------------------------------------
+    def gen(self, alpha: int, beta: Payload = 1) -> tuple[Key, Key]:
+        """Both parties' keys for the function with threshold `alpha` and payload `beta` (an int, or
+        `width` ints; each in [-2^(out_bits-1), 2^out_bits), taken mod 2^out_bits). Randomness from
+        the OS CSPRNG. Raises `ParameterError` for alpha outside the domain or a bad beta."""
+        return self._gen_with_randomness(alpha, beta, secrets.token_bytes(ROOT_BYTES))
+
+    def _gen_with_randomness(self, alpha: int, beta: Payload, randomness: bytes) -> tuple[Key, Key]:
+        """Deterministic gen: `randomness` is the two 16-byte root seeds (party 0's, then party 1's)."""
+        a = inputs.point(self.params, alpha, "alpha")
+        k0, k1 = self._gen_batch_with_randomness(np.array([a], dtype=np.uint64), beta, randomness, internal=True)
+        return Key(k0), Key(k1)
+
+    def gen_batch(self, alphas: object, betas: object = 1) -> tuple[KeyBatch, KeyBatch]:
+        """Key pairs for many alphas at once, as two `KeyBatch`es (one per party). `betas`: one int,
+        for width 1 an array of n ints, for width > 1 one vector of `width` ints or an (n, width)
+        array. Raises `ParameterError` for out-of-range alphas or payloads that do not fit."""
+        n = int(np.size(alphas))
+        return self._gen_batch_with_randomness(alphas, betas, secrets.token_bytes(ROOT_BYTES * n))
+
+    def _gen_batch_with_randomness(
+        self, alphas: object, betas: object, randomness: bytes, internal: bool = False
+    ) -> tuple[KeyBatch, KeyBatch]:
+        """Deterministic batch gen: `randomness` is 32 bytes per key (root seed of party 0, of party 1)."""
+        a = alphas if internal else inputs.points(self.params, alphas, "alpha")
+        if a.ndim != 1:
+            raise ParameterError(f"alphas must be one-dimensional, got shape {a.shape}")
+        n = a.shape[0]
+        if len(randomness) != ROOT_BYTES * n:
+            raise ParameterError(f"need {ROOT_BYTES * n} bytes of randomness for {n} keys, got {len(randomness)}")
+        b = inputs.payloads(self.params, betas, n)
+        roots = np.frombuffer(randomness, dtype="<u8").astype(np.uint64).reshape(n, 2, 2)
+        return tree.gen_batch(self.params, a, b, roots)
+
+    # --- eval ------------------------------------------------------------------------------
+    def _check_keys(self, keys: object, kind: type) -> KeyBatch:
+        if not isinstance(keys, kind):
+            raise ParameterError(f"expected a {kind.__name__}, got {type(keys).__name__}")
+        batch = keys.batch if isinstance(keys, Key) else keys
+        if batch.params != self.params:
+            raise KeyMismatchError(f"key of {batch.params.describe()} used with {self.params.describe()}")
+        return batch
+
+    def _shape(self, shares: np.ndarray) -> np.ndarray:
+        return shares[:, 0] if self.width == 1 else shares
+
+    def eval(self, key: Key, x: int) -> Share:
+        """This party's share of f(x): an int in [0, 2^out_bits) for width 1, else a tuple.
+        The two parties' shares add up to f(x) mod 2^out_bits (see `reconstruct`)."""
+        batch = self._check_keys(key, Key)
+        xi = inputs.point(self.params, x)
+        row = tree.eval_batch(batch, np.array([xi], dtype=np.uint64))[0]
+        return int(row[0]) if self.width == 1 else tuple(int(v) for v in row)
+
+    def eval_batch(self, keys: KeyBatch, xs: object) -> np.ndarray:
+        """Key k's share at xs[k], for every key: uint64 array (n,) for width 1, else (n, width)."""
+        batch = self._check_keys(keys, KeyBatch)
+        xi = inputs.points(self.params, xs)
+        if xi.shape != (len(batch),):
+            raise ParameterError(f"eval_batch needs one point per key: {len(batch)} keys, points of shape {xi.shape}")
+        return self._shape(tree.eval_batch(batch, xi))
+
+    def eval_sum(self, keys: KeyBatch, points: object) -> np.ndarray:
+        """Sum over all keys of their shares at each point (the server's hot path): uint64 array
+        (m,) for width 1, else (m, width), mod 2^out_bits."""
+        batch = self._check_keys(keys, KeyBatch)
+        pi = inputs.points(self.params, points, "points")
+        if pi.ndim != 1:
+            raise ParameterError(f"points must be one-dimensional, got shape {pi.shape}")
+        return self._shape(tree.eval_sum(batch, pi))
+
+    # --- reconstruction --------------------------------------------------------------------
+    def reconstruct(self, share0: object, share1: object, signed: bool = False) -> object:
+        """share0 + share1 mod 2^out_bits (ints, tuples or arrays alike); with `signed`, read as
+        two's complement in [-2^(out_bits-1), 2^(out_bits-1))."""
+        m, half = self.params.mask, 1 << (self.out_bits - 1)
+
+        def one(a: int, b: int) -> int:
+            v = (int(a) + int(b)) & m
+            return v - (m + 1) if signed and v >= half else v
+
+        if isinstance(share0, np.ndarray) or isinstance(share1, np.ndarray):
+            total = (np.asarray(share0, np.uint64) + np.asarray(share1, np.uint64)) & np.uint64(m)
+            if not signed:
+                return total
+            if self.out_bits == 64:
+                return total.view(np.int64)
+            wide = total.astype(np.int64)
+            return np.where(wide >= half, wide - (m + 1), wide)
+        if isinstance(share0, tuple):
+            return tuple(one(a, b) for a, b in zip(share0, share1))
+        return one(share0, share1)
+
+    def __repr__(self) -> str:
+        return self.params.describe()

@@ -1,0 +1,75 @@
+"""Validation of user inputs (points, alphas, payloads) into the internal uint64 form.
+
+One place, at the public entry; everything after it trusts the arrays it returns.
+"""
+from __future__ import annotations
+
+import operator
+
+import numpy as np
+
+from .errors import ParameterError
+from .params import TreeParams
+
+_U64 = 1 << 64
+
+
+def _int_array(values: object, lo: int, hi: int, name: str) -> np.ndarray:
+    """`values` (ints or an integer array) checked to lie in [lo, hi], as uint64 (two's complement)."""
+    try:
+        # Python ints go through an object array: numpy's own inference turns mixed large ints to float.
+        arr = values if isinstance(values, np.ndarray) else np.array(values, dtype=object)
+    except (ValueError, TypeError) as exc:
+        raise ParameterError(f"{name} must be an array of ints: {exc}") from None
+    if arr.dtype.kind in "iu":
+        if arr.size:
+            least, most = int(arr.min()), int(arr.max())
+            if least < lo or most > hi:
+                raise ParameterError(f"{name} must lie in [{lo}, {hi}], got {least if least < lo else most}")
+        return arr.astype(np.uint64)
+    if arr.dtype == object:
+        flat = []
+        for v in arr.reshape(-1):
+            if isinstance(v, (bool, np.bool_)):
+                raise ParameterError(f"{name} must hold ints, got a bool")
+            try:
+                v = operator.index(v)
+            except TypeError:
+                raise ParameterError(f"{name} must hold ints, got {type(v).__name__}") from None
+            if not lo <= v <= hi:
+                raise ParameterError(f"{name} must lie in [{lo}, {hi}], got {v}")
+            flat.append(v % _U64)
+        return np.array(flat, dtype=np.uint64).reshape(arr.shape)
+    raise ParameterError(f"{name} must hold ints, got dtype {arr.dtype}")
+
+
+def points(p: TreeParams, xs: object, name: str = "x") -> np.ndarray:
+    """Public-domain points -> internal uint64 points (x xor c), any shape."""
+    lo, hi = p.domain_range()
+    arr = _int_array(xs, lo, hi, name)
+    return (arr & np.uint64(p.domain_mask)) ^ np.uint64(p.input_xor)
+
+
+def point(p: TreeParams, x: object, name: str = "x") -> int:
+    if isinstance(x, (bool, np.bool_)) or np.ndim(x) != 0:
+        raise ParameterError(f"{name} must be a single int, got {type(x).__name__}")
+    return int(points(p, x, name))
+
+
+def payloads(p: TreeParams, betas: object, n: int) -> np.ndarray:
+    """Payloads -> (n, width) uint64 reduced mod 2^out_bits.
+
+    Accepted: one int (every element of every key); for width 1 a 1-D array of n ints; for width > 1
+    a sequence of width ints (the same vector for every key) or an (n, width) array. Each value lies in
+    [-2^(out_bits-1), 2^out_bits) and is taken mod 2^out_bits."""
+    arr = _int_array(betas, -(1 << (p.out_bits - 1)), p.mask, "beta")
+    w = p.width
+    if arr.ndim == 0:
+        arr = np.full((n, w), arr, np.uint64)
+    elif arr.ndim == 1 and w == 1 and arr.shape[0] == n:
+        arr = arr.reshape(n, 1)
+    elif arr.ndim == 1 and w > 1 and arr.shape[0] == w:
+        arr = np.broadcast_to(arr, (n, w))
+    elif arr.ndim != 2 or arr.shape != (n, w):
+        raise ParameterError(f"beta of shape {arr.shape} does not fit {n} keys of width {w}")
+    return np.ascontiguousarray(arr) & np.uint64(p.mask)

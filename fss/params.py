@@ -1,0 +1,154 @@
+"""Parameters of a tree function (DCF or DPF): validation, derived sizes and the key header.
+
+One `TreeParams` value describes everything a key depends on. The public classes validate their
+arguments once into a `TreeParams`; everything below trusts it.
+"""
+from __future__ import annotations
+
+import operator
+from dataclasses import dataclass
+
+from .errors import ParameterError
+
+FORMAT_VERSION = 1
+KIND_DCF = 1
+KIND_DPF = 2
+BATCH_FLAG = 0x80
+HEADER_LEN = 8  # version, kind, party, bits, out_bits, flags, width (u16 LE)
+BATCH_HEADER_LEN = HEADER_LEN + 8  # + number of keys (u64 LE)
+
+# Comparison codes stored in the low 3 bits of the header's flags byte; bit 3 is "signed".
+CMP_CODES = {"lt": 0, "le": 1, "gt": 2, "ge": 3, "eq": 4}
+CMP_NAMES = {v: k for k, v in CMP_CODES.items()}
+SIGNED_FLAG = 0x08
+MAX_WIDTH = 0xFFFF
+LAMBDA_BYTES = 16
+
+
+def check_int(name: str, value: object, lo: int, hi: int) -> int:
+    """`value` as a Python int in [lo, hi]; bools, floats and strings are refused."""
+    if isinstance(value, bool):
+        raise ParameterError(f"{name} must be an int, got bool")
+    try:
+        value = operator.index(value)
+    except TypeError:
+        raise ParameterError(f"{name} must be an int, got {type(value).__name__}") from None
+    if not lo <= value <= hi:
+        raise ParameterError(f"{name} must be in [{lo}, {hi}], got {value}")
+    return value
+
+
+@dataclass(frozen=True)
+class TreeParams:
+    """Everything a key depends on. `cmp` is one of lt, le, gt, ge (DCF) or eq (DPF)."""
+
+    kind: int
+    bits: int
+    out_bits: int
+    width: int
+    cmp: str
+    signed: bool
+
+    @classmethod
+    def make(cls, kind: int, bits: object, out_bits: object, width: object, cmp: str, signed: object) -> "TreeParams":
+        bits = check_int("bits", bits, 1, 64)
+        out_bits = check_int("out_bits", out_bits, 1, 64)
+        width = check_int("width", width, 1, MAX_WIDTH)
+        if not isinstance(signed, bool):
+            raise ParameterError(f"signed must be a bool, got {type(signed).__name__}")
+        allowed = ("lt", "le", "gt", "ge") if kind == KIND_DCF else ("eq",)
+        if cmp not in allowed:
+            raise ParameterError(f"cmp must be one of {allowed}, got {cmp!r}")
+        return cls(kind, bits, out_bits, width, cmp, signed)
+
+    # --- derived quantities -------------------------------------------------------------
+    @property
+    def level_payload(self) -> bool:
+        """DCF keys carry a payload correction word per level; DPF keys only at the leaf."""
+        return self.kind == KIND_DCF
+
+    @property
+    def value_blocks(self) -> int:
+        """AES blocks that hold one payload vector: each element takes one 64-bit word."""
+        return (self.width + 1) // 2
+
+    @property
+    def blocks_per_side(self) -> int:
+        """AES blocks one child expansion costs: the seed block, plus the payload blocks for a DCF."""
+        return 1 + (self.value_blocks if self.level_payload else 0)
+
+    @property
+    def v_levels(self) -> int:
+        """Number of payload correction words per key: one per level and the leaf (DCF), or the leaf (DPF)."""
+        return self.bits + 1 if self.level_payload else 1
+
+    @property
+    def mask(self) -> int:
+        return (1 << self.out_bits) - 1
+
+    @property
+    def domain_mask(self) -> int:
+        return (1 << self.bits) - 1
+
+    @property
+    def input_xor(self) -> int:
+        """Constant c with (x cmp alpha) == (x^c < alpha^c) (or ==): flips the sign bit for signed
+        inputs and complements every bit for gt/ge, so one tree walk serves every comparison."""
+        c = 1 << (self.bits - 1) if self.signed else 0
+        if self.cmp in ("gt", "ge"):
+            c ^= self.domain_mask
+        return c
+
+    @property
+    def beta_below(self) -> bool:
+        """Whether beta is output for internal x < alpha (every DCF variant)."""
+        return self.kind == KIND_DCF
+
+    @property
+    def beta_equal(self) -> bool:
+        """Whether beta is output for x == alpha (le, ge, and the DPF)."""
+        return self.cmp in ("le", "ge", "eq")
+
+    @property
+    def t_bytes(self) -> int:
+        return (2 * self.bits + 7) // 8
+
+    @property
+    def v_bytes(self) -> int:
+        return (self.v_levels * self.width * self.out_bits + 7) // 8
+
+    @property
+    def body_len(self) -> int:
+        """Bytes of one key after its header: root seed, seed corrections, t bits, payload corrections."""
+        return LAMBDA_BYTES * (1 + self.bits) + self.t_bytes + self.v_bytes
+
+    @property
+    def key_size(self) -> int:
+        return HEADER_LEN + self.body_len
+
+    @property
+    def formula_bits(self) -> int:
+        """Key size in bits by the paper's formula (BCG+21 for the DCF, BGI16 for the DPF)."""
+        lam, n, lw = 128, self.bits, self.out_bits * self.width
+        if self.level_payload:
+            return lam + n * (lam + 2 + lw) + lw
+        return lam + n * (lam + 2) + lw
+
+    def domain_range(self) -> tuple[int, int]:
+        """Inclusive range of valid inputs and alphas."""
+        if self.signed:
+            return -(1 << (self.bits - 1)), (1 << (self.bits - 1)) - 1
+        return 0, self.domain_mask
+
+    def flags(self) -> int:
+        return CMP_CODES[self.cmp] | (SIGNED_FLAG if self.signed else 0)
+
+    def header(self, party: int, batch: bool = False) -> bytes:
+        kind = self.kind | (BATCH_FLAG if batch else 0)
+        return bytes([FORMAT_VERSION, kind, party, self.bits, self.out_bits, self.flags()]) + self.width.to_bytes(2, "little")
+
+    def describe(self) -> str:
+        name = "DCF" if self.kind == KIND_DCF else "DPF"
+        sign = ", signed" if self.signed else ""
+        return f"{name}(bits={self.bits}, out_bits={self.out_bits}, width={self.width}, cmp={self.cmp}{sign})"
+
