@@ -125,9 +125,11 @@ def _as_bytes(data: object) -> bytes:
 def decode_key(p: TreeParams, data: object, party: int | None = None) -> Key:
     """Parses one key of parameters `p` (and of `party`, if given); anything else: KeyFormatError."""
     data = _as_bytes(data)
+    if len(data) < HEADER_LEN:
+        raise KeyFormatError(f"a key is at least {HEADER_LEN} bytes, got {len(data)}")
+    got_party = _check_header(p, data, batch=False, party=party)
     if len(data) != p.key_size:
         raise KeyFormatError(f"a key of {p.describe()} is {p.key_size} bytes, got {len(data)}")
-    got_party = _check_header(p, data, batch=False, party=party)
     arrays = _empty_arrays(p, 1)
     _parse_bodies(p, np.frombuffer(data, np.uint8, offset=HEADER_LEN).reshape(1, -1), arrays, 0)
     return Key(KeyBatch(p, got_party, **arrays))

@@ -29,7 +29,7 @@ def convert(p: TreeParams, s: np.ndarray) -> np.ndarray:
     K.fill_tweaked(s, np.full(n, ROLE_LEAF, np.uint64), inp)
     out = np.empty_like(inp)
     mmo_blocks(inp, out)
-    return np.ascontiguousarray(out.reshape(n, -1)[:, : p.width])
+    return np.ascontiguousarray(out.reshape(n, 2 * p.value_blocks)[:, : p.width])
 
 
 def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray) -> tuple[KeyBatch, KeyBatch]:

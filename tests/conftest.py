@@ -1,0 +1,8 @@
+import os
+
+from hypothesis import HealthCheck, settings
+
+# numba compiles on first use, so the first example of a test can be slow: no per-example deadline.
+settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
+settings.register_profile("thorough", deadline=None, max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
+settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
