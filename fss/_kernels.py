@@ -4,166 +4,165 @@ Private. The callers in `fss.tree` validate shapes and dtypes; these trust their
 raise, and do all arithmetic in uint64 (wrapping mod 2^64; masks to 2^out_bits are applied by the
 caller, which is exact because 2^out_bits divides 2^64).
 
-Layouts (n keys): seeds (n, 2) words; blocks (..., nb, 2) words; payload vectors (n, width).
+Layouts (n keys, struct of arrays): seeds (2, n) = lo and hi words; payloads (width, n); PRG blocks
+(n, blocks, 2) in the order the ECB call sees them.
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
+from .prg import ROLE_LEAF, ROLE_LEFT, ROLE_VALUE
+
 _U0 = np.uint64(0)
 _U1 = np.uint64(1)
 _NOT1 = ~np.uint64(1)
+_LEFT = np.uint64(ROLE_LEFT)
+_VALUE = np.uint64(ROLE_VALUE)
+_LEAF = np.uint64(ROLE_LEAF)
 
 
 @njit(cache=True, nogil=True)
-def fill_tweaked(s, roles, buf):
-    """buf[k, j] = s[k] xor T(roles[k], j) for every key k and block j (the PRG inputs)."""
+def fill_eval(s, d, width, buf):
+    """PRG inputs of one level of single-point eval: child d[k]'s seed block, then (if buf has more
+    than one block) the value blocks holding child d[k]'s payload words d*width .. d*width+width-1."""
     n, nb = buf.shape[0], buf.shape[1]
     for k in range(n):
-        lo, hi = s[k, 0], s[k, 1] ^ roles[k]
-        for j in range(nb):
-            buf[k, j, 0] = lo ^ np.uint64(j)
-            buf[k, j, 1] = hi
+        lo, hi = s[0, k], s[1, k]
+        buf[k, 0, 0] = lo
+        buf[k, 0, 1] = hi ^ (_LEFT + d[k])
+        first = (np.uint64(d[k]) * np.uint64(width)) >> _U1
+        for q in range(1, nb):
+            buf[k, q, 0] = lo ^ (first + np.uint64(q - 1))
+            buf[k, q, 1] = hi ^ _VALUE
 
 
 @njit(cache=True, nogil=True)
-def fill_tweaked_both(s, buf):
-    """buf[k, side, j] = s[k] xor T(LEFT + side, j): both children of each seed (gen, full eval)."""
-    n, nb = buf.shape[0], buf.shape[2]
+def fill_expand(s, buf):
+    """PRG inputs that expand both children of each seed: LEFT and RIGHT seed blocks, then the
+    VALUE blocks 0 .. buf.shape[1] - 3 (gen and full-domain eval)."""
+    n, nb = buf.shape[0], buf.shape[1]
     for k in range(n):
+        lo, hi = s[0, k], s[1, k]
         for side in range(2):
-            hi = s[k, 1] ^ np.uint64(1 + side)
-            for j in range(nb):
-                buf[k, side, j, 0] = s[k, 0] ^ np.uint64(j)
-                buf[k, side, j, 1] = hi
+            buf[k, side, 0] = lo
+            buf[k, side, 1] = hi ^ (_LEFT + np.uint64(side))
+        for j in range(2, nb):
+            buf[k, j, 0] = lo ^ np.uint64(j - 2)
+            buf[k, j, 1] = hi ^ _VALUE
 
 
 @njit(cache=True, nogil=True)
-def eval_level(out, s, t, acc, cw_seed, cw_t, cw_v, d, negate, has_v):
-    """One tree level for n keys, each walking to child d[k]; out[k] holds that child's PRG blocks.
-    Updates seeds s, control bits t and (DCF) the accumulated payload shares acc in place."""
-    n, w = acc.shape[0], acc.shape[1]
+def fill_leaf(s, buf):
+    """PRG inputs of the LEAF blocks that convert a leaf seed into a payload of width > 1."""
+    n, nb = buf.shape[0], buf.shape[1]
+    for k in range(n):
+        for j in range(nb):
+            buf[k, j, 0] = s[0, k] ^ np.uint64(j)
+            buf[k, j, 1] = s[1, k] ^ _LEAF
+
+
+@njit(cache=True, nogil=True)
+def eval_level(out, s, t, acc, cw_seed, cw_t, cw_v, d, has_v):
+    """One level for n keys, each walking to child d[k]; out[k] holds that child's blocks as filled
+    by `fill_eval`. Updates seeds s, control bits t and (DCF) the payload sums acc in place; the
+    party's sign is applied once at the end by the caller."""
+    w, n = acc.shape[0], acc.shape[1]
     for k in range(n):
         tk = t[k]
+        tm = _U0 - np.uint64(tk)
         lo = out[k, 0, 0]
-        hi = out[k, 0, 1]
         tn = np.uint8(lo & _U1)
-        lo &= _NOT1
-        if tk:
-            lo ^= cw_seed[k, 0]
-            hi ^= cw_seed[k, 1]
-            tn ^= (cw_t[k] >> d[k]) & np.uint8(1)
+        s[0, k] = (lo & _NOT1) ^ (cw_seed[0, k] & tm)
+        s[1, k] = out[k, 0, 1] ^ (cw_seed[1, k] & tm)
+        t[k] = tn ^ ((cw_t[k] >> d[k]) & tk)
         if has_v:
+            base = np.int64(d[k]) * w
+            first = base >> 1
             for e in range(w):
-                v = out[k, 1 + e // 2, e % 2]
-                if tk:
-                    v += cw_v[k, e]
-                if negate:
-                    acc[k, e] -= v
-                else:
-                    acc[k, e] += v
-        s[k, 0] = lo
-        s[k, 1] = hi
-        t[k] = tn
+                word = base + e
+                acc[e, k] += out[k, 1 + (word >> 1) - first, word & 1] + (cw_v[e, k] & tm)
 
 
 @njit(cache=True, nogil=True)
-def add_leaf(acc, conv, t, cw_last, negate):
-    """acc += (-1)^party * (Convert(s) + t * CW_{n+1}) for every key."""
-    n, w = acc.shape[0], acc.shape[1]
+def finish_eval(acc, conv, t, cw_last, negate):
+    """acc := (-1)^party * (acc + Convert(s) + t * CW_{n+1}) for every key."""
+    w, n = acc.shape[0], acc.shape[1]
     for k in range(n):
+        tm = _U0 - np.uint64(t[k])
         for e in range(w):
-            v = conv[k, e]
-            if t[k]:
-                v += cw_last[k, e]
-            if negate:
-                acc[k, e] -= v
-            else:
-                acc[k, e] += v
+            v = acc[e, k] + conv[e, k] + (cw_last[e, k] & tm)
+            acc[e, k] = _U0 - v if negate else v
 
 
 @njit(cache=True, nogil=True)
 def gen_level(out, s, t, v_alpha, a_bits, below, cw_seed, cw_t, cw_v, has_v):
-    """One level of Gen for n key pairs (BCG+21 Fig. 1, step 4). out[b, k, side] holds the PRG blocks
-    of party b's seed for key k and child `side`. Writes this level's correction words and advances
-    both parties' seeds and control bits along alpha's path, in place."""
-    n, w = v_alpha.shape[0], v_alpha.shape[1]
+    """One level of Gen for n key pairs (BCG+21 Fig. 1, step 4). out[b, k] holds the blocks of party
+    b's seed for key k as filled by `fill_expand`. Writes this level's correction words and advances
+    both parties' seeds (s[b] = (lo, hi) rows) and control bits along alpha's path, in place."""
+    w, n = v_alpha.shape[0], v_alpha.shape[1]
     for k in range(n):
         keep = np.int64(a_bits[k])
         lose = 1 - keep
-        s_lo = out[0, k, lose, 0, 0] ^ out[1, k, lose, 0, 0]
-        s_hi = out[0, k, lose, 0, 1] ^ out[1, k, lose, 0, 1]
-        s_lo &= _NOT1
-        t_l = np.uint8((out[0, k, 0, 0, 0] ^ out[1, k, 0, 0, 0]) & _U1) ^ np.uint8(keep) ^ np.uint8(1)
-        t_r = np.uint8((out[0, k, 1, 0, 0] ^ out[1, k, 1, 0, 0]) & _U1) ^ np.uint8(keep)
-        cw_seed[k, 0] = s_lo
-        cw_seed[k, 1] = s_hi
+        s_lo = (out[0, k, lose, 0] ^ out[1, k, lose, 0]) & _NOT1
+        s_hi = out[0, k, lose, 1] ^ out[1, k, lose, 1]
+        t_l = np.uint8((out[0, k, 0, 0] ^ out[1, k, 0, 0]) & _U1) ^ np.uint8(keep) ^ np.uint8(1)
+        t_r = np.uint8((out[0, k, 1, 0] ^ out[1, k, 1, 0]) & _U1) ^ np.uint8(keep)
+        cw_seed[0, k] = s_lo
+        cw_seed[1, k] = s_hi
         cw_t[k] = t_l | (t_r << np.uint8(1))
         t_keep = t_r if keep else t_l
         t1 = t[1, k]
         if has_v:
             for e in range(w):
-                blk, word = 1 + e // 2, e % 2
-                vcw = out[1, k, lose, blk, word] - out[0, k, lose, blk, word] - v_alpha[k, e]
+                wl, wk = lose * w + e, keep * w + e
+                vcw = out[1, k, 2 + (wl >> 1), wl & 1] - out[0, k, 2 + (wl >> 1), wl & 1] - v_alpha[e, k]
                 if lose == 0:
-                    vcw += below[k, e]
+                    vcw += below[e, k]
                 if t1:
                     vcw = _U0 - vcw
-                cw_v[k, e] = vcw
+                cw_v[e, k] = vcw
                 signed_cw = _U0 - vcw if t1 else vcw
-                v_alpha[k, e] += out[0, k, keep, blk, word] - out[1, k, keep, blk, word] + signed_cw
+                v_alpha[e, k] += out[0, k, 2 + (wk >> 1), wk & 1] - out[1, k, 2 + (wk >> 1), wk & 1] + signed_cw
         for b in range(2):
-            lo = out[b, k, keep, 0, 0]
-            hi = out[b, k, keep, 0, 1]
-            tn = np.uint8(lo & _U1)
-            lo &= _NOT1
-            if t[b, k]:
-                lo ^= s_lo
-                hi ^= s_hi
-                tn ^= t_keep
-            s[b, k, 0] = lo
-            s[b, k, 1] = hi
-            t[b, k] = tn
+            lo = out[b, k, keep, 0]
+            tm = _U0 - np.uint64(t[b, k])
+            s[b, 0, k] = (lo & _NOT1) ^ (s_lo & tm)
+            s[b, 1, k] = out[b, k, keep, 1] ^ (s_hi & tm)
+            t[b, k] = np.uint8(lo & _U1) ^ (t_keep & t[b, k])
 
 
 @njit(cache=True, nogil=True)
 def gen_leaf(conv0, conv1, t1, v_alpha, equal, cw_last):
     """Final correction word (BCG+21 Fig. 1, step 5, with beta added on x == alpha when `equal`)."""
-    n, w = v_alpha.shape[0], v_alpha.shape[1]
+    w, n = v_alpha.shape[0], v_alpha.shape[1]
     for k in range(n):
         for e in range(w):
-            c = conv1[k, e] - conv0[k, e] - v_alpha[k, e] + equal[k, e]
-            cw_last[k, e] = _U0 - c if t1[k] else c
+            c = conv1[e, k] - conv0[e, k] - v_alpha[e, k] + equal[e, k]
+            cw_last[e, k] = _U0 - c if t1[k] else c
 
 
 @njit(cache=True, nogil=True)
-def full_level(out, s, t, cw_seed, cw_t, s_next, t_next):
-    """Expand every node of one level of a single key's tree into both children (full-domain eval)."""
-    n = s.shape[0]
+def full_level(out, s, t, cw_lo, cw_hi, cw_t, s_next, t_next):
+    """Expand every node of one level of a single DPF key's tree into both children."""
+    n = s.shape[1]
     for k in range(n):
+        tm = _U0 - np.uint64(t[k])
         for side in range(2):
-            lo = out[k, side, 0, 0]
-            hi = out[k, side, 0, 1]
-            tn = np.uint8(lo & _U1)
-            lo &= _NOT1
-            if t[k]:
-                lo ^= cw_seed[0]
-                hi ^= cw_seed[1]
-                tn ^= (cw_t >> np.uint8(side)) & np.uint8(1)
-            s_next[2 * k + side, 0] = lo
-            s_next[2 * k + side, 1] = hi
-            t_next[2 * k + side] = tn
+            lo = out[k, side, 0]
+            s_next[0, 2 * k + side] = (lo & _NOT1) ^ (cw_lo & tm)
+            s_next[1, 2 * k + side] = out[k, side, 1] ^ (cw_hi & tm)
+            t_next[2 * k + side] = np.uint8(lo & _U1) ^ ((cw_t >> np.uint8(side)) & t[k])
 
 
 @njit(cache=True, nogil=True)
-def sum_rows(values, mask):
-    """Sum over axis 0 of an (n, w) uint64 array, mod 2^64, then masked."""
-    w = values.shape[1]
+def sum_columns(values, mask):
+    """Sum over axis 1 of a (width, n) uint64 array, mod 2^64, then masked."""
+    w = values.shape[0]
     total = np.zeros(w, dtype=np.uint64)
-    for k in range(values.shape[0]):
-        for e in range(w):
-            total[e] += values[k, e]
     for e in range(w):
-        total[e] &= mask
+        acc = _U0
+        for k in range(values.shape[1]):
+            acc += values[e, k]
+        total[e] = acc & mask
     return total

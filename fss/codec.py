@@ -29,13 +29,14 @@ _CHUNK = 8192  # keys per chunk in the bit (un)packing, to bound temporary memor
 def _bodies(batch: KeyBatch, lo: int, hi: int) -> np.ndarray:
     """Bodies of keys lo..hi as an (hi - lo, body_len) uint8 array."""
     p, m = batch.params, hi - lo
-    seeds = batch.seeds[lo:hi].astype("<u8", copy=False).view(np.uint8).reshape(m, LAMBDA_BYTES)
-    cws = np.ascontiguousarray(batch.cw_seed[:, lo:hi].transpose(1, 0, 2)).astype("<u8", copy=False)
+    seeds = np.ascontiguousarray(batch.seeds[:, lo:hi].T).astype("<u8", copy=False)
+    seeds = seeds.view(np.uint8).reshape(m, LAMBDA_BYTES)
+    cws = np.ascontiguousarray(batch.cw_seed[:, :, lo:hi].transpose(2, 0, 1)).astype("<u8", copy=False)
     cws = cws.view(np.uint8).reshape(m, p.bits * LAMBDA_BYTES)
     ct = batch.cw_t[:, lo:hi].T
     tbits = np.stack([ct & 1, (ct >> 1) & 1], axis=-1).reshape(m, 2 * p.bits)
     tbytes = np.packbits(tbits, axis=1, bitorder="little")
-    vals = np.ascontiguousarray(batch.cw_v[:, lo:hi].transpose(1, 0, 2)).reshape(m, -1).astype("<u8", copy=False)
+    vals = np.ascontiguousarray(batch.cw_v[:, :, lo:hi].transpose(2, 0, 1)).reshape(m, -1).astype("<u8", copy=False)
     vbytes = vals.view(np.uint8).reshape(m, -1)
     if p.out_bits != 64:
         vb = np.unpackbits(vbytes, axis=1, bitorder="little").reshape(m, -1, 64)[:, :, : p.out_bits]
@@ -80,12 +81,12 @@ def _parse_bodies(p: TreeParams, body: np.ndarray, out: dict[str, np.ndarray], l
     """Parses an (m, body_len) uint8 array into the batch arrays at keys lo..lo+m, strictly."""
     m = body.shape[0]
     pos = 0
-    out["seeds"][lo : lo + m] = body[:, :LAMBDA_BYTES].copy().view("<u8").reshape(m, 2)
+    out["seeds"][:, lo : lo + m] = body[:, :LAMBDA_BYTES].copy().view("<u8").reshape(m, 2).T
     pos += LAMBDA_BYTES
     cws = body[:, pos : pos + p.bits * LAMBDA_BYTES].copy().view("<u8").reshape(m, p.bits, 2)
     if np.any(cws[:, :, 0] & np.uint64(1)):
         raise KeyFormatError("reserved bit 0 of a seed correction word is set")
-    out["cw_seed"][:, lo : lo + m] = cws.transpose(1, 0, 2)
+    out["cw_seed"][:, :, lo : lo + m] = cws.transpose(1, 2, 0)
     pos += p.bits * LAMBDA_BYTES
     tbits = np.unpackbits(body[:, pos : pos + p.t_bytes], axis=1, bitorder="little")
     if np.any(tbits[:, 2 * p.bits :]):
@@ -104,15 +105,15 @@ def _parse_bodies(p: TreeParams, body: np.ndarray, out: dict[str, np.ndarray], l
         vb = np.zeros((m, count, 64), dtype=np.uint8)
         vb[:, :, : p.out_bits] = vbits[:, : count * p.out_bits].reshape(m, count, p.out_bits)
         vals = np.packbits(vb.reshape(m, -1), axis=1, bitorder="little").view("<u8").reshape(m, count)
-    out["cw_v"][:, lo : lo + m] = vals.reshape(m, p.v_levels, p.width).transpose(1, 0, 2)
+    out["cw_v"][:, :, lo : lo + m] = vals.reshape(m, p.v_levels, p.width).transpose(1, 2, 0)
 
 
 def _empty_arrays(p: TreeParams, n: int) -> dict[str, np.ndarray]:
     return {
-        "seeds": np.empty((n, 2), np.uint64),
-        "cw_seed": np.empty((p.bits, n, 2), np.uint64),
+        "seeds": np.empty((2, n), np.uint64),
+        "cw_seed": np.empty((p.bits, 2, n), np.uint64),
         "cw_t": np.empty((p.bits, n), np.uint8),
-        "cw_v": np.empty((p.v_levels, n, p.width), np.uint64),
+        "cw_v": np.empty((p.v_levels, p.width, n), np.uint64),
     }
 
 

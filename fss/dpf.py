@@ -32,4 +32,4 @@ class DPF(TreeFunction):
             raise ParameterError(f"eval_full is limited to bits <= {MAX_FULL_BITS}, got {self.bits}")
         internal = tree.eval_full(batch)
         order = np.arange(1 << self.bits, dtype=np.uint64) ^ np.uint64(self.params.input_xor)
-        return self._shape(internal[order])
+        return self._shape(internal[:, order])

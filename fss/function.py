@@ -77,9 +77,9 @@ class TreeFunction:
         n = a.shape[0]
         if len(randomness) != ROOT_BYTES * n:
             raise ParameterError(f"need {ROOT_BYTES * n} bytes of randomness for {n} keys, got {len(randomness)}")
-        b = inputs.payloads(self.params, betas, n)
+        b = np.ascontiguousarray(inputs.payloads(self.params, betas, n).T)
         roots = np.frombuffer(randomness, dtype="<u8").astype(np.uint64).reshape(n, 2, 2)
-        return tree.gen_batch(self.params, a, b, roots)
+        return tree.gen_batch(self.params, a, b, np.ascontiguousarray(roots.transpose(1, 2, 0)))
 
     # --- eval ------------------------------------------------------------------------------
     def _check_keys(self, keys: object, kind: type) -> KeyBatch:
@@ -91,14 +91,15 @@ class TreeFunction:
         return batch
 
     def _shape(self, shares: np.ndarray) -> np.ndarray:
-        return shares[:, 0] if self.width == 1 else shares
+        """(width, n) kernel output -> (n,) for width 1, else (n, width)."""
+        return shares[0] if self.width == 1 else np.ascontiguousarray(shares.T)
 
     def eval(self, key: Key, x: int) -> Share:
         """This party's share of f(x): an int in [0, 2^out_bits) for width 1, else a tuple.
         The two parties' shares add up to f(x) mod 2^out_bits (see `reconstruct`)."""
         batch = self._check_keys(key, Key)
         xi = inputs.point(self.params, x)
-        row = tree.eval_batch(batch, np.array([xi], dtype=np.uint64))[0]
+        row = tree.eval_batch(batch, np.array([xi], dtype=np.uint64))[:, 0]
         return int(row[0]) if self.width == 1 else tuple(int(v) for v in row)
 
     def eval_batch(self, keys: KeyBatch, xs: object) -> np.ndarray:
@@ -116,7 +117,7 @@ class TreeFunction:
         pi = inputs.points(self.params, points, "points")
         if pi.ndim != 1:
             raise ParameterError(f"points must be one-dimensional, got shape {pi.shape}")
-        return self._shape(tree.eval_sum(batch, pi))
+        return self._shape(tree.eval_sum(batch, pi).T)
 
     # --- reconstruction --------------------------------------------------------------------
     def reconstruct(self, share0: object, share1: object, signed: bool = False) -> object:

@@ -12,14 +12,16 @@ from .params import TreeParams
 
 @dataclass(frozen=True, eq=False)
 class KeyBatch:
-    """n keys of one party for one function family, as numpy arrays (level-major so that one level
-    of many keys is contiguous):
+    """n keys of one party for one function family, as numpy arrays: struct of arrays, level-major,
+    key index last, so that one level of a run of keys is one contiguous vector per field:
 
-    - seeds   (n, 2) uint64: root seeds (lo, hi words of the 16-byte seed)
-    - cw_seed (bits, n, 2) uint64: seed correction words (bit 0 always zero)
+    - seeds   (2, n) uint64: root seeds, lo and hi words of the 16-byte seed
+    - cw_seed (bits, 2, n) uint64: seed correction words, lo and hi (bit 0 of lo always zero)
     - cw_t    (bits, n) uint8: control-bit corrections, bit 0 = left, bit 1 = right
-    - cw_v    (v_levels, n, width) uint64: payload corrections, reduced mod 2^out_bits; the last
+    - cw_v    (v_levels, width, n) uint64: payload corrections, reduced mod 2^out_bits; the last
       level is the leaf's (BCG+21's CW^(n+1)); a DPF has only that one.
+
+    Treat the arrays as read-only: the two parties' batches from one gen share their corrections.
     """
 
     params: TreeParams
@@ -30,7 +32,7 @@ class KeyBatch:
     cw_v: np.ndarray
 
     def __len__(self) -> int:
-        return self.seeds.shape[0]
+        return self.seeds.shape[1]
 
     def __getitem__(self, item: int | slice | np.ndarray) -> "Key | KeyBatch":
         if isinstance(item, (int, np.integer)):
@@ -45,10 +47,10 @@ class KeyBatch:
         return KeyBatch(
             self.params,
             self.party,
-            np.ascontiguousarray(self.seeds[item]),
-            np.ascontiguousarray(self.cw_seed[:, item]),
+            np.ascontiguousarray(self.seeds[:, item]),
+            np.ascontiguousarray(self.cw_seed[:, :, item]),
             np.ascontiguousarray(self.cw_t[:, item]),
-            np.ascontiguousarray(self.cw_v[:, item]),
+            np.ascontiguousarray(self.cw_v[:, :, item]),
         )
 
     @property
@@ -76,10 +78,10 @@ class KeyBatch:
         return cls(
             first.params,
             first.party,
-            np.concatenate([b.seeds for b in batches], axis=0),
-            np.concatenate([b.cw_seed for b in batches], axis=1),
+            np.concatenate([b.seeds for b in batches], axis=1),
+            np.concatenate([b.cw_seed for b in batches], axis=2),
             np.concatenate([b.cw_t for b in batches], axis=1),
-            np.concatenate([b.cw_v for b in batches], axis=1),
+            np.concatenate([b.cw_v for b in batches], axis=2),
         )
 
     def __repr__(self) -> str:

@@ -73,9 +73,15 @@ class TreeParams:
         return (self.width + 1) // 2
 
     @property
-    def blocks_per_side(self) -> int:
-        """AES blocks one child expansion costs: the seed block, plus the payload blocks for a DCF."""
+    def eval_blocks(self) -> int:
+        """AES blocks one level of a single-point eval costs: the child's seed, plus (DCF) the value
+        blocks that hold its payload words."""
         return 1 + (self.value_blocks if self.level_payload else 0)
+
+    @property
+    def expand_blocks(self) -> int:
+        """AES blocks expanding both children of a node costs: two seeds, plus (DCF) `width` value blocks."""
+        return 2 + (self.width if self.level_payload else 0)
 
     @property
     def v_levels(self) -> int:

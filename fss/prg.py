@@ -6,16 +6,20 @@ What it is
 
         G_{r,j}(s) = H(s xor T(r, j)),   T(r, j) = the 128-bit block with words (lo = j, hi = r)
 
-    Roles: LEFT (1) and RIGHT (2) expand a tree node into its children, LEAF (3) converts a leaf seed
-    into a payload vector when it does not fit into the seed's high word. Distinct tweaks give
+    Roles: LEFT (1) and RIGHT (2) give a node's children's seeds, VALUE (3) the payload words of both
+    children, LEAF (4) converts a leaf seed into a payload vector when it does not fit into the seed's
+    high word. Distinct tweaks give
     independent-looking blocks in the ideal-permutation model; a tweak instead of a key per block
     keeps one AES key schedule, so one ECB call (or one set of AES round keys in a kernel) covers
     every block of a level.
 
 Block layout
-    A block is 16 bytes, read as two little-endian 64-bit words (lo, hi). Block 0 of a child is its
-    seed and control bit: t = bit 0 of lo, seed = the block with bit 0 cleared (127 bits of
-    entropy). Blocks 1.. hold the payload: element e is word e of blocks 1, 2, ... (two per block).
+    A block is 16 bytes, read as two little-endian 64-bit words (lo, hi). The block G_{LEFT+d,0}(s)
+    is child d's seed and control bit: t = bit 0 of lo, seed = the block with bit 0 cleared (127 bits
+    of entropy). The payload words of both children are packed densely into the blocks
+    G_{VALUE,j}(s), j = 0..width-1, two words a block (lo, then hi): child d's element e is word
+    d*width + e. So a single-point eval reads 1 + ceil(width/2) blocks a level (2 for width 1), and
+    expanding both children (gen, multi-point eval) 2 + width (3 for width 1).
 
 Where K comes from
     K = SHA-256(LABEL)[:16] with LABEL = b"fss-dpcdf/prg/aes128-mmo/v1". Changing the label (a new
@@ -39,7 +43,8 @@ FIXED_KEY = hashlib.sha256(LABEL).digest()[:16]
 
 ROLE_LEFT = 1
 ROLE_RIGHT = 2
-ROLE_LEAF = 3
+ROLE_VALUE = 3
+ROLE_LEAF = 4
 
 _ECB = AES.new(FIXED_KEY, AES.MODE_ECB)
 

@@ -13,7 +13,7 @@ from __future__ import annotations
 from dataclasses import dataclass
 
 from .params import HEADER_LEN, TreeParams
-from .prg import ROLE_LEAF, ROLE_LEFT, ROLE_RIGHT, expand_one
+from .prg import ROLE_LEAF, ROLE_LEFT, ROLE_RIGHT, ROLE_VALUE, expand_one
 
 _LO = (1 << 64) - 1
 
@@ -35,13 +35,13 @@ def function_value(p: TreeParams, alpha: int, beta: list[int], x: int) -> list[i
 
 def _expand(p: TreeParams, s: int, side: int) -> tuple[int, int, list[int]]:
     """Child `side` (0 left, 1 right) of seed s: (seed with bit 0 cleared, control bit, payload)."""
-    role = ROLE_RIGHT if side else ROLE_LEFT
-    b0 = expand_one(s, role, 0)
+    b0 = expand_one(s, ROLE_RIGHT if side else ROLE_LEFT, 0)
     v = []
     if p.level_payload:
         for e in range(p.width):
-            block = expand_one(s, role, 1 + e // 2)
-            v.append((block >> (64 * (e % 2))) & _LO & p.mask)
+            word = side * p.width + e  # both children's words, packed densely into VALUE blocks
+            block = expand_one(s, ROLE_VALUE, word // 2)
+            v.append((block >> (64 * (word % 2))) & _LO & p.mask)
     return b0 & ~1, b0 & 1, v
 
 
