@@ -5,7 +5,8 @@ raise, and do all arithmetic in uint64 (wrapping mod 2^64; masks to 2^out_bits a
 caller, which is exact because 2^out_bits divides 2^64).
 
 Layouts (n keys, struct of arrays): seeds (2, n) = lo and hi words; payloads (width, n); PRG blocks
-(n, blocks, 2) in the order the ECB call sees them.
+(n, blocks, 2) in the order the ECB call sees them. Eval reads correction words from a KeyBatch's
+grouped arrays (one level of them: key k at [k // 16, ..., k % 16]).
 """
 from __future__ import annotations
 
@@ -65,33 +66,35 @@ def fill_leaf(s, buf):
 @njit(cache=True, nogil=True)
 def eval_level(out, s, t, acc, cw_seed, cw_t, cw_v, d, has_v):
     """One level for n keys, each walking to child d[k]; out[k] holds that child's blocks as filled
-    by `fill_eval`. Updates seeds s, control bits t and (DCF) the payload sums acc in place; the
+    by `fill_eval`; cw_seed (G, 2, 16), cw_t (G, 16), cw_v (G, width, 16) are this level's grouped
+    corrections. Updates seeds s, control bits t and (DCF) the payload sums acc in place; the
     party's sign is applied once at the end by the caller."""
     w, n = acc.shape[0], acc.shape[1]
     for k in range(n):
+        g, lane = k >> 4, k & 15
         tk = t[k]
         tm = _U0 - np.uint64(tk)
         lo = out[k, 0, 0]
         tn = np.uint8(lo & _U1)
-        s[0, k] = (lo & _NOT1) ^ (cw_seed[0, k] & tm)
-        s[1, k] = out[k, 0, 1] ^ (cw_seed[1, k] & tm)
-        t[k] = tn ^ ((cw_t[k] >> d[k]) & tk)
+        s[0, k] = (lo & _NOT1) ^ (cw_seed[g, 0, lane] & tm)
+        s[1, k] = out[k, 0, 1] ^ (cw_seed[g, 1, lane] & tm)
+        t[k] = tn ^ ((cw_t[g, lane] >> d[k]) & tk)
         if has_v:
             base = np.int64(d[k]) * w
             first = base >> 1
             for e in range(w):
                 word = base + e
-                acc[e, k] += out[k, 1 + (word >> 1) - first, word & 1] + (cw_v[e, k] & tm)
+                acc[e, k] += out[k, 1 + (word >> 1) - first, word & 1] + (np.uint64(cw_v[g, e, lane]) & tm)
 
 
 @njit(cache=True, nogil=True)
 def finish_eval(acc, conv, t, cw_last, negate):
-    """acc := (-1)^party * (acc + Convert(s) + t * CW_{n+1}) for every key."""
+    """acc := (-1)^party * (acc + Convert(s) + t * CW_{n+1}) for every key; cw_last (G, width, 16)."""
     w, n = acc.shape[0], acc.shape[1]
     for k in range(n):
         tm = _U0 - np.uint64(t[k])
         for e in range(w):
-            v = acc[e, k] + conv[e, k] + (cw_last[e, k] & tm)
+            v = acc[e, k] + conv[e, k] + (np.uint64(cw_last[k >> 4, e, k & 15]) & tm)
             acc[e, k] = _U0 - v if negate else v
 
 

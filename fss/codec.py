@@ -26,17 +26,18 @@ from .params import BATCH_FLAG, BATCH_HEADER_LEN, FORMAT_VERSION, HEADER_LEN, LA
 _CHUNK = 8192  # keys per chunk in the bit (un)packing, to bound temporary memory
 
 
-def _bodies(batch: KeyBatch, lo: int, hi: int) -> np.ndarray:
-    """Bodies of keys lo..hi as an (hi - lo, body_len) uint8 array."""
-    p, m = batch.params, hi - lo
-    seeds = np.ascontiguousarray(batch.seeds[:, lo:hi].T).astype("<u8", copy=False)
+def _bodies(p: TreeParams, fields: tuple, lo: int, hi: int) -> np.ndarray:
+    """Bodies of keys lo..hi as an (hi - lo, body_len) uint8 array; `fields` = KeyBatch.logical()."""
+    m = hi - lo
+    seeds_all, cw_seed, cw_t, cw_v = fields
+    seeds = np.ascontiguousarray(seeds_all[:, lo:hi].T).astype("<u8", copy=False)
     seeds = seeds.view(np.uint8).reshape(m, LAMBDA_BYTES)
-    cws = np.ascontiguousarray(batch.cw_seed[:, :, lo:hi].transpose(2, 0, 1)).astype("<u8", copy=False)
+    cws = np.ascontiguousarray(cw_seed[:, :, lo:hi].transpose(2, 0, 1)).astype("<u8", copy=False)
     cws = cws.view(np.uint8).reshape(m, p.bits * LAMBDA_BYTES)
-    ct = batch.cw_t[:, lo:hi].T
+    ct = cw_t[:, lo:hi].T
     tbits = np.stack([ct & 1, (ct >> 1) & 1], axis=-1).reshape(m, 2 * p.bits)
     tbytes = np.packbits(tbits, axis=1, bitorder="little")
-    vals = np.ascontiguousarray(batch.cw_v[:, :, lo:hi].transpose(2, 0, 1)).reshape(m, -1).astype("<u8", copy=False)
+    vals = np.ascontiguousarray(cw_v[:, :, lo:hi].transpose(2, 0, 1)).reshape(m, -1).astype("<u8")
     vbytes = vals.view(np.uint8).reshape(m, -1)
     if p.out_bits != 64:
         vb = np.unpackbits(vbytes, axis=1, bitorder="little").reshape(m, -1, 64)[:, :, : p.out_bits]
@@ -46,14 +47,15 @@ def _bodies(batch: KeyBatch, lo: int, hi: int) -> np.ndarray:
 
 def encode_batch(batch: KeyBatch) -> bytes:
     p, n = batch.params, len(batch)
+    fields = batch.logical()
     parts = [p.header(batch.party, batch=True), n.to_bytes(8, "little")]
     for lo in range(0, n, _CHUNK):
-        parts.append(_bodies(batch, lo, min(n, lo + _CHUNK)).tobytes())
+        parts.append(_bodies(p, fields, lo, min(n, lo + _CHUNK)).tobytes())
     return b"".join(parts)
 
 
 def encode_key(key: Key) -> bytes:
-    return key.params.header(key.party) + _bodies(key.batch, 0, 1).tobytes()
+    return key.params.header(key.party) + _bodies(key.params, key.batch.logical(), 0, 1).tobytes()
 
 
 def _check_header(p: TreeParams, data: bytes, batch: bool, party: int | None) -> int:
@@ -133,7 +135,7 @@ def decode_key(p: TreeParams, data: object, party: int | None = None) -> Key:
         raise KeyFormatError(f"a key of {p.describe()} is {p.key_size} bytes, got {len(data)}")
     arrays = _empty_arrays(p, 1)
     _parse_bodies(p, np.frombuffer(data, np.uint8, offset=HEADER_LEN).reshape(1, -1), arrays, 0)
-    return Key(KeyBatch(p, got_party, **arrays))
+    return Key(KeyBatch.from_logical(p, got_party, **arrays))
 
 
 def decode_batch(p: TreeParams, data: object, party: int | None = None) -> KeyBatch:
@@ -151,4 +153,4 @@ def decode_batch(p: TreeParams, data: object, party: int | None = None) -> KeyBa
     bodies = np.frombuffer(data, np.uint8, offset=BATCH_HEADER_LEN).reshape(n, p.body_len)
     for lo in range(0, n, _CHUNK):
         _parse_bodies(p, bodies[lo : lo + _CHUNK], arrays, lo)
-    return KeyBatch(p, got_party, **arrays)
+    return KeyBatch.from_logical(p, got_party, **arrays)

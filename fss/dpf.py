@@ -6,7 +6,7 @@ from __future__ import annotations
 
 import numpy as np
 
-from . import tree
+from . import backend
 from .errors import ParameterError
 from .function import TreeFunction
 from .keys import Key
@@ -30,6 +30,6 @@ class DPF(TreeFunction):
         batch = self._check_keys(key, Key)
         if self.bits > MAX_FULL_BITS:
             raise ParameterError(f"eval_full is limited to bits <= {MAX_FULL_BITS}, got {self.bits}")
-        internal = tree.eval_full(batch)
+        internal = backend.eval_full(batch)
         order = np.arange(1 << self.bits, dtype=np.uint64) ^ np.uint64(self.params.input_xor)
         return self._shape(internal[:, order])

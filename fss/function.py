@@ -6,7 +6,7 @@ from typing import Sequence, Union
 
 import numpy as np
 
-from . import codec, inputs, tree
+from . import backend, codec, inputs
 from .errors import KeyMismatchError, ParameterError
 from .keys import Key, KeyBatch
 from .params import TreeParams
@@ -79,7 +79,7 @@ class TreeFunction:
             raise ParameterError(f"need {ROOT_BYTES * n} bytes of randomness for {n} keys, got {len(randomness)}")
         b = np.ascontiguousarray(inputs.payloads(self.params, betas, n).T)
         roots = np.frombuffer(randomness, dtype="<u8").astype(np.uint64).reshape(n, 2, 2)
-        return tree.gen_batch(self.params, a, b, np.ascontiguousarray(roots.transpose(1, 2, 0)))
+        return backend.gen_batch(self.params, a, b, np.ascontiguousarray(roots.transpose(1, 2, 0)))
 
     # --- eval ------------------------------------------------------------------------------
     def _check_keys(self, keys: object, kind: type) -> KeyBatch:
@@ -99,7 +99,7 @@ class TreeFunction:
         The two parties' shares add up to f(x) mod 2^out_bits (see `reconstruct`)."""
         batch = self._check_keys(key, Key)
         xi = inputs.point(self.params, x)
-        row = tree.eval_batch(batch, np.array([xi], dtype=np.uint64))[:, 0]
+        row = backend.eval_batch(batch, np.array([xi], dtype=np.uint64))[:, 0]
         return int(row[0]) if self.width == 1 else tuple(int(v) for v in row)
 
     def eval_batch(self, keys: KeyBatch, xs: object) -> np.ndarray:
@@ -108,7 +108,7 @@ class TreeFunction:
         xi = inputs.points(self.params, xs)
         if xi.shape != (len(batch),):
             raise ParameterError(f"eval_batch needs one point per key: {len(batch)} keys, points of shape {xi.shape}")
-        return self._shape(tree.eval_batch(batch, xi))
+        return self._shape(backend.eval_batch(batch, xi))
 
     def eval_sum(self, keys: KeyBatch, points: object) -> np.ndarray:
         """Sum over all keys of their shares at each point (the server's hot path): uint64 array
@@ -117,7 +117,7 @@ class TreeFunction:
         pi = inputs.points(self.params, points, "points")
         if pi.ndim != 1:
             raise ParameterError(f"points must be one-dimensional, got shape {pi.shape}")
-        return self._shape(tree.eval_sum(batch, pi).T)
+        return self._shape(backend.eval_sum(batch, pi).T)
 
     # --- reconstruction --------------------------------------------------------------------
     def reconstruct(self, share0: object, share1: object, signed: bool = False) -> object:

@@ -1,4 +1,4 @@
-"""Key objects: `KeyBatch` (many keys of one party, struct of arrays) and `Key` (a batch of one)."""
+"""Key objects: `KeyBatch` (many keys of one party, grouped struct of arrays) and `Key` (a batch of one)."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -9,49 +9,86 @@ import numpy as np
 from .errors import KeyMismatchError, ParameterError
 from .params import TreeParams
 
+LANES = 16  # keys per group: the fused kernels walk one group with its state in vector registers
+
+
+def groups(n: int) -> int:
+    return -(-n // LANES)
+
+
+def to_groups(a: np.ndarray) -> np.ndarray:
+    """(..., n) -> (ceil(n / 16), ..., 16), zero-padded: each group of 16 keys contiguous."""
+    n = a.shape[-1]
+    g = groups(n)
+    padded = np.zeros(a.shape[:-1] + (g * LANES,), a.dtype)
+    padded[..., :n] = a
+    moved = padded.reshape(a.shape[:-1] + (g, LANES))
+    return np.ascontiguousarray(np.moveaxis(moved, -2, 0))
+
+
+def from_groups(a: np.ndarray, n: int) -> np.ndarray:
+    """Inverse of `to_groups`: (G, ..., 16) -> (..., n), always a new array (never a view of `a`)."""
+    moved = np.moveaxis(a, 0, -2)
+    return moved.reshape(moved.shape[:-2] + (-1,))[..., :n].copy()
+
+
+def payload_dtype(p: TreeParams) -> type:
+    """Payload corrections are stored in 32 bits when they fit, halving their memory."""
+    return np.uint32 if p.out_bits <= 32 else np.uint64
+
 
 @dataclass(frozen=True, eq=False)
 class KeyBatch:
-    """n keys of one party for one function family, as numpy arrays: struct of arrays, level-major,
-    key index last, so that one level of a run of keys is one contiguous vector per field:
+    """n keys of one party for one function family, as numpy arrays. Storage is grouped: keys come
+    in groups of 16 (the last one zero-padded), and each group holds all its levels contiguously, so
+    that evaluating a group streams through memory once:
 
-    - seeds   (2, n) uint64: root seeds, lo and hi words of the 16-byte seed
-    - cw_seed (bits, 2, n) uint64: seed correction words, lo and hi (bit 0 of lo always zero)
-    - cw_t    (bits, n) uint8: control-bit corrections, bit 0 = left, bit 1 = right
-    - cw_v    (v_levels, width, n) uint64: payload corrections, reduced mod 2^out_bits; the last
-      level is the leaf's (BCG+21's CW^(n+1)); a DPF has only that one.
+    - seeds   (G, 2, 16) uint64: root seeds, lo and hi words of the 16-byte seed
+    - cw_seed (G, bits, 2, 16) uint64: seed correction words, lo and hi (bit 0 of lo always zero)
+    - cw_t    (G, bits, 16) uint8: control-bit corrections, bit 0 = left, bit 1 = right
+    - cw_v    (G, v_levels, width, 16) uint32 (out_bits <= 32) or uint64: payload corrections mod
+      2^out_bits; the last level is the leaf's (BCG+21's CW^(n+1)); a DPF has only that one.
 
-    Treat the arrays as read-only: the two parties' batches from one gen share their corrections.
+    `logical()` gives the same fields as (..., n) arrays. Treat the arrays as read-only: the two
+    parties' batches from one gen share their corrections.
     """
 
     params: TreeParams
     party: int
+    n: int
     seeds: np.ndarray
     cw_seed: np.ndarray
     cw_t: np.ndarray
     cw_v: np.ndarray
 
+    @classmethod
+    def from_logical(
+        cls, params: TreeParams, party: int, seeds: np.ndarray, cw_seed: np.ndarray, cw_t: np.ndarray, cw_v: np.ndarray
+    ) -> "KeyBatch":
+        """A batch from (2, n), (bits, 2, n), (bits, n) and (v_levels, width, n) arrays."""
+        v = cw_v.astype(payload_dtype(params), copy=False)
+        return cls(params, party, seeds.shape[-1], to_groups(seeds), to_groups(cw_seed), to_groups(cw_t), to_groups(v))
+
+    def logical(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(seeds (2, n), cw_seed (bits, 2, n), cw_t (bits, n), cw_v (v_levels, width, n))."""
+        n = self.n
+        return tuple(from_groups(a, n) for a in (self.seeds, self.cw_seed, self.cw_t, self.cw_v))  # type: ignore
+
     def __len__(self) -> int:
-        return self.seeds.shape[1]
+        return self.n
 
     def __getitem__(self, item: int | slice | np.ndarray) -> "Key | KeyBatch":
         if isinstance(item, (int, np.integer)):
             i = int(item)
-            if not -len(self) <= i < len(self):
-                raise IndexError(f"key index {i} out of range for a batch of {len(self)}")
-            return Key(self.select(slice(i % len(self), i % len(self) + 1)))
+            if not -self.n <= i < self.n:
+                raise IndexError(f"key index {i} out of range for a batch of {self.n}")
+            return Key(self.select(slice(i % self.n, i % self.n + 1)))
         return self.select(item)
 
     def select(self, item: slice | np.ndarray) -> "KeyBatch":
         """The keys at `item` (a slice or index array) as a new batch."""
-        return KeyBatch(
-            self.params,
-            self.party,
-            np.ascontiguousarray(self.seeds[:, item]),
-            np.ascontiguousarray(self.cw_seed[:, :, item]),
-            np.ascontiguousarray(self.cw_t[:, item]),
-            np.ascontiguousarray(self.cw_v[:, :, item]),
-        )
+        parts = [a[..., item] for a in self.logical()]
+        return KeyBatch.from_logical(self.params, self.party, *parts)
 
     @property
     def nbytes(self) -> int:
@@ -75,17 +112,11 @@ class KeyBatch:
                 raise KeyMismatchError(
                     f"cannot mix {b.params.describe()} party {b.party} with {first.params.describe()} party {first.party}"
                 )
-        return cls(
-            first.params,
-            first.party,
-            np.concatenate([b.seeds for b in batches], axis=1),
-            np.concatenate([b.cw_seed for b in batches], axis=2),
-            np.concatenate([b.cw_t for b in batches], axis=1),
-            np.concatenate([b.cw_v for b in batches], axis=2),
-        )
+        fields = zip(*(b.logical() for b in batches))
+        return cls.from_logical(first.params, first.party, *(np.concatenate(f, axis=-1) for f in fields))
 
     def __repr__(self) -> str:
-        return f"KeyBatch({self.params.describe()}, party={self.party}, n={len(self)})"
+        return f"KeyBatch({self.params.describe()}, party={self.party}, n={self.n})"
 
 
 @dataclass(frozen=True, eq=False)

@@ -7,10 +7,12 @@ internal domain (x xor c, see `TreeParams.input_xor`); payloads are (width, n) u
 """
 from __future__ import annotations
 
+import dataclasses
+
 import numpy as np
 
 from . import _kernels as K
-from .keys import KeyBatch
+from .keys import KeyBatch, to_groups
 from .params import TreeParams
 from .prg import mmo_blocks
 
@@ -58,21 +60,22 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
         K.gen_level(out, s, t, v_alpha, _level_bits(alphas, p, i), below, cw_seed[i], cw_t[i], level_v, p.level_payload)
     K.gen_leaf(convert(p, s[0]), convert(p, s[1]), t[1], v_alpha, equal, cw_v[-1])
     cw_v &= np.uint64(p.mask)
-    return tuple(KeyBatch(p, b, roots[b].copy(), cw_seed, cw_t, cw_v) for b in (0, 1))  # type: ignore[return-value]
+    k0 = KeyBatch.from_logical(p, 0, roots[0], cw_seed, cw_t, cw_v)
+    return k0, dataclasses.replace(k0, party=1, seeds=to_groups(roots[1]))
 
 
 def eval_batch(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
     """Shares (width, n) of key k at internal point xs[k], reduced mod 2^out_bits."""
     p, n = batch.params, len(batch)
-    s = batch.seeds.copy()
+    s = np.moveaxis(batch.seeds, 0, 1).reshape(2, -1)[:, :n].copy()  # a copy: the walk updates it in place
     t = np.full(n, batch.party, np.uint8)
     acc = np.zeros((p.width, n), np.uint64)
     for i in range(p.bits):
         d = _level_bits(xs, p, i)
         out = _mmo(K.fill_eval, s, d, p.width, shape=(n, p.eval_blocks))
-        level_v = batch.cw_v[i] if p.level_payload else batch.cw_v[0]
-        K.eval_level(out, s, t, acc, batch.cw_seed[i], batch.cw_t[i], level_v, d, p.level_payload)
-    K.finish_eval(acc, convert(p, s), t, batch.cw_v[-1], batch.party == 1)
+        level_v = batch.cw_v[:, i] if p.level_payload else batch.cw_v[:, 0]
+        K.eval_level(out, s, t, acc, batch.cw_seed[:, i], batch.cw_t[:, i], level_v, d, p.level_payload)
+    K.finish_eval(acc, convert(p, s), t, batch.cw_v[:, -1], batch.party == 1)
     acc &= np.uint64(p.mask)
     return acc
 
@@ -90,17 +93,18 @@ def eval_sum(batch: KeyBatch, points: np.ndarray) -> np.ndarray:
 def eval_full(batch: KeyBatch) -> np.ndarray:
     """Shares (width, 2^bits) of a single DPF key at every internal point, in internal order."""
     p = batch.params
-    s = batch.seeds.copy()
+    seeds, cw_seed, cw_t, cw_v = batch.logical()
+    s = seeds
     t = np.full(1, batch.party, np.uint8)
     for i in range(p.bits):
         m = s.shape[1]
         out = _mmo(K.fill_expand, s, shape=(m, 2))
         s_next = np.empty((2, 2 * m), np.uint64)
         t_next = np.empty(2 * m, np.uint8)
-        K.full_level(out, s, t, batch.cw_seed[i, 0, 0], batch.cw_seed[i, 1, 0], batch.cw_t[i, 0], s_next, t_next)
+        K.full_level(out, s, t, cw_seed[i, 0, 0], cw_seed[i, 1, 0], cw_t[i, 0], s_next, t_next)
         s, t = s_next, t_next
     acc = np.zeros((p.width, s.shape[1]), np.uint64)
-    cw_last = np.ascontiguousarray(np.broadcast_to(batch.cw_v[-1], acc.shape))
+    cw_last = to_groups(np.ascontiguousarray(np.broadcast_to(cw_v[-1], acc.shape)))
     K.finish_eval(acc, convert(p, s), t, cw_last, batch.party == 1)
     acc &= np.uint64(p.mask)
     return acc

@@ -6,3 +6,14 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", deadline=None, max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+import pytest
+
+from fss import backend as _backend
+
+
+@pytest.fixture(scope="module", params=_backend.available())
+def each_backend(request):
+    """Runs a test module once per backend this CPU has (portable, aesni, vaes): they must agree."""
+    with _backend.using(request.param):
+        yield request.param

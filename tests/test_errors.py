@@ -134,3 +134,18 @@ def test_empty_batches_work():
     assert not f.eval_sum(k0, [0, 5]).any()
     assert f.eval_batch(k0, []).shape == (0, 2)
     assert f.batch_from_bytes(k0.to_bytes()).to_bytes() == k0.to_bytes()
+
+
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 32])
+def test_evaluation_never_changes_the_keys(n):
+    """Regression: the portable walk once updated a one-group batch's root seeds in place."""
+    from fss import backend
+
+    f = DCF(12)
+    k0, _ = f.gen_batch(np.arange(n), 1)
+    before = k0.to_bytes()
+    for name in backend.available():
+        with backend.using(name):
+            f.eval_batch(k0, np.arange(n))
+            f.eval_sum(k0, [0, 7])
+    assert k0.to_bytes() == before

@@ -6,6 +6,8 @@ from fss import reference as R
 
 from helpers import CMPS, add, as_rows, make, truth
 
+pytestmark = pytest.mark.usefixtures("each_backend")
+
 KINDS = CMPS + ("eq",)
 SHAPES = [(64, 1), (1, 1), (13, 2), (32, 3)]
 

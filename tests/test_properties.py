@@ -1,11 +1,14 @@
 """Property tests up to bits = 64 and out_bits = 64: the fast path against the reference and the truth."""
 import numpy as np
+import pytest
 from hypothesis import given
 from hypothesis import strategies as st
 
 from fss import reference as R
 
 from helpers import add, as_rows, make
+
+pytestmark = pytest.mark.usefixtures("each_backend")
 
 KINDS = ("lt", "le", "gt", "ge", "eq")
 

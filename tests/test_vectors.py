@@ -8,6 +8,8 @@ from fss import DCF, DPF, KeyFormatError
 from fss import reference as R
 from fss.prg import FIXED_KEY, LABEL, expand_one
 
+pytestmark = pytest.mark.usefixtures("each_backend")
+
 DOC = json.loads((Path(__file__).parent / "vectors" / "fss_v1.json").read_text())
 
 

@@ -1,0 +1,150 @@
+"""AES-128 for the kernels: the fixed key's round keys, the CPU's AES features, and LLVM-IR helpers
+that emit the AES-NI / VAES instructions from numba intrinsics.
+
+Private. The round keys come from the standard key schedule (FIPS-197, 5.2); `fss.backend` checks
+the compiled kernels against pycryptodome before it selects them. Only the CPU's AES instructions are used:
+no table-based software AES (it leaks timing), so a CPU without AES-NI takes the portable backend.
+"""
+from __future__ import annotations
+
+import functools
+
+import numpy as np
+from llvmlite import binding as llvm
+from llvmlite import ir
+
+from .prg import FIXED_KEY
+
+I32 = ir.IntType(32)
+I64 = ir.IntType(64)
+V2 = ir.VectorType(I64, 2)
+V8 = ir.VectorType(I64, 8)
+
+
+def _sbox() -> list[int]:
+    sbox = [0] * 256
+    p = q = 1
+    while True:  # walk the multiplicative group with generator 3 and its inverse
+        p = p ^ ((p << 1) & 0xFF) ^ (0x1B if p & 0x80 else 0)
+        q ^= q << 1
+        q ^= q << 2
+        q ^= q << 4
+        q &= 0xFF
+        if q & 0x80:
+            q ^= 0x09
+        rot = lambda v, r: ((v << r) | (v >> (8 - r))) & 0xFF  # noqa: E731
+        sbox[p] = q ^ rot(q, 1) ^ rot(q, 2) ^ rot(q, 3) ^ rot(q, 4) ^ 0x63
+        if p == 1:
+            break
+    sbox[0] = 0x63
+    return sbox
+
+
+def expand_key(key: bytes) -> np.ndarray:
+    """AES-128 round keys of `key` as an (11, 2) uint64 array (little-endian words of each 16 bytes)."""
+    sbox = _sbox()
+    words = [list(key[4 * i : 4 * i + 4]) for i in range(4)]
+    rcon = 1
+    for i in range(4, 44):
+        t = list(words[i - 1])
+        if i % 4 == 0:
+            t = [sbox[b] for b in t[1:] + t[:1]]
+            t[0] ^= rcon
+            rcon = ((rcon << 1) ^ (0x1B if rcon & 0x80 else 0)) & 0xFF
+        words.append([a ^ b for a, b in zip(words[i - 4], t)])
+    return np.frombuffer(bytes(sum(words, [])), "<u8").astype(np.uint64).reshape(11, 2)
+
+
+@functools.lru_cache(maxsize=None)
+def round_keys() -> np.ndarray:
+    """The fixed PRG key's round keys (the kernels check them against pycryptodome at first use)."""
+    return expand_key(FIXED_KEY)
+
+
+@functools.lru_cache(maxsize=None)
+def host_features() -> frozenset[str]:
+    """The host CPU's features as LLVM names ('aes', 'vaes', 'avx512f', ...)."""
+    feats = llvm.get_host_cpu_features()
+    return frozenset(name[1:] for name in feats.flatten().split(",") if name.startswith("+"))
+
+
+def has_aesni() -> bool:
+    return "aes" in host_features()
+
+
+def has_vaes512() -> bool:
+    f = host_features()
+    return {"aes", "vaes", "avx512f", "avx512bw"} <= f
+
+
+# --- LLVM IR helpers -------------------------------------------------------------------------------
+def declare(builder: ir.IRBuilder, name: str, vt: ir.Type) -> ir.Function:
+    mod = builder.module
+    try:
+        return mod.get_global(name)
+    except KeyError:
+        return ir.Function(mod, ir.FunctionType(vt, [vt, vt]), name=name)
+
+
+def splat(builder: ir.IRBuilder, value: ir.Value, vt: ir.VectorType = V8) -> ir.Value:
+    v = builder.insert_element(ir.Constant(ir.VectorType(value.type, 1), ir.Undefined), value, ir.Constant(I32, 0))
+    return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, vt.count), [0] * vt.count))
+
+
+def const8(value: int) -> ir.Constant:
+    return ir.Constant(V8, [value] * 8)
+
+
+EVEN = ir.Constant(ir.VectorType(I32, 8), [0, 8, 2, 10, 4, 12, 6, 14])
+ODD = ir.Constant(ir.VectorType(I32, 8), [1, 9, 3, 11, 5, 13, 7, 15])
+
+
+def interleave(builder: ir.IRBuilder, lo: ir.Value, hi: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Eight lo words and eight hi words -> two registers of four AES blocks (keys 0,2,4,6 and 1,3,5,7)."""
+    return builder.shuffle_vector(lo, hi, EVEN), builder.shuffle_vector(lo, hi, ODD)
+
+
+def deinterleave(builder: ir.IRBuilder, even: ir.Value, odd: ir.Value) -> tuple[ir.Value, ir.Value]:
+    """Inverse of `interleave`: two registers of blocks -> eight lo words, eight hi words."""
+    return builder.shuffle_vector(even, odd, EVEN), builder.shuffle_vector(even, odd, ODD)
+
+
+class AesRounds:
+    """Emits AES-128 MMO (AES_K(x) xor x) over a list of <8 x i64> registers (4 blocks each), with
+    512-bit VAES or, without it, four 128-bit AES-NI instructions per register."""
+
+    def __init__(self, builder: ir.IRBuilder, rk_ptr: ir.Value, vaes: bool):
+        self.b, self.vaes = builder, vaes
+        base = builder.bitcast(rk_ptr, V2.as_pointer())
+        keys2 = [builder.load(builder.gep(base, [ir.Constant(I32, r)]), align=8) for r in range(11)]
+        if vaes:
+            bc = ir.Constant(ir.VectorType(I32, 8), [0, 1] * 4)
+            self.keys = [builder.shuffle_vector(k, k, bc) for k in keys2]
+            self.enc = declare(builder, "llvm.x86.aesni.aesenc.512", V8)
+            self.last = declare(builder, "llvm.x86.aesni.aesenclast.512", V8)
+        else:
+            self.keys = keys2
+            self.enc = declare(builder, "llvm.x86.aesni.aesenc", V2)
+            self.last = declare(builder, "llvm.x86.aesni.aesenclast", V2)
+
+    def _rounds(self, regs: list[ir.Value]) -> list[ir.Value]:
+        b = self.b
+        st = [b.xor(x, self.keys[0]) for x in regs]
+        for r in range(1, 10):
+            st = [b.call(self.enc, [s, self.keys[r]]) for s in st]
+        return [b.call(self.last, [s, self.keys[10]]) for s in st]
+
+    def mmo(self, regs: list[ir.Value]) -> list[ir.Value]:
+        b = self.b
+        if self.vaes:
+            enc = self._rounds(regs)
+        else:
+            parts = [b.shuffle_vector(x, x, ir.Constant(ir.VectorType(I32, 2), [2 * q, 2 * q + 1])) for x in regs for q in range(4)]
+            done = self._rounds(parts)
+            enc = []
+            for r in range(len(regs)):
+                q = done[4 * r : 4 * r + 4]
+                lo = b.shuffle_vector(q[0], q[1], ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3]))
+                hi = b.shuffle_vector(q[2], q[3], ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3]))
+                enc.append(b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 8), list(range(8)))))
+        return [b.xor(e, x) for e, x in zip(enc, regs)]

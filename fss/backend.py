@@ -1,0 +1,141 @@
+"""Which implementation evaluates keys: the fused kernels on the CPU's AES instructions, or the
+portable level-by-level backend. All give bit-identical results (the tests pin them together).
+
+    fss.backend.available()        # e.g. ('portable', 'aesni', 'vaes')
+    fss.backend.set_backend("portable")   # or FSS_BACKEND=portable in the environment
+    with fss.backend.using("aesni"): ...
+    fss.backend.set_threads(2)     # threads of the fused kernels (numba's thread pool)
+
+"auto" (the default) picks "vaes" (512-bit VAES + AVX-512), else "aesni", else "portable", and runs a
+self-test of the fused kernel against the portable backend before trusting it. Payload widths above
+`fast.MAX_WIDTH` always take the portable backend.
+"""
+from __future__ import annotations
+
+import contextlib
+import functools
+import os
+import warnings
+from typing import Iterator
+
+import numba
+import numpy as np
+
+from . import _aes, tree
+from .errors import FssError, ParameterError
+from .keys import KeyBatch
+from .params import TreeParams
+
+NAMES = ("auto", "portable", "aesni", "vaes")
+_chosen = os.environ.get("FSS_BACKEND", "auto")
+
+
+def available() -> tuple[str, ...]:
+    """The backends this CPU can run."""
+    names = ["portable"]
+    if _aes.has_aesni():
+        names.append("aesni")
+    if _aes.has_vaes512():
+        names.append("vaes")
+    return tuple(names)
+
+
+def set_backend(name: str) -> None:
+    """Selects the backend for every later call; raises ParameterError if the CPU cannot run it."""
+    global _chosen
+    if name not in NAMES:
+        raise ParameterError(f"backend must be one of {NAMES}, got {name!r}")
+    if name != "auto" and name not in available():
+        raise ParameterError(f"this CPU cannot run the {name!r} backend (available: {available()})")
+    _chosen = name
+
+
+@contextlib.contextmanager
+def using(name: str) -> Iterator[None]:
+    """Runs a block with another backend, restoring the previous choice afterwards."""
+    before = _chosen
+    set_backend(name)
+    try:
+        yield
+    finally:
+        set_backend(before)
+
+
+def set_threads(n: int) -> None:
+    """Threads the fused kernels use (1 .. the number of cores numba found)."""
+    if not 1 <= n <= numba.config.NUMBA_NUM_THREADS:
+        raise ParameterError(f"threads must be in [1, {numba.config.NUMBA_NUM_THREADS}], got {n}")
+    numba.set_num_threads(n)
+
+
+def threads() -> int:
+    return numba.get_num_threads()
+
+
+@functools.lru_cache(maxsize=None)
+def _self_test(name: str) -> bool:
+    """The fused kernel agrees with the portable backend on a small DCF and DPF batch."""
+    from . import fast
+    from .dcf import DCF
+    from .dpf import DPF
+
+    vaes = name == "vaes"
+    for fn in (DCF(12, 64, 1, cmp="le"), DPF(9, 40, 3)):
+        rnd = bytes(range(256)) * 5
+        alphas = np.arange(37, dtype=np.uint64) * 97 % (1 << fn.bits)
+        k0, _ = fn._gen_batch_with_randomness(alphas, 5, rnd[: 32 * 37])
+        xs = alphas[::-1].copy()
+        if not np.array_equal(fast.eval_batch(k0, xs, vaes), tree.eval_batch(k0, xs)):
+            return False
+    return True
+
+
+def current() -> str:
+    """The backend calls use now ("auto" resolved)."""
+    if _chosen != "auto":
+        return _chosen
+    for name in ("vaes", "aesni"):
+        if name in available():
+            if _self_test(name):
+                return name
+            warnings.warn(f"fss: the {name} kernel failed its self-test; using the next backend", RuntimeWarning)
+    return "portable"
+
+
+def _fast_for(p: TreeParams) -> str | None:
+    from . import fast
+
+    name = current()
+    if name == "portable" or p.width > fast.MAX_WIDTH:
+        return None
+    if _chosen != "auto" and not _self_test(name):
+        raise FssError(f"the {name} kernel failed its self-test against the portable backend")
+    return name
+
+
+def eval_batch(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
+    """(width, n) shares of key k at internal point xs[k]."""
+    name = _fast_for(batch.params)
+    if name is None:
+        return tree.eval_batch(batch, xs)
+    from . import fast
+
+    return fast.eval_batch(batch, xs, name == "vaes")
+
+
+def eval_sum(batch: KeyBatch, points: np.ndarray) -> np.ndarray:
+    """(m, width) sums over all keys at each internal point."""
+    name = _fast_for(batch.params)
+    if name is None:
+        return tree.eval_sum(batch, points)
+    from . import fast
+
+    return fast.eval_sum(batch, points, name == "vaes", threads())
+
+
+def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray) -> tuple[KeyBatch, KeyBatch]:
+    return tree.gen_batch(p, alphas, betas, roots)
+
+
+def eval_full(batch: KeyBatch) -> np.ndarray:
+    return tree.eval_full(batch)
