@@ -74,18 +74,23 @@ def threads() -> int:
 
 @functools.lru_cache(maxsize=None)
 def _self_test(name: str) -> bool:
-    """The fused kernel agrees with the portable backend on a small DCF and DPF batch."""
+    """The fused kernels agree with the portable backend on a small DCF and DPF batch (gen and eval),
+    called directly so that nothing here goes through the backend choice itself."""
     from . import fast
-    from .dcf import DCF
-    from .dpf import DPF
+    from .params import KIND_DCF, KIND_DPF
 
     vaes = name == "vaes"
-    for fn in (DCF(12, 64, 1, cmp="le"), DPF(9, 40, 3)):
-        rnd = bytes(range(256)) * 5
-        alphas = np.arange(37, dtype=np.uint64) * 97 % (1 << fn.bits)
-        k0, _ = fn._gen_batch_with_randomness(alphas, 5, rnd[: 32 * 37])
+    for p in (TreeParams.make(KIND_DCF, 12, 64, 1, "le", False), TreeParams.make(KIND_DPF, 9, 40, 3, "eq", False)):
+        n = 37
+        alphas = np.arange(n, dtype=np.uint64) * np.uint64(97) % np.uint64(1 << p.bits)
+        betas = np.full((p.width, n), 5, np.uint64)
+        roots = (np.arange(4 * n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)).reshape(2, 2, n)
+        want0, _ = tree.gen_batch(p, alphas, betas, roots)
+        got0, _ = fast.gen_batch(p, alphas, betas, roots, vaes)
+        if got0.to_bytes() != want0.to_bytes():
+            return False
         xs = alphas[::-1].copy()
-        if not np.array_equal(fast.eval_batch(k0, xs, vaes), tree.eval_batch(k0, xs)):
+        if not np.array_equal(fast.eval_batch(got0, xs, vaes), tree.eval_batch(want0, xs)):
             return False
     return True
 
@@ -134,7 +139,13 @@ def eval_sum(batch: KeyBatch, points: np.ndarray) -> np.ndarray:
 
 
 def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray) -> tuple[KeyBatch, KeyBatch]:
-    return tree.gen_batch(p, alphas, betas, roots)
+    """Key pairs for internal alphas (n,), payloads (width, n) and root seeds (2, 2, n)."""
+    name = _fast_for(p)
+    if name is None:
+        return tree.gen_batch(p, alphas, betas, roots)
+    from . import fast
+
+    return fast.gen_batch(p, alphas, betas, roots, name == "vaes")
 
 
 def eval_full(batch: KeyBatch) -> np.ndarray:

@@ -12,8 +12,9 @@ import numpy as np
 from numba import njit, prange
 
 from ._aes import round_keys
-from ._fused import GROUP, eval_group
-from .keys import KeyBatch
+from ._fused import GROUP, eval_group, gen_group
+from .keys import KeyBatch, groups, payload_dtype, to_groups
+from .params import TreeParams
 
 MAX_WIDTH = 4  # wider payloads take the portable backend (the fused kernel unrolls over elements)
 
@@ -81,3 +82,33 @@ def eval_sum(batch: KeyBatch, points: np.ndarray, vaes: bool, threads: int) -> n
         kernel(*_keys(batch), np.array([x], np.uint64), n, batch.party, p.bits, np.uint64(p.mask), round_keys(), partial)
         sums[j] = partial.sum(axis=0, dtype=np.uint64)
     return sums & np.uint64(p.mask)
+
+
+@functools.lru_cache(maxsize=None)
+def _gen_kernel(width: int, has_v: bool, vaes: bool):
+    group = gen_group(width, has_v, vaes)
+
+    @njit(nogil=True, parallel=True)
+    def kernel(alphas, betas, roots, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v):
+        for g in prange(cw_seed.shape[0]):
+            group(alphas, betas, roots, g, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v)
+
+    return kernel
+
+
+def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray, vaes: bool) -> tuple[KeyBatch, KeyBatch]:
+    """Same contract as `tree.gen_batch`, writing the grouped arrays directly."""
+    n, w = alphas.shape[0], p.width
+    G = groups(n)
+    pad = lambda a: np.concatenate([a, np.zeros(a.shape[:-1] + (G * GROUP - n,), a.dtype)], axis=-1)  # noqa: E731
+    cw_seed = np.empty((G, p.bits, 2, GROUP), np.uint64)
+    cw_t = np.empty((G, p.bits, GROUP), np.uint8)
+    cw_v = np.empty((G, p.v_levels, w, GROUP), payload_dtype(p))
+    if n:
+        ones = np.uint64(2**64 - 1)
+        below = ones if p.beta_below else np.uint64(0)
+        equal = ones if p.beta_equal else np.uint64(0)
+        kernel = _gen_kernel(w, p.level_payload, vaes)
+        kernel(pad(alphas), pad(betas), pad(roots), p.bits, np.uint64(p.mask), below, equal, round_keys(), cw_seed, cw_t, cw_v)
+    k0 = KeyBatch(p, 0, n, to_groups(roots[0]), cw_seed, cw_t, cw_v)
+    return k0, KeyBatch(p, 1, n, to_groups(roots[1]), cw_seed, cw_t, cw_v)
