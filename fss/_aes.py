@@ -86,6 +86,15 @@ def declare(builder: ir.IRBuilder, name: str, vt: ir.Type) -> ir.Function:
         return ir.Function(mod, ir.FunctionType(vt, [vt, vt]), name=name)
 
 
+def declare_reduce(builder: ir.IRBuilder) -> ir.Function:
+    """llvm.vector.reduce.add over <8 x i64> (a horizontal sum, wrapping)."""
+    name = "llvm.vector.reduce.add.v8i64"
+    try:
+        return builder.module.get_global(name)
+    except KeyError:
+        return ir.Function(builder.module, ir.FunctionType(I64, [V8]), name=name)
+
+
 def splat(builder: ir.IRBuilder, value: ir.Value, vt: ir.VectorType = V8) -> ir.Value:
     v = builder.insert_element(ir.Constant(ir.VectorType(value.type, 1), ir.Undefined), value, ir.Constant(I32, 0))
     return builder.shuffle_vector(v, v, ir.Constant(ir.VectorType(I32, vt.count), [0] * vt.count))

@@ -113,137 +113,282 @@ def _convert(b: ir.IRBuilder, aes, width: int, slo: ir.Value, shi: ir.Value) -> 
     return _words(b, aes.mmo(regs))[:width]
 
 
+class _Group:
+    """One group's correction words (grouped KeyBatch arrays) and the per-level tree math on them,
+    for the half h (8 keys) of the group's 16 lanes."""
+
+    def __init__(self, b, context, aty, args, g_, width: int, has_v: bool):
+        self.b, self.width, self.has_v = b, width, has_v
+        self.CS, self.CT, self.CV = (_Ptr(context, b, t, v) for t, v in zip(aty, args))
+        self.cs0, self.ct0, self.cv0 = (b.mul(g_, P.group) for P in (self.CS, self.CT, self.CV))
+
+    def advance(self, i, h, so, sho, t, d):
+        """Child seed block (so, sho) -> the child's (seed lo, seed hi, t) after the corrections."""
+        b = self.b
+        one, zero, lane = A.const8(1), A.const8(0), _c64(8 * h)
+        tm = b.sub(zero, t)
+        lo = _off(b, self.cs0, b.mul(i, _c64(2 * GROUP)), lane)
+        ct = self.CT.load8(_off(b, self.ct0, b.mul(i, _c64(GROUP)), lane))
+        slo = b.xor(b.and_(so, A.const8(~1 & (2**64 - 1))), b.and_(self.CS.load8(lo), tm))
+        shi = b.xor(sho, b.and_(self.CS.load8(_off(b, lo, _c64(GROUP))), tm))
+        return slo, shi, b.xor(b.and_(so, one), b.and_(b.lshr(ct, d), t))
+
+    def payload(self, level, h, e):
+        """Payload correction element e of `level` for the half's 8 keys."""
+        b = self.b
+        row = b.add(b.mul(level, _c64(self.width)), _c64(e))
+        return self.CV.load8(_off(b, self.cv0, b.mul(row, _c64(GROUP)), _c64(8 * h)))
+
+    def add_payload(self, i, h, accs, vals, t):
+        """acc[e] + v[e] + t * V_CW[e]: this level's payload share (the sign comes at the leaf)."""
+        b = self.b
+        tm = b.sub(A.const8(0), t)
+        return [b.add(acc, b.add(v, b.and_(self.payload(i, h, e), tm))) for e, (acc, v) in enumerate(zip(accs, vals))]
+
+    def leaf(self, aes, h, slo, shi, t, accs, bits_, party_, mask_):
+        """(-1)^party (acc + Convert(s) + t * CW_{n+1}) masked, per payload element."""
+        b = self.b
+        zero = A.const8(0)
+        tm = b.sub(zero, t)
+        last = bits_ if self.has_v else _c64(0)
+        conv = _convert(b, aes, self.width, slo, shi)
+        negate = b.icmp_signed("!=", party_, _c64(0))
+        out = []
+        for e in range(self.width):
+            v = b.add(b.add(accs[e], conv[e]), b.and_(self.payload(last, h, e), tm))
+            out.append(b.and_(b.select(negate, b.sub(zero, v), v), A.splat(b, mask_)))
+        return out
+
+
+def _one_child_blocks(b, slo, shi, d, width: int, has_v: bool) -> list:
+    """PRG input registers for child d of 8 seeds: its seed block, then (DCF) the value blocks that
+    hold its payload words d*width .. d*width + width - 1."""
+    regs = list(A.interleave(b, slo, b.xor(shi, b.add(d, A.const8(ROLE_LEFT)))))
+    if has_v:
+        first = b.lshr(b.mul(d, A.const8(width)), A.const8(1))
+        hv = b.xor(shi, A.const8(ROLE_VALUE))
+        for q in range((width + 1) // 2):
+            regs += A.interleave(b, b.xor(slo, b.add(first, A.const8(q))), hv)
+    return regs
+
+
+def _one_child_values(b, words: list, d, width: int) -> list:
+    """Child d's payload words among the words of `_one_child_blocks`' value blocks."""
+    if width % 2 == 0:
+        return words[:width]
+    odd_side = b.icmp_unsigned("!=", d, A.const8(0))  # then its words start at an odd position
+    return [b.select(odd_side, words[e + 1], words[e]) for e in range(width)]
+
+
+def _both_children_blocks(b, slo, shi, width: int, has_v: bool) -> list:
+    """PRG input registers that expand both children of 8 seeds: LEFT, RIGHT, VALUE 0..width-1."""
+    regs = list(A.interleave(b, slo, b.xor(shi, A.const8(ROLE_LEFT))))
+    regs += A.interleave(b, slo, b.xor(shi, A.const8(ROLE_LEFT + 1)))
+    if has_v:
+        hv = b.xor(shi, A.const8(ROLE_VALUE))
+        for j in range(width):
+            regs += A.interleave(b, b.xor(slo, A.const8(j)), hv)
+    return regs
+
+
 @functools.lru_cache(maxsize=None)
 def eval_group(width: int, has_v: bool, uniform_x: bool, vaes: bool):
     """The intrinsic eval16(seeds, cw_seed, cw_t, cw_v, xs, g, party, bits, mask, rk, out, out_k):
     out[e, out_k + j] = share of key 16 g + j at its point (xs[16 g + j], or xs[0] if uniform_x),
     for j in 0..15 (a padded lane gives garbage, never a fault: it stays inside the group)."""
-    nvb = (width + 1) // 2
+    nwords = 2 * (1 + ((width + 1) // 2 if has_v else 0))  # words per key per level
 
     @intrinsic
     def eval16(typingctx, seeds, cw_seed, cw_t, cw_v, xs, g, party, bits, mask, rk, out, out_k):
         i64 = types.int64
         sig = types.void(seeds, cw_seed, cw_t, cw_v, xs, i64, i64, i64, types.uint64, rk, out, i64)
 
-        def codegen(context, builder, signature, args):
-            b = builder
+        def codegen(context, b, signature, args):
             aty = signature.args
-            S, CS, CT, CV, X = (_Ptr(context, b, aty[j], args[j]) for j in range(5))
+            S, X = _Ptr(context, b, aty[0], args[0]), _Ptr(context, b, aty[4], args[4])
+            grp = _Group(b, context, aty[1:4], args[1:4], args[5], width, has_v)
             g_, party_, bits_, mask_ = args[5], args[6], args[7], args[8]
-            R = _Ptr(context, b, aty[9], args[9])
-            O = _Ptr(context, b, aty[10], args[10])
-            out_k_ = args[11]
-            c64 = lambda v: ir.Constant(A.I64, v)  # noqa: E731
-            k_ = b.mul(g_, c64(GROUP))  # first key of the group: its index into xs
-            s0, cs0, ct0, cv0 = (b.mul(g_, P.group) for P in (S, CS, CT, CV))  # group bases
-            aes = A.AesRounds(b, R.data, vaes)
-            one, zero = A.const8(1), A.const8(0)
-
-            def off(*terms):  # sum of i64 terms
-                acc = terms[0]
-                for t in terms[1:]:
-                    acc = b.add(acc, t)
-                return acc
-
-            # initial state
-            state = []
+            aes = A.AesRounds(b, _Ptr(context, b, aty[9], args[9]).data, vaes)
+            O, out_k_ = _Ptr(context, b, aty[10], args[10]), args[11]
+            k_ = b.mul(g_, _c64(GROUP))  # the group's first key: its index into xs
+            s0 = b.mul(g_, S.group)
+            zero = A.const8(0)
+            x_uniform = A.splat(b, b.load(X.at(_c64(0)))) if uniform_x else None
+            state = []  # per half: seed lo, seed hi, t, acc[width]
             for h in range(HALVES):
-                state += [S.load8(off(s0, c64(8 * h))), S.load8(off(s0, c64(16 + 8 * h))), A.splat(b, party_)]
-                state += [zero] * (width if has_v else 0)
-            x_uniform = A.splat(b, b.load(X.at(c64(0)))) if uniform_x else None
-            per_half = 3 + (width if has_v else 0)
+                state += [S.load8(_off(b, s0, _c64(8 * h))), S.load8(_off(b, s0, _c64(16 + 8 * h))), A.splat(b, party_)]
+                state += [zero] * width
+            per_half = 3 + width
 
-            entry = b.block
-            loop = b.append_basic_block("level")
-            done = b.append_basic_block("leaf")
-            b.branch(loop)
-            b.position_at_end(loop)
-            i = b.phi(A.I64)
-            i.add_incoming(c64(0), entry)
-            phis = []
-            for v in state:
-                ph = b.phi(A.V8)
-                ph.add_incoming(v, entry)
-                phis.append(ph)
+            def level(i, st):
+                sh = A.splat(b, b.sub(b.sub(bits_, _c64(1)), i))
+                ds, regs = [], []
+                for h in range(HALVES):
+                    x = x_uniform if uniform_x else X.load8(_off(b, k_, _c64(8 * h)))
+                    ds.append(b.and_(b.lshr(x, sh), A.const8(1)))
+                    regs += _one_child_blocks(b, st[per_half * h], st[per_half * h + 1], ds[h], width, has_v)
+                words = _words(b, aes.mmo(regs))
+                new = []
+                for h in range(HALVES):
+                    t, accs = st[per_half * h + 2], st[per_half * h + 3 : per_half * (h + 1)]
+                    mine = words[nwords * h : nwords * (h + 1)]
+                    new += grp.advance(i, h, mine[0], mine[1], t, ds[h])
+                    if has_v:
+                        accs = grp.add_payload(i, h, accs, _one_child_values(b, mine[2:], ds[h], width), t)
+                    new += accs
+                return new
 
-            sh = A.splat(b, b.sub(b.sub(bits_, c64(1)), i))
-            level_lo = off(cs0, b.mul(i, c64(2 * GROUP)))  # cw_seed[g, i, 0, :]
-            level_t = off(ct0, b.mul(i, c64(GROUP)))  # cw_t[g, i, :]
-            new_state = []
-            # 1. PRG inputs for both halves
-            regs, ds = [], []
+            final = _level_loop(b, bits_, state, level)
             for h in range(HALVES):
-                slo, shi = phis[per_half * h], phis[per_half * h + 1]
-                x = x_uniform if uniform_x else X.load8(off(k_, c64(8 * h)))
-                d = b.and_(b.lshr(x, sh), one)
-                ds.append(d)
-                regs += A.interleave(b, slo, b.xor(shi, b.add(d, A.const8(ROLE_LEFT))))
-                if has_v:
-                    first = b.lshr(b.mul(d, A.const8(width)), one)
-                    hv = b.xor(shi, A.const8(ROLE_VALUE))
-                    for q in range(nvb):
-                        regs += A.interleave(b, b.xor(slo, b.add(first, A.const8(q))), hv)
-            # 2. AES
-            regs = aes.mmo(regs)
-            per_regs = 2 * (1 + (nvb if has_v else 0))
-            # 3. bookkeeping
-            for h in range(HALVES):
-                base = phis[per_half * h : per_half * (h + 1)]
-                t = base[2]
-                d = ds[h]
-                mine = regs[per_regs * h : per_regs * (h + 1)]
-                so, sho = A.deinterleave(b, mine[0], mine[1])
-                lane = c64(8 * h)
-                tm = b.sub(zero, t)
-                ct = CT.load8(off(level_t, lane))
-                tn = b.xor(b.and_(so, one), b.and_(b.lshr(ct, d), t))
-                slo2 = b.xor(b.and_(so, A.const8(~1 & (2**64 - 1))), b.and_(CS.load8(off(level_lo, lane)), tm))
-                shi2 = b.xor(sho, b.and_(CS.load8(off(level_lo, c64(GROUP), lane)), tm))
-                accs = []
-                if has_v:
-                    words = [A.deinterleave(b, mine[2 + 2 * q], mine[3 + 2 * q]) for q in range(nvb)]
-                    word = lambda wi: words[wi >> 1][wi & 1]  # noqa: E731
-                    odd_side = b.icmp_unsigned("!=", d, zero)
-                    for e in range(width):
-                        val = word(e) if width % 2 == 0 else b.select(odd_side, word(e + 1), word(e))
-                        cv = CV.load8(off(cv0, b.mul(b.add(b.mul(i, c64(width)), c64(e)), c64(GROUP)), lane))
-                        accs.append(b.add(base[3 + e], b.add(val, b.and_(cv, tm))))
-                new_state += [slo2, shi2, tn] + accs
-            i_next = b.add(i, c64(1))
-            i.add_incoming(i_next, b.block)
-            for ph, v in zip(phis, new_state):
-                ph.add_incoming(v, b.block)
-            b.cbranch(b.icmp_signed("<", i_next, bits_), loop, done)
-
-            # leaf: Convert(s) + t * CW_{n+1}, signed by the party, masked
-            b.position_at_end(done)
-            negate = b.icmp_signed("!=", party_, c64(0))
-            last = b.mul(bits_, c64(width)) if has_v else c64(0)
-            for h in range(HALVES):
-                slo, shi, t = new_state[per_half * h : per_half * h + 3]
-                accs = new_state[per_half * h + 3 : per_half * (h + 1)] or [zero] * width
-                lane = c64(8 * h)
-                tm = b.sub(zero, t)
-                if width == 1:
-                    conv = [shi]
-                else:
-                    hl = b.xor(shi, A.const8(ROLE_LEAF))
-                    blocks = []
-                    for q in range(nvb):
-                        blocks += A.interleave(b, b.xor(slo, A.const8(q)), hl)
-                    blocks = aes.mmo(blocks)
-                    words = [A.deinterleave(b, blocks[2 * q], blocks[2 * q + 1]) for q in range(nvb)]
-                    conv = [words[e >> 1][e & 1] for e in range(width)]
-                for e in range(width):
-                    cv = CV.load8(off(cv0, b.mul(b.add(last, c64(e)), c64(GROUP)), lane))
-                    v = b.add(b.add(accs[e], conv[e]), b.and_(cv, tm))
-                    v = b.select(negate, b.sub(zero, v), v)
-                    O.store8(off(b.mul(c64(e), O.n), out_k_, c64(8 * h)), b.and_(v, A.splat(b, mask_)))
+                slo, shi, t = final[per_half * h : per_half * h + 3]
+                outs = grp.leaf(aes, h, slo, shi, t, final[per_half * h + 3 : per_half * (h + 1)], bits_, party_, mask_)
+                for e, v in enumerate(outs):
+                    O.store8(_off(b, b.mul(_c64(e), O.n), out_k_, _c64(8 * h)), v)
             return context.get_dummy_value()
 
         return sig, codegen
 
     return eval16
+
+
+@functools.lru_cache(maxsize=None)
+def trie_steps(width: int, has_v: bool, vaes: bool):
+    """Intrinsics for walking one group's trees over a set of points (all 16 keys at the same node).
+    A node's state is a slot of `state` (slots, 3 + width, 16): seed lo, seed hi, t, acc[width].
+
+    step_one(state, src, dst, d, level, cw_seed, cw_t, cw_v, g, rk): child d of slot src -> slot dst
+    step_both(state, src, dst_left, dst_right, level, cw_seed, cw_t, cw_v, g, rk): both children
+    last_one / last_both(state, src, d, point_left, point_right, lanes, cw_seed, cw_t, cw_v, g, party,
+        bits, mask, rk, partial, base): the last level, adding the leaves' shares (summed over the
+        first `lanes` keys of the group) to partial[base + point * width + e]
+    """
+    rows = 3 + width
+    i64 = types.int64
+
+    def load(b, ST, slot, h):
+        base = b.mul(slot, _c64(rows * GROUP))
+        return [ST.load8(_off(b, base, _c64(r * GROUP + 8 * h))) for r in range(rows)]
+
+    def store(b, ST, slot, h, values):
+        base = b.mul(slot, _c64(rows * GROUP))
+        for r, v in enumerate(values):
+            ST.store8(_off(b, base, _c64(r * GROUP + 8 * h)), v)
+
+    @intrinsic
+    def step_one(typingctx, state, src, dst, d, level, cw_seed, cw_t, cw_v, g, rk):
+        sig = types.void(state, i64, i64, i64, i64, cw_seed, cw_t, cw_v, i64, rk)
+
+        def codegen(context, b, signature, args):
+            aty = signature.args
+            ST = _Ptr(context, b, aty[0], args[0])
+            src_, dst_, d_, i = args[1:5]
+            grp = _Group(b, context, aty[5:8], args[5:8], args[8], width, has_v)
+            aes = A.AesRounds(b, _Ptr(context, b, aty[9], args[9]).data, vaes)
+            d = A.splat(b, d_)
+            st = [load(b, ST, src_, h) for h in range(HALVES)]
+            regs = []
+            for h in range(HALVES):
+                regs += _one_child_blocks(b, st[h][0], st[h][1], d, width, has_v)
+            words = _words(b, aes.mmo(regs))
+            per = len(words) // HALVES
+            for h in range(HALVES):
+                mine = words[per * h : per * (h + 1)]
+                new = list(grp.advance(i, h, mine[0], mine[1], st[h][2], d))
+                accs = st[h][3:]
+                if has_v:
+                    accs = grp.add_payload(i, h, accs, _one_child_values(b, mine[2:], d, width), st[h][2])
+                store(b, ST, dst_, h, new + accs)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    @intrinsic
+    def step_both(typingctx, state, src, dst_left, dst_right, level, cw_seed, cw_t, cw_v, g, rk):
+        sig = types.void(state, i64, i64, i64, i64, cw_seed, cw_t, cw_v, i64, rk)
+
+        def codegen(context, b, signature, args):
+            aty = signature.args
+            ST = _Ptr(context, b, aty[0], args[0])
+            src_, dl_, dr_, i = args[1:5]
+            grp = _Group(b, context, aty[5:8], args[5:8], args[8], width, has_v)
+            aes = A.AesRounds(b, _Ptr(context, b, aty[9], args[9]).data, vaes)
+            st = [load(b, ST, src_, h) for h in range(HALVES)]
+            regs = []
+            for h in range(HALVES):
+                regs += _both_children_blocks(b, st[h][0], st[h][1], width, has_v)
+            words = _words(b, aes.mmo(regs))
+            per = len(words) // HALVES
+            for h in range(HALVES):
+                mine = words[per * h : per * (h + 1)]
+                for side, dst in ((0, dl_), (1, dr_)):
+                    d = A.const8(side)
+                    new = list(grp.advance(i, h, mine[2 * side], mine[2 * side + 1], st[h][2], d))
+                    accs = st[h][3:]
+                    if has_v:
+                        accs = grp.add_payload(i, h, accs, mine[4 + side * width : 4 + (side + 1) * width], st[h][2])
+                    store(b, ST, dst, h, new + accs)
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    def reduce_into(b, P, base, point, e, v, lanes_, h):
+        """partial[base + point * width + e] += the sum of v's lanes that are real keys (< lanes)."""
+        idx = ir.Constant(A.V8, [8 * h + j for j in range(8)])
+        real = b.icmp_signed("<", idx, A.splat(b, lanes_))
+        v = b.select(real, v, A.const8(0))
+        total = b.call(A.declare_reduce(b), [v])
+        ptr = P.at(_off(b, base, b.mul(point, _c64(width)), _c64(e)))
+        b.store(b.add(b.load(ptr), total), ptr)
+
+    def last_step(both: bool):
+        """Last level: the child (or both children) of slot src become leaves; their shares, summed
+        over the group's real lanes, are added to partial at the points' rows. No state is stored."""
+
+        def typer(typingctx, state, src, d, point_left, point_right, lanes, cw_seed, cw_t, cw_v, g, party, bits,
+                  mask, rk, partial, base):
+            sig = types.void(state, i64, i64, i64, i64, i64, cw_seed, cw_t, cw_v, i64, i64, i64, types.uint64, rk,
+                             partial, i64)
+
+            def codegen(context, b, signature, args):
+                aty = signature.args
+                ST = _Ptr(context, b, aty[0], args[0])
+                src_, d_, pl_, pr_, lanes_ = args[1:6]
+                grp = _Group(b, context, aty[6:9], args[6:9], args[9], width, has_v)
+                party_, bits_, mask_ = args[10:13]
+                aes = A.AesRounds(b, _Ptr(context, b, aty[13], args[13]).data, vaes)
+                P, base = _Ptr(context, b, aty[14], args[14]), args[15]
+                i = b.sub(bits_, _c64(1))
+                st = [load(b, ST, src_, h) for h in range(HALVES)]
+                d = A.splat(b, d_)
+                regs = []
+                for h in range(HALVES):
+                    if both:
+                        regs += _both_children_blocks(b, st[h][0], st[h][1], width, has_v)
+                    else:
+                        regs += _one_child_blocks(b, st[h][0], st[h][1], d, width, has_v)
+                words = _words(b, aes.mmo(regs))
+                per = len(words) // HALVES
+                for h in range(HALVES):
+                    mine = words[per * h : per * (h + 1)]
+                    sides = ((0, pl_), (1, pr_)) if both else ((None, pl_),)
+                    for side, point in sides:
+                        if both:
+                            dd, seed = A.const8(side), mine[2 * side : 2 * side + 2]
+                            vals = mine[4 + side * width : 4 + (side + 1) * width]
+                        else:
+                            dd, seed = d, mine[0:2]
+                            vals = _one_child_values(b, mine[2:], d, width) if has_v else []
+                        slo, shi, t = grp.advance(i, h, seed[0], seed[1], st[h][2], dd)
+                        accs = grp.add_payload(i, h, st[h][3:], vals, st[h][2]) if has_v else st[h][3:]
+                        for e, v in enumerate(grp.leaf(aes, h, slo, shi, t, accs, bits_, party_, mask_)):
+                            reduce_into(b, P, base, point, e, v, lanes_, h)
+                return context.get_dummy_value()
+
+            return sig, codegen
+
+        return intrinsic(typer)
+
+    return step_one, step_both, last_step(False), last_step(True)
 
 
 @functools.lru_cache(maxsize=None)

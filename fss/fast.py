@@ -12,7 +12,7 @@ import numpy as np
 from numba import njit, prange
 
 from ._aes import round_keys
-from ._fused import GROUP, eval_group, gen_group
+from ._fused import GROUP, eval_group, gen_group, trie_steps
 from .keys import KeyBatch, groups, payload_dtype, to_groups
 from .params import TreeParams
 
@@ -69,19 +69,107 @@ def eval_batch(batch: KeyBatch, xs: np.ndarray, vaes: bool) -> np.ndarray:
     return out[:, :n]
 
 
+OP_ONE, OP_BOTH, OP_LAST_ONE, OP_LAST_BOTH = 0, 1, 2, 3
+
+
+@njit(nogil=True, cache=True)
+def trie_program(points, bits):
+    """The depth-first walk over the union of the paths to `points` (sorted, unique), as rows
+    (op, src slot, dst slot or d, second dst slot or left point, level, d or right point). A node at
+    `level` lives in slot 2 level (on the current path) or 2 level + 1 (a right child waiting its
+    turn). Steps at the last level turn their children into leaves at once (OP_LAST_*)."""
+    m = points.shape[0]
+    prog = np.empty((2 * m * (bits + 1), 6), np.int64)
+    stack = np.empty((bits + 1, 4), np.int64)  # level, lo, hi, slot of pending right children
+    ops, sp = 0, 0
+    level, lo, hi, slot = 0, 0, m, 0
+    while True:
+        if level == bits:
+            if sp == 0:
+                break
+            sp -= 1
+            level, lo, hi, slot = stack[sp, 0], stack[sp, 1], stack[sp, 2], stack[sp, 3]
+            continue
+        shift = np.uint64(bits - 1 - level)
+        a, z = lo, hi  # binary search: first point in [lo, hi) whose bit at this level is set
+        while a < z:
+            mid = (a + z) // 2
+            if (points[mid] >> shift) & np.uint64(1):
+                z = mid
+            else:
+                a = mid + 1
+        nxt = 2 * (level + 1)
+        if level == bits - 1:  # children are leaves: points lo (and lo + 1 if both)
+            if a == lo or a == hi:
+                prog[ops] = (OP_LAST_ONE, slot, 1 if a == lo else 0, lo, level, 0)
+            else:
+                prog[ops] = (OP_LAST_BOTH, slot, 0, lo, level, a)
+            ops += 1
+            level = bits
+            continue
+        if a == lo or a == hi:
+            prog[ops] = (OP_ONE, slot, nxt, 0, level, 1 if a == lo else 0)
+        else:
+            prog[ops] = (OP_BOTH, slot, nxt, nxt + 1, level, 0)
+            stack[sp, 0], stack[sp, 1], stack[sp, 2], stack[sp, 3] = level + 1, a, hi, nxt + 1
+            sp += 1
+            hi = a
+        ops += 1
+        slot = nxt
+        level += 1
+    return prog[:ops]
+
+
+@functools.lru_cache(maxsize=None)
+def _trie_kernel(width: int, has_v: bool, vaes: bool):
+    step_one, step_both, last_one, last_both = trie_steps(width, has_v, vaes)
+
+    @njit(nogil=True, parallel=True)
+    def kernel(seeds, cw_seed, cw_t, cw_v, prog, n, party, bits, mask, rk, partial):
+        groups = seeds.shape[0]
+        chunks = partial.shape[0]
+        for c in prange(chunks):
+            state = np.zeros((2 * (bits + 1), 3 + width, 16), np.uint64)
+            row = partial[c]
+            for g in range(c * groups // chunks, (c + 1) * groups // chunks):
+                lanes = min(16, n - g * 16)  # the last group's padding is not counted
+                state[0, 0] = seeds[g, 0]
+                state[0, 1] = seeds[g, 1]
+                state[0, 2] = party
+                state[0, 3:] = 0
+                for r in range(prog.shape[0]):
+                    op, src, a1, a2, level, a3 = prog[r]
+                    if op == 0:
+                        step_one(state, src, a1, a3, level, cw_seed, cw_t, cw_v, g, rk)
+                    elif op == 1:
+                        step_both(state, src, a1, a2, level, cw_seed, cw_t, cw_v, g, rk)
+                    elif op == 2:
+                        last_one(state, src, a1, a2, 0, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row, 0)
+                    else:
+                        last_both(state, src, 0, a2, a3, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row, 0)
+
+    return kernel
+
+
 def eval_sum(batch: KeyBatch, points: np.ndarray, vaes: bool, threads: int) -> np.ndarray:
-    """(m, width) sums; each point is one pass over the keys with per-chunk partial sums."""
+    """(m, width) sums. One point: one fused pass over the keys. Several: each group of keys walks
+    its trees once over the union of the points' paths (a full grid of 2^b points costs about
+    2^(b+1) node expansions per key, not b * 2^b)."""
     p, n = batch.params, len(batch)
     sums = np.zeros((points.shape[0], p.width), np.uint64)
-    if not n:
+    if not n or not points.shape[0]:
         return sums
-    kernel = _sum_kernel(p.width, p.level_payload, vaes)
     chunks = max(1, min(batch.seeds.shape[0], 4 * threads))
-    partial = np.empty((chunks, p.width), np.uint64)
-    for j, x in enumerate(points):
-        kernel(*_keys(batch), np.array([x], np.uint64), n, batch.party, p.bits, np.uint64(p.mask), round_keys(), partial)
-        sums[j] = partial.sum(axis=0, dtype=np.uint64)
-    return sums & np.uint64(p.mask)
+    common = (n, batch.party, p.bits, np.uint64(p.mask), round_keys())
+    if points.shape[0] == 1:
+        partial = np.empty((chunks, p.width), np.uint64)
+        _sum_kernel(p.width, p.level_payload, vaes)(*_keys(batch), points, *common, partial)
+        return partial.sum(axis=0, dtype=np.uint64, keepdims=True) & np.uint64(p.mask)
+    unique, inverse = np.unique(points, return_inverse=True)
+    partial = np.zeros((chunks, unique.shape[0], p.width), np.uint64)
+    prog = trie_program(unique, p.bits)
+    _trie_kernel(p.width, p.level_payload, vaes)(*_keys(batch), prog, *common, partial)
+    return partial.sum(axis=0, dtype=np.uint64)[inverse.reshape(-1)] & np.uint64(p.mask)
 
 
 @functools.lru_cache(maxsize=None)
