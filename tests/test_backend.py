@@ -54,3 +54,10 @@ def test_thread_count_does_not_change_sums(threads):
         backend.set_threads(before)
     want = [int(((np.arange(1000) * 61 % 65536) > x).sum()) for x in (0, 100, 30000)]
     np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("fn", [DCF(32, 64), DCF(32, 32), DCF(16, 64), DCF(64, 64), DCF(32, 64, 2)], ids=repr)
+def test_key_batch_memory_is_within_5_percent_of_the_wire_size(fn):
+    n = 1000
+    k0, _ = fn.gen_batch(np.arange(n), 1)
+    assert k0.nbytes <= 1.05 * n * fn.key_size
