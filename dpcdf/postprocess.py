@@ -91,7 +91,7 @@ def smooth_eq3(noisy: np.ndarray, node_sets: np.ndarray, total: float, p: int = 
         solver.setup(P=sp.identity(k, format="csc") * 2.0, q=np.zeros(k), A=ga.tocsc(),
                      l=np.full(bound.size, -np.inf), u=bound, verbose=False, eps_abs=1e-9, eps_rel=1e-9,
                      max_iter=200000, polishing=True)
-        res = solver.solve()
+        res = solver.solve(raise_error=False)
         if res.info.status not in ("solved", "solved inaccurate"):
             raise DpcdfError(f"eq. 3 smoothing (p = 2) failed: {res.info.status}")
         nu = res.x
