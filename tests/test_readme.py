@@ -16,3 +16,10 @@ def test_fss_ten_lines_run_and_say_the_truth():
     assert dcf.reconstruct(dcf.eval(k0, 1000), dcf.eval(k1, 1000)) == 0
     np.testing.assert_array_equal(dcf.reconstruct(dcf.eval_sum(K0, [100]), dcf.eval_sum(K1, [100])), [1])
     assert len(block.strip().splitlines()) <= 12
+
+
+def test_every_python_block_runs():
+    blocks = re.findall(r"```python\n(.*?)```", README, re.S)
+    assert len(blocks) >= 2
+    for block in blocks:
+        exec(block, {})
