@@ -91,12 +91,15 @@ class PathMechanism:
     def scales_for(self, node_ids: np.ndarray) -> Fraction:
         return self.scale
 
+    def prefix_noise(self, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
+        """The noise eq. 2 adds to the prefix count at each index: the sum over its path's nodes."""
+        ids = self.nodes_for(np.asarray(indices, np.int64))
+        unique, inverse = np.unique(ids, return_inverse=True)
+        return noise(unique, self.scale)[inverse.reshape(ids.shape)].sum(axis=1)
+
     def noisy_prefix(self, prefix: np.ndarray, noise: NoiseFn) -> np.ndarray:
         """Eq. 2 at every grid index: exact prefix counts (int64) + path noise."""
-        ids = self.nodes_for(np.arange(self.size))
-        unique, inverse = np.unique(ids, return_inverse=True)
-        eta = noise(unique, self.scale)[inverse.reshape(ids.shape)]
-        return prefix.astype(np.int64) + eta.sum(axis=1)
+        return prefix.astype(np.int64) + self.prefix_noise(np.arange(self.size), noise)
 
     def expected_mse(self) -> float:
         return (self.shape.height + 1) * dlaplace_variance(self.scale)
@@ -168,16 +171,26 @@ class TreeMechanism:
         """Noise variance per level (0 for the exact root)."""
         return np.array([0.0 if s is None else dlaplace_variance(s) for s in self.scales])
 
+    def node_noise(self, level: int, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
+        """The noise of nodes (level, index); zero at an exact (public) root."""
+        idx = np.asarray(indices, np.int64)
+        if self.scales[level] is None:
+            return np.zeros(idx.size, np.int64)
+        return noise(self.shape.node_id(np.full(idx.size, level), idx), self.scales[level])
+
+    def node_bounds(self, level: int) -> tuple[np.ndarray, np.ndarray]:
+        """First and last grid index of every data-holding node of a level."""
+        width = self.shape.branching**level
+        starts = np.arange(0, self.size, width)
+        return starts, np.minimum(starts + width, self.size) - 1
+
     def noisy_nodes(self, prefix: np.ndarray, noise: NoiseFn) -> list[np.ndarray]:
         """Noisy counts of every data-holding node, per level; the root is n itself under
         substitution (public), noised under add/remove."""
         out = []
         for level in range(self.shape.height + 1):
             counts = node_counts(prefix, self.shape, level)
-            if self.scales[level] is not None:
-                ids = self.shape.node_id(np.full(counts.size, level), np.arange(counts.size))
-                counts = counts + noise(ids, self.scales[level])
-            out.append(counts.astype(np.float64))
+            out.append((counts + self.node_noise(level, np.arange(counts.size), noise)).astype(np.float64))
         return out
 
     def covering_prefix(self, nodes: list[np.ndarray]) -> np.ndarray:
@@ -201,12 +214,13 @@ class TreeMechanism:
             start = start + digit * width
         return est
 
-    def consistent(self, nodes: list[np.ndarray]) -> np.ndarray:
+    def consistent(self, nodes: list[np.ndarray], copies: int = 1) -> np.ndarray:
         """Least-squares consistent leaf counts (Hay et al. 2010, with per-level variances as in
         Honaker 2015): inverse-variance merges bottom-up, then the parents' surplus is split among
-        the children in proportion to their variances top-down. Returns prefix counts."""
+        the children in proportion to their variances top-down. Returns prefix counts. `copies`:
+        how many independent noises each node carries (2 over two servers)."""
         b, h = self.shape.branching, self.shape.height
-        var = self.variances()
+        var = self.variances() * copies
         est, evar = [nodes[0].copy()], [np.full(nodes[0].size, var[0])]
         for level in range(1, h + 1):
             s = _group_sum(est[-1], b, nodes[level].size)

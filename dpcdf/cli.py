@@ -1,0 +1,145 @@
+"""The `dpcdf` command: serve, task, submit, query, demo."""
+from __future__ import annotations
+
+import argparse
+import csv
+import json
+import os
+import secrets
+import sys
+from pathlib import Path
+
+import numpy as np
+
+from .analyst import Analyst, http
+from .client import encode_batch, make_reports
+from .errors import DpcdfError
+from .task import TaskConfig, token_hash
+
+
+def parse_grid(spec: str) -> dict:
+    """uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,..."""
+    kind, _, rest = spec.partition(":")
+    if kind in ("uniform", "log"):
+        lo, hi, bits = rest.split(":")
+        return {"kind": kind, "lo": float(lo), "hi": float(hi), "bits": int(bits)}
+    if kind == "thresholds":
+        return {"kind": kind, "values": [float(v) for v in rest.split(",")]}
+    raise DpcdfError(f"grid must be uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,..., got {spec!r}")
+
+
+def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, relation: str, min_batch: int) -> tuple[TaskConfig, str]:
+    """Fetches both servers' HPKE keys, registers the task with both, returns it and the analyst token."""
+    keys = [http("GET", f"{url}/hpke")["public_key"] for url in servers]
+    token = secrets.token_urlsafe(24)
+    config = TaskConfig(grid, float(epsilon), mechanism, relation, int(min_batch), (servers[0], servers[1]),
+                        (keys[0], keys[1]), token_hash(token))
+    for url in servers:
+        http("POST", f"{url}/tasks", config.to_json().encode())
+    return config, token
+
+
+def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False) -> dict:
+    """Makes and uploads the reports for `values` to both servers (each opens only its share)."""
+    values = np.asarray(values, dtype=np.float64).reshape(-1)
+    totals = {"accepted": 0, "duplicates": 0, "rejected": 0}
+    for start in range(0, values.size, batch):
+        reports = [r.to_bytes() for r in make_reports(config, values[start : start + batch])]
+        body = encode_batch(reports)
+        for url in config.servers:
+            res = http("POST", f"{url}/tasks/{config.task_id}/reports/batch", body, content_type="application/octet-stream")
+            if url == config.servers[0]:
+                totals["accepted"] += res["accepted"]
+                totals["duplicates"] += res["duplicates"]
+                totals["rejected"] += len(res["rejected"])
+        if progress:
+            done = min(values.size, start + batch)
+            bar = "#" * (30 * done // values.size)
+            print(f"\r[{bar:<30}] {done}/{values.size} reports", end="", file=sys.stderr, flush=True)
+    if progress:
+        print(file=sys.stderr)
+    return totals
+
+
+def read_values(args) -> np.ndarray:
+    if args.values:
+        return np.array(args.values, dtype=np.float64)
+    with open(args.csv, newline="") as f:
+        rows = list(csv.reader(f))
+    header, body = rows[0], rows[1:]
+    col = header.index(args.column) if args.column else 0
+    try:
+        return np.array([float(r[col]) for r in body if r])
+    except (ValueError, IndexError) as exc:
+        raise DpcdfError(f"{args.csv}: {exc}") from None
+
+
+def main(argv: list[str] | None = None) -> int:
+    ap = argparse.ArgumentParser(prog="dpcdf", description="Two-server differentially private ECDFs.")
+    sub = ap.add_subparsers(dest="cmd", required=True)
+    s = sub.add_parser("serve", help="run one of the two servers")
+    s.add_argument("--party", type=int, choices=[0, 1], required=True)
+    s.add_argument("--port", type=int, required=True)
+    s.add_argument("--data", required=True)
+    s.add_argument("--host", default="127.0.0.1")
+    s.add_argument("--no-noise", action="store_true", help="test-only: refused unless DPCDF_TESTING=1")
+    t = sub.add_parser("task", help="create a task on both servers; writes the config and the analyst token")
+    t.add_argument("--servers", nargs=2, required=True)
+    t.add_argument("--grid", required=True, help="uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,...")
+    t.add_argument("--epsilon", type=float, required=True)
+    t.add_argument("--mechanism", default="tree", choices=["tree", "path"])
+    t.add_argument("--relation", default="substitution", choices=["substitution", "add-remove"])
+    t.add_argument("--min-batch", type=int, default=100)
+    t.add_argument("--out", default="task.json")
+    u = sub.add_parser("submit", help="report values (arguments or a CSV column) to both servers")
+    u.add_argument("--task", required=True)
+    u.add_argument("--values", nargs="*", type=float)
+    u.add_argument("--csv")
+    u.add_argument("--column")
+    u.add_argument("--batch", type=int, default=500)
+    q = sub.add_parser("query", help="the analyst: DP ECDF values and quantiles")
+    q.add_argument("--task", required=True)
+    q.add_argument("--token-file", help="default: TASK.token")
+    q.add_argument("--ecdf", nargs="*", type=float, default=[])
+    q.add_argument("--quantiles", nargs="*", type=float, default=[0.1, 0.25, 0.5, 0.75, 0.9])
+    d = sub.add_parser("demo", help="two real servers on loopback, simulated clients, an analyst, a table and a plot")
+    d.add_argument("--clients", type=int, default=3000)
+    d.add_argument("--epsilon", type=float, default=1.0)
+    d.add_argument("--mechanism", default="tree", choices=["tree", "path"])
+    d.add_argument("--plot", default="dpcdf_demo.png")
+    args = ap.parse_args(argv)
+    try:
+        if args.cmd == "serve":
+            from .server import serve
+
+            serve(args.party, args.port, args.data, args.host, noise=not args.no_noise)
+        elif args.cmd == "task":
+            config, token = create_task(args.servers, parse_grid(args.grid), args.epsilon, args.mechanism,
+                                        args.relation, args.min_batch)
+            Path(args.out).write_text(config.to_json())
+            fd = os.open(args.out + ".token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+            with os.fdopen(fd, "w") as f:
+                f.write(token)
+            print(f"task {config.task_id} on both servers; config {args.out}, analyst token {args.out}.token")
+        elif args.cmd == "submit":
+            config = TaskConfig.from_json(Path(args.task).read_text())
+            if not args.values and not args.csv:
+                raise DpcdfError("give --values or --csv")
+            print(json.dumps(submit(config, read_values(args), args.batch, progress=True)))
+        elif args.cmd == "query":
+            config = TaskConfig.from_json(Path(args.task).read_text())
+            token = Path(args.token_file or args.task + ".token").read_text().strip()
+            rel = Analyst(config, token).release()
+            for t_, f_ in zip(args.ecdf, rel.ecdf(args.ecdf)):
+                print(f"F({t_:g}) = {f_:.4f}")
+            for p_, q_ in zip(args.quantiles, rel.quantile(args.quantiles)):
+                print(f"q({p_:g}) = {q_:g}")
+            print(rel.statement)
+        elif args.cmd == "demo":
+            from .demo import run_demo
+
+            run_demo(args.clients, args.epsilon, args.mechanism, args.plot)
+        return 0
+    except DpcdfError as exc:
+        print(f"dpcdf: {exc}", file=sys.stderr)
+        return 2

@@ -1,0 +1,129 @@
+"""Clients: a private value -> a report holding one DCF key share per server, each HPKE-sealed
+(RFC 9180: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-128-GCM) to its server's public key, with
+the task's fingerprint and the report id as associated data.
+
+Report wire format (all lengths little-endian):
+    magic b"DPR1" | task fingerprint (32) | report id (16) |
+    for server 0 then 1: len(enc) u16 | enc | len(ciphertext) u32 | ciphertext
+A batch: count u32, then len(report) u32 | report for each.
+"""
+from __future__ import annotations
+
+import secrets
+import struct
+from dataclasses import dataclass
+
+import numpy as np
+from Crypto.Protocol import HPKE
+
+from .errors import DpcdfError, ParameterError
+from .task import TaskConfig
+
+MAGIC = b"DPR1"
+ID_BYTES = 16
+
+
+class ReportError(DpcdfError, ValueError):
+    """Bytes that are not a well-formed report (for this task)."""
+
+
+def _info(fingerprint: bytes) -> bytes:
+    return b"dpcdf/hpke/v1" + fingerprint
+
+
+def _aad(fingerprint: bytes, report_id: bytes, party: int) -> bytes:
+    return b"dpcdf/report/v1" + fingerprint + report_id + bytes([party])
+
+
+@dataclass(frozen=True)
+class Report:
+    fingerprint: bytes
+    report_id: bytes
+    sealed: tuple[tuple[bytes, bytes], tuple[bytes, bytes]]  # (enc, ciphertext) per server
+
+    def to_bytes(self) -> bytes:
+        out = [MAGIC, self.fingerprint, self.report_id]
+        for enc, ct in self.sealed:
+            out += [struct.pack("<H", len(enc)), enc, struct.pack("<I", len(ct)), ct]
+        return b"".join(out)
+
+    @classmethod
+    def from_bytes(cls, data: bytes) -> "Report":
+        try:
+            if data[:4] != MAGIC:
+                raise ReportError("not a dpcdf report (bad magic)")
+            fp, rid, pos = data[4:36], data[36:52], 52
+            if len(rid) != ID_BYTES:
+                raise ReportError("truncated report header")
+            sealed = []
+            for _ in range(2):
+                (n_enc,) = struct.unpack_from("<H", data, pos)
+                enc = data[pos + 2 : pos + 2 + n_enc]
+                pos += 2 + n_enc
+                (n_ct,) = struct.unpack_from("<I", data, pos)
+                ct = data[pos + 4 : pos + 4 + n_ct]
+                pos += 4 + n_ct
+                if len(enc) != n_enc or len(ct) != n_ct:
+                    raise ReportError("truncated report")
+                sealed.append((enc, ct))
+            if pos != len(data):
+                raise ReportError(f"{len(data) - pos} trailing bytes after the report")
+            return cls(fp, rid, (sealed[0], sealed[1]))
+        except struct.error:
+            raise ReportError("truncated report") from None
+
+
+def make_reports(config: TaskConfig, values) -> list[Report]:
+    """One report per value: the value's grid index alpha, the DCF key pair for [t >= alpha],
+    each key sealed to its server. Randomness: the DCF's CSPRNG seeds, a random 16-byte report id."""
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    if v.size == 0:
+        raise ParameterError("no values to report")
+    alphas = config.make_grid().index(v)
+    k0, k1 = config.dcf().gen_batch(alphas, 1)
+    fp = config.fingerprint
+    keys = [HPKE.import_x25519_public_key(bytes.fromhex(h)) for h in config.hpke_keys]
+    reports = []
+    for i in range(v.size):
+        rid = secrets.token_bytes(ID_BYTES)
+        sealed = []
+        for party, batch in ((0, k0), (1, k1)):
+            ctx = HPKE.new(receiver_key=keys[party], aead_id=HPKE.AEAD.AES128_GCM, info=_info(fp))
+            sealed.append((ctx.enc, ctx.seal(batch[i].to_bytes(), _aad(fp, rid, party))))
+        reports.append(Report(fp, rid, (sealed[0], sealed[1])))
+    return reports
+
+
+def open_share(report: Report, party: int, private_key, fingerprint: bytes) -> bytes:
+    """The server's side: its key share's bytes, or ReportError if the report is for another task
+    or does not open with this server's key."""
+    if report.fingerprint != fingerprint:
+        raise ReportError("report is for another task")
+    enc, ct = report.sealed[party]
+    try:
+        ctx = HPKE.new(receiver_key=private_key, aead_id=HPKE.AEAD.AES128_GCM, enc=enc, info=_info(fingerprint))
+        return ctx.unseal(ct, _aad(fingerprint, report.report_id, party))
+    except (ValueError, TypeError):
+        raise ReportError("the share does not open with this server's key") from None
+
+
+def encode_batch(reports: list[bytes]) -> bytes:
+    return struct.pack("<I", len(reports)) + b"".join(struct.pack("<I", len(r)) + r for r in reports)
+
+
+def decode_batch(data: bytes) -> list[bytes]:
+    try:
+        (count,) = struct.unpack_from("<I", data, 0)
+        pos, out = 4, []
+        for _ in range(count):
+            (n,) = struct.unpack_from("<I", data, pos)
+            item = data[pos + 4 : pos + 4 + n]
+            if len(item) != n:
+                raise ReportError("truncated batch")
+            out.append(item)
+            pos += 4 + n
+        if pos != len(data):
+            raise ReportError("trailing bytes after the batch")
+        return out
+    except struct.error:
+        raise ReportError("truncated batch") from None

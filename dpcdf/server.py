@@ -1,0 +1,227 @@
+"""One of the two servers: an HTTP API over a SQLite store (FastAPI + uvicorn).
+
+    dpcdf serve --party 0 --port 8000 --data DIR
+
+Endpoints: GET /health, GET /hpke (this server's HPKE public key), POST /tasks (register a task),
+POST /tasks/{id}/reports (one report) and /tasks/{id}/reports/batch, POST /tasks/{id}/query (the
+analyst, with its bearer token), GET /tasks/{id} (status). A report is acknowledged only once its
+key share is committed to disk; a malformed, truncated, wrongly sealed, foreign or duplicate report
+gets a 4xx with a message and is not stored. Secrets (noise seeds, key shares, the HPKE private key)
+never appear in responses or logs.
+"""
+from __future__ import annotations
+
+import os
+import secrets
+import threading
+from pathlib import Path
+
+import numpy as np
+from Crypto.PublicKey import ECC
+from fastapi import FastAPI, Request
+from fastapi.responses import JSONResponse
+
+from fss import FssError, KeyBatch
+
+from .aggregate import Aggregator
+from .client import Report, ReportError, decode_batch, open_share
+from .errors import DpcdfError
+from .task import TaskConfig, token_hash
+
+MAX_BODY = 64 << 20
+TESTING_ENV = "DPCDF_TESTING"
+
+
+class HttpError(Exception):
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def _load_or_make_key(data_dir: Path) -> ECC.EccKey:
+    path = data_dir / "hpke_x25519.pem"
+    if path.exists():
+        return ECC.import_key(path.read_text())
+    key = ECC.generate(curve="curve25519")
+    tmp = path.with_suffix(".tmp")
+    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
+    with os.fdopen(fd, "w") as f:
+        f.write(key.export_key(format="PEM"))
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, path)
+    return key
+
+
+class TaskState:
+    """A task's config, aggregator and the cache of key shares loaded from the store."""
+
+    def __init__(self, config: TaskConfig, party: int, seed: bytes, noise: bool):
+        self.config = config
+        self.dcf = config.dcf()
+        self.aggregator = Aggregator(self.dcf, config.make_mechanism(), seed, config.task_id, noise)
+        self.shards: list[KeyBatch] = []
+        self.seq = 0
+        self.party = party
+        self.lock = threading.Lock()
+
+    def refresh(self, store) -> list[KeyBatch]:
+        with self.lock:
+            shares, self.seq = store.shares_since(self.config.task_id, self.seq)
+            if shares:
+                p = self.dcf.params
+                blob = p.header(self.party, batch=True) + len(shares).to_bytes(8, "little") + b"".join(s[8:] for s in shares)
+                self.shards.append(self.dcf.batch_from_bytes(blob, party=self.party))
+                if len(self.shards) > 8:
+                    self.shards = [KeyBatch.concatenate(self.shards)]
+            return list(self.shards)
+
+
+def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
+    if party not in (0, 1):
+        raise DpcdfError(f"party must be 0 or 1, got {party!r}")
+    if not noise and os.environ.get(TESTING_ENV) != "1":
+        raise DpcdfError(f"switching noise off is a test-only setting (needs {TESTING_ENV}=1)")
+    from .store import Store
+
+    data = Path(data_dir)
+    data.mkdir(parents=True, exist_ok=True)
+    store = Store(data / "server.sqlite")
+    key = _load_or_make_key(data)
+    public_hex = key.public_key().export_key(format="raw").hex()
+    tasks: dict[str, TaskState] = {}
+    tasks_lock = threading.Lock()
+    app = FastAPI(title=f"dpcdf server {party}", version="1")
+
+    @app.exception_handler(HttpError)
+    async def _http_error(request: Request, exc: HttpError):
+        return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+    @app.middleware("http")
+    async def _limit_body(request: Request, call_next):
+        length = request.headers.get("content-length")
+        if length is not None and (not length.isdigit() or int(length) > MAX_BODY):
+            return JSONResponse({"error": f"request body over {MAX_BODY} bytes"}, status_code=413)
+        return await call_next(request)
+
+    async def body(request: Request) -> bytes:
+        chunks, size = [], 0
+        async for chunk in request.stream():
+            size += len(chunk)
+            if size > MAX_BODY:
+                raise HttpError(413, f"request body over {MAX_BODY} bytes")
+            chunks.append(chunk)
+        return b"".join(chunks)
+
+    def state(task_id: str) -> TaskState:
+        with tasks_lock:
+            if task_id not in tasks:
+                row = store.task(task_id)
+                if row is None:
+                    raise HttpError(404, f"unknown task {task_id}")
+                tasks[task_id] = TaskState(TaskConfig.from_json(row[0]), party, row[1], noise)
+            return tasks[task_id]
+
+    def authorize(request: Request, st: TaskState) -> None:
+        auth = request.headers.get("authorization", "")
+        if not auth.startswith("Bearer ") or not secrets.compare_digest(token_hash(auth[7:]), st.config.token_hash):
+            raise HttpError(401, "the analyst's bearer token is required")
+
+    def accept(st: TaskState, raw_reports: list[bytes]) -> tuple[list[tuple[bytes, bytes]], list[dict]]:
+        good, rejected = [], []
+        fp = st.config.fingerprint
+        for i, raw in enumerate(raw_reports):
+            try:
+                report = Report.from_bytes(raw)
+                share = open_share(report, party, key, fp)
+                st.dcf.key_from_bytes(share, party=party)  # a well-formed key of this task's DCF
+                good.append((report.report_id, share))
+            except (ReportError, FssError) as exc:
+                rejected.append({"index": i, "error": str(exc)})
+        return good, rejected
+
+    @app.get("/health")
+    def health():
+        return {"party": party, "status": "ok"}
+
+    @app.get("/hpke")
+    def hpke():
+        return {"kem": "DHKEM(X25519, HKDF-SHA256)", "kdf": "HKDF-SHA256", "aead": "AES-128-GCM", "public_key": public_hex}
+
+    @app.post("/tasks", status_code=201)
+    async def create_task(request: Request):
+        try:
+            config = TaskConfig.from_json(await body(request))
+        except DpcdfError as exc:
+            raise HttpError(400, str(exc)) from None
+        if config.hpke_keys[party] != public_hex:
+            raise HttpError(400, f"the task does not name this server's HPKE key as server {party}'s")
+        conflict = store.add_task(config.task_id, config.to_json(), config.fingerprint, secrets.token_bytes(32))
+        if conflict is not None:
+            raise HttpError(409, f"task {config.task_id} exists with another configuration")
+        return {"task_id": config.task_id, "fingerprint": config.fingerprint.hex()}
+
+    @app.post("/tasks/{task_id}/reports", status_code=201)
+    async def upload(task_id: str, request: Request):
+        st = state(task_id)
+        good, rejected = accept(st, [await body(request)])
+        if rejected:
+            raise HttpError(400, rejected[0]["error"])
+        if not store.add_reports(task_id, good)[0]:
+            raise HttpError(409, "duplicate report id: already stored and counted once")
+        return {"accepted": 1}
+
+    @app.post("/tasks/{task_id}/reports/batch")
+    async def upload_batch(task_id: str, request: Request):
+        st = state(task_id)
+        try:
+            raw = decode_batch(await body(request))
+        except ReportError as exc:
+            raise HttpError(400, str(exc)) from None
+        good, rejected = accept(st, raw)
+        added = store.add_reports(task_id, good) if good else []
+        return {"accepted": sum(added), "duplicates": len(added) - sum(added), "rejected": rejected}
+
+    @app.get("/tasks/{task_id}")
+    def status(task_id: str, request: Request):
+        st = state(task_id)
+        authorize(request, st)
+        return {"task_id": task_id, "reports": store.count(task_id), "min_batch": st.config.min_batch}
+
+    @app.post("/tasks/{task_id}/query")
+    async def query(task_id: str, request: Request):
+        st = state(task_id)
+        authorize(request, st)
+        try:
+            q = await request.json()
+        except ValueError:
+            raise HttpError(400, "the query must be JSON") from None
+        n = store.count(task_id)
+        if n < st.config.min_batch:
+            raise HttpError(403, f"the task has {n} reports; queries need at least {st.config.min_batch}")
+        shards = st.refresh(store)
+        size = st.config.make_grid().size
+        kind = q.get("kind") if isinstance(q, dict) else None
+        if kind == "prefix":
+            idx = q.get("indices")
+            if not isinstance(idx, list) or not idx or not all(isinstance(i, int) and 0 <= i < size for i in idx):
+                raise HttpError(400, f"indices must be a non-empty list of grid indices in [0, {size})")
+            shares = st.aggregator.prefix_shares(shards, np.array(idx, np.int64))
+        elif kind == "nodes":
+            mech = st.aggregator.mechanism
+            level = q.get("level")
+            if st.config.mechanism != "tree" or not isinstance(level, int) or not 0 <= level <= mech.shape.height:
+                raise HttpError(400, "node queries need the tree mechanism and a level in range")
+            shares = st.aggregator.node_shares(shards, level)
+        else:
+            raise HttpError(400, "kind must be 'prefix' or 'nodes'")
+        store.log_query(task_id, kind, int(shares.size))
+        return {"party": party, "n": n, "shares": [str(int(v)) for v in shares]}
+
+    return app
+
+
+def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: bool = True) -> None:
+    import uvicorn
+
+    uvicorn.run(create_app(party, data_dir, noise), host=host, port=port, log_level="warning")

@@ -1,0 +1,77 @@
+"""A server's durable state in SQLite (WAL, synchronous=FULL): tasks with their secret noise seeds,
+key shares (acknowledged only after the transaction commits), report ids for replay protection, and
+the query log."""
+from __future__ import annotations
+
+import sqlite3
+import threading
+import time
+from pathlib import Path
+
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (task_id TEXT PRIMARY KEY, config TEXT NOT NULL, fingerprint BLOB NOT NULL,
+                                  noise_seed BLOB NOT NULL, created REAL NOT NULL);
+CREATE TABLE IF NOT EXISTS reports (seq INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT NULL,
+                                    report_id BLOB NOT NULL, key_share BLOB NOT NULL, received REAL NOT NULL,
+                                    UNIQUE (task_id, report_id));
+CREATE TABLE IF NOT EXISTS queries (task_id TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL, points INTEGER NOT NULL);
+"""
+
+
+class Store:
+    def __init__(self, path: Path):
+        self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        self.db.execute("PRAGMA journal_mode=WAL")
+        self.db.execute("PRAGMA synchronous=FULL")
+        self.db.executescript(SCHEMA)
+        self.lock = threading.Lock()
+
+    def add_task(self, task_id: str, config: str, fingerprint: bytes, seed: bytes) -> str | None:
+        """Stores a task; returns None if new or identical, else the existing config (a conflict)."""
+        with self.lock:
+            row = self.db.execute("SELECT config FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+            if row:
+                return None if row[0] == config else row[0]
+            self.db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?, ?)", (task_id, config, fingerprint, seed, time.time()))
+            return None
+
+    def task(self, task_id: str) -> tuple[str, bytes] | None:
+        with self.lock:
+            row = self.db.execute("SELECT config, noise_seed FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        return None if row is None else (row[0], bytes(row[1]))
+
+    def add_reports(self, task_id: str, items: list[tuple[bytes, bytes]]) -> list[bool]:
+        """Inserts (report id, key share) pairs in one committed transaction; False where the id
+        was already there (a replay: stored once, counted once)."""
+        now = time.time()
+        with self.lock:
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                added = []
+                for rid, share in items:
+                    cur = self.db.execute("INSERT OR IGNORE INTO reports (task_id, report_id, key_share, received) "
+                                          "VALUES (?, ?, ?, ?)", (task_id, rid, share, now))
+                    added.append(cur.rowcount == 1)
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+        return added
+
+    def count(self, task_id: str) -> int:
+        with self.lock:
+            return self.db.execute("SELECT COUNT(*) FROM reports WHERE task_id = ?", (task_id,)).fetchone()[0]
+
+    def shares_since(self, task_id: str, seq: int) -> tuple[list[bytes], int]:
+        with self.lock:
+            rows = self.db.execute("SELECT seq, key_share FROM reports WHERE task_id = ? AND seq > ? ORDER BY seq",
+                                   (task_id, seq)).fetchall()
+        return [bytes(r[1]) for r in rows], (rows[-1][0] if rows else seq)
+
+    def report_ids(self, task_id: str) -> list[bytes]:
+        with self.lock:
+            return [bytes(r[0]) for r in self.db.execute("SELECT report_id FROM reports WHERE task_id = ?", (task_id,))]
+
+    def log_query(self, task_id: str, kind: str, points: int) -> None:
+        with self.lock:
+            self.db.execute("INSERT INTO queries VALUES (?, ?, ?, ?)", (task_id, time.time(), kind, points))

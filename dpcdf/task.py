@@ -1,0 +1,98 @@
+"""A task: everything both servers, the clients and the analyst agree on, serialized as canonical
+JSON and fingerprinted. The fingerprint is bound into every sealed share (HPKE info and associated
+data), so a report made for one task cannot be counted in another."""
+from __future__ import annotations
+
+import hashlib
+import json
+import secrets
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from fss import DCF
+
+from .errors import ParameterError
+from .grid import Grid
+from .mechanisms import PathMechanism, TreeMechanism, check_epsilon, check_relation
+
+FORMAT = "dpcdf-task/v1"
+OUT_BITS = 64
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """grid: {"kind": "uniform"|"log", "lo", "hi", "bits"} or {"kind": "thresholds", "values": [...]}.
+    servers: both servers' base URLs; hpke_keys: their X25519 public keys (hex); token_hash: SHA-256
+    of the analyst's bearer token (hex)."""
+
+    grid: dict
+    epsilon: float
+    mechanism: str
+    relation: str
+    min_batch: int
+    servers: tuple[str, str]
+    hpke_keys: tuple[str, str]
+    token_hash: str
+    width: int = 1
+    task_id: str = field(default_factory=lambda: secrets.token_hex(16))
+    format: str = FORMAT
+
+    def __post_init__(self) -> None:
+        check_epsilon(self.epsilon)
+        check_relation(self.relation)
+        if self.mechanism not in ("path", "tree"):
+            raise ParameterError(f"a task's mechanism is 'path' or 'tree', got {self.mechanism!r}")
+        if not isinstance(self.min_batch, int) or self.min_batch < 1:
+            raise ParameterError(f"min_batch must be an int >= 1, got {self.min_batch!r}")
+        if self.width != 1:
+            raise ParameterError("payload widths above 1 are not supported by the ECDF task yet")
+        if len(self.servers) != 2 or len(self.hpke_keys) != 2:
+            raise ParameterError("a task has exactly two servers and two HPKE keys")
+        if self.format != FORMAT:
+            raise ParameterError(f"unknown task format {self.format!r}")
+        self.make_grid()  # validates
+
+    # --- derived ------------------------------------------------------------------------------
+    def make_grid(self) -> Grid:
+        g = self.grid
+        kind = g.get("kind")
+        if kind == "uniform":
+            return Grid.uniform(float(g["lo"]), float(g["hi"]), int(g["bits"]))
+        if kind == "log":
+            return Grid.log(float(g["lo"]), float(g["hi"]), int(g["bits"]))
+        if kind == "thresholds":
+            return Grid.from_thresholds(np.asarray(g["values"], dtype=np.float64))
+        raise ParameterError(f"unknown grid kind {kind!r}")
+
+    def make_mechanism(self) -> PathMechanism | TreeMechanism:
+        size = self.make_grid().size
+        if self.mechanism == "path":
+            return PathMechanism(size, self.epsilon, self.relation)
+        return TreeMechanism(size, self.epsilon, self.relation)
+
+    def dcf(self) -> DCF:
+        """The comparison every report shares: f_a(t) = 1 if t >= a, so sum_a f_a(i) counts values <= t_i."""
+        return DCF(self.make_grid().bits, OUT_BITS, self.width, cmp="ge")
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["servers"], d["hpke_keys"] = list(self.servers), list(self.hpke_keys)
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "TaskConfig":
+        try:
+            d = json.loads(text)
+            d["servers"], d["hpke_keys"] = tuple(d["servers"]), tuple(d["hpke_keys"])
+            return cls(**d)
+        except (ValueError, TypeError, KeyError) as exc:
+            raise ParameterError(f"not a task configuration: {exc}") from None
+
+    @property
+    def fingerprint(self) -> bytes:
+        return hashlib.sha256(self.to_json().encode()).digest()
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()
