@@ -4,6 +4,7 @@ own full noise, so the answers are epsilon-DP even if the analyst colludes with 
 price is twice the noise variance (the consistency step knows it)."""
 from __future__ import annotations
 
+import http.client as http_client
 import json
 import urllib.error
 import urllib.request
@@ -39,6 +40,8 @@ def http(method: str, url: str, body: bytes | None = None, token: str | None = N
         raise ServerError(f"{url}: HTTP {exc.code} {reason}".strip()) from None
     except urllib.error.URLError as exc:
         raise ServerError(f"{url}: {exc.reason}") from None
+    except (http_client.HTTPException, OSError) as exc:  # the connection broke mid-request
+        raise ServerError(f"{url}: {exc.__class__.__name__}: {exc}") from None
 
 
 class Analyst:

@@ -16,11 +16,12 @@ def free_port() -> int:
         return s.getsockname()[1]
 
 
-def start_server(party: int, data_dir: str, port: int | None = None, noise: bool = True, log=None) -> tuple[subprocess.Popen, str]:
+def start_server(party: int, data_dir: str, port: int | None = None, noise: bool = True, log=None,
+                 extra_env: dict | None = None) -> tuple[subprocess.Popen, str]:
     """`python -m dpcdf serve` as a child process; returns it and its URL once /health answers."""
     port = port or free_port()
     cmd = [sys.executable, "-m", "dpcdf", "serve", "--party", str(party), "--port", str(port), "--data", data_dir]
-    env = dict(os.environ)
+    env = dict(os.environ, **(extra_env or {}))
     if not noise:
         cmd.append("--no-noise")
     proc = subprocess.Popen(cmd, stdout=log or subprocess.DEVNULL, stderr=log or subprocess.DEVNULL, env=env)
