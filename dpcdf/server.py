@@ -92,6 +92,9 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
     tasks: dict[str, TaskState] = {}
     tasks_lock = threading.Lock()
     app = FastAPI(title=f"dpcdf server {party}", version="1")
+    from fss import backend
+
+    threading.Thread(target=backend.warm_up, name="warm-up", daemon=True).start()  # compile while reports arrive
 
     @app.exception_handler(HttpError)
     async def _http_error(request: Request, exc: HttpError):

@@ -150,3 +150,16 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
 
 def eval_full(batch: KeyBatch) -> np.ndarray:
     return tree.eval_full(batch)
+
+
+def warm_up(width: int = 1, out_bits: int = 64) -> None:
+    """Compiles the kernels a workload of this payload width will use (gen, eval, eval_sum at one
+    and at many points), so that the first real call does not pay numba's compile time. Their types
+    do not depend on `bits`, so a small domain serves every task."""
+    from .dcf import DCF
+
+    fn = DCF(4, out_bits, width)
+    k0, _ = fn.gen_batch(np.arange(20) % 16, 1)
+    fn.eval_batch(k0, np.arange(20) % 16)
+    fn.eval_sum(k0, [3])
+    fn.eval_sum(k0, [1, 5, 9])

@@ -86,8 +86,13 @@ class KeyBatch:
         return self.select(item)
 
     def select(self, item: slice | np.ndarray) -> "KeyBatch":
-        """The keys at `item` (a slice or index array) as a new batch."""
-        parts = [a[..., item] for a in self.logical()]
+        """The keys at `item` (a slice or index array) as a new batch; costs O(selected keys)."""
+        idx = np.arange(self.n)[item] if isinstance(item, slice) else np.asarray(item, dtype=np.int64).reshape(-1)
+        if idx.size and (idx.min() < -self.n or idx.max() >= self.n):
+            raise IndexError(f"key index out of range for a batch of {self.n}")
+        idx = idx % max(self.n, 1)
+        g, lane = idx // LANES, idx % LANES
+        parts = [np.moveaxis(a[g, ..., lane], 0, -1) for a in (self.seeds, self.cw_seed, self.cw_t, self.cw_v)]
         return KeyBatch.from_logical(self.params, self.party, *parts)
 
     @property

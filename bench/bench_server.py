@@ -1,0 +1,92 @@
+"""The servers' speed: report ingest and query latency, on real server processes on loopback.
+
+    python bench/bench_server.py [--sizes 10000 100000 1000000]
+
+Ingest: reports sealed beforehand (client work not counted), uploaded in batches of 1000 to one
+server; each report is parsed, HPKE-opened, checked to be a key of the task, and committed to SQLite
+before the acknowledgement. Queries: the analyst's latency for 1 and 1024 thresholds (both servers,
+shares added), after a first query that loads the key cache. For n above the ingest run, the key
+shares are written into the servers' databases directly (as if ingested), since sealing a million
+reports on the client would take far longer than the queries being measured.
+"""
+from __future__ import annotations
+
+import argparse
+import sqlite3
+import tempfile
+import time
+
+import numpy as np
+
+from dpcdf.analyst import Analyst, http
+from dpcdf.cli import create_task
+from dpcdf.client import encode_batch, make_reports
+from dpcdf.processes import start_server, stop
+from dpcdf.task import TaskConfig
+
+GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 16}
+
+
+def direct_insert(config: TaskConfig, data_dirs: list[str], n: int) -> None:
+    """n reports' key shares written straight into both servers' stores."""
+    dcf = config.dcf()
+    alphas = np.random.default_rng(n).integers(0, 1 << 16, n)
+    k0, k1 = dcf.gen_batch(alphas, 1)
+    body_len = dcf.params.body_len
+    for party, batch, data_dir in ((0, k0, data_dirs[0]), (1, k1, data_dirs[1])):
+        header = dcf.params.header(party)
+        bodies = np.frombuffer(batch.to_bytes(), np.uint8, offset=16).reshape(n, body_len)
+        db = sqlite3.connect(f"{data_dir}/server.sqlite")
+        db.execute("BEGIN")
+        db.executemany("INSERT INTO reports (task_id, report_id, key_share, received) VALUES (?, ?, ?, 0)",
+                       ((config.task_id, i.to_bytes(16, "little"), header + bodies[i].tobytes()) for i in range(n)))
+        db.execute("COMMIT")
+        db.close()
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--sizes", nargs="*", type=int, default=[10_000, 100_000, 1_000_000])
+    ap.add_argument("--ingest", type=int, default=5000)
+    args = ap.parse_args()
+    with tempfile.TemporaryDirectory(prefix="dpcdf-bench-") as tmp:
+        dirs = [f"{tmp}/s0", f"{tmp}/s1"]
+        procs = [start_server(p, dirs[p]) for p in (0, 1)]
+        urls = [u for _, u in procs]
+        try:
+            config, token = create_task(urls, GRID, 1.0, "path", "substitution", min_batch=1)
+            t = time.perf_counter()
+            reports = [r.to_bytes() for r in make_reports(config, np.random.default_rng(0).uniform(0, 1, args.ingest))]
+            seal = time.perf_counter() - t
+            t = time.perf_counter()
+            for start in range(0, len(reports), 1000):
+                http("POST", f"{urls[0]}/tasks/{config.task_id}/reports/batch", encode_batch(reports[start : start + 1000]),
+                     content_type="application/octet-stream")
+            ingest = time.perf_counter() - t
+            print(f"client: {args.ingest / seal:.0f} reports/s made and sealed (both shares), one core")
+            print(f"server ingest: {args.ingest / ingest:.0f} reports/s (parse, HPKE open, key check, SQLite commit)\n")
+            print(f"{'n':>9} {'load keys s':>11} {'1 threshold s':>13} {'1024 thresholds s':>17}")
+            for n in args.sizes:
+                cfg, tok = create_task(urls, GRID, 1.0, "path", "substitution", min_batch=1)
+                direct_insert(cfg, dirs, n)
+                analyst = Analyst(cfg, tok)
+                t = time.perf_counter()
+                analyst.prefix_counts([123])
+                load = time.perf_counter() - t
+                one = min(_timed(lambda: analyst.prefix_counts([40000])) for _ in range(3))
+                grid = np.linspace(0, (1 << 16) - 1, 1024).astype(int)
+                many = min(_timed(lambda: analyst.prefix_counts(grid)) for _ in range(2))
+                print(f"{n:>9} {load:>11.2f} {one:>13.3f} {many:>17.3f}")
+        finally:
+            for proc, _ in procs:
+                stop(proc)
+
+
+def _timed(fn) -> float:
+    t = time.perf_counter()
+    fn()
+    return time.perf_counter() - t
+
+
+if __name__ == "__main__":
+    main()
