@@ -55,7 +55,11 @@ def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "tree",
     print("\n" + ", ".join(f"{k} {v:.4f}" for k, v in m.items()))
     print(f"privacy: {rel.statement}; each server adds its own full noise, so this holds even if the analyst colludes with one server")
     if plot:
-        import matplotlib
+        try:
+            import matplotlib
+        except ImportError:
+            print("(no plot: matplotlib is not installed; pip install 'fss-dpcdf[demo]')")
+            return {"metrics": m, "release": rel, "truth": truth}
 
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt

@@ -264,3 +264,11 @@ def test_cli_query_prints_quantiles(servers, tmp_path):
     assert sub.returncode == 0 and '"accepted": 60' in sub.stdout
     q = run("query", "--task", str(tmp_path / "task.json"), "--ecdf", "50", "--quantiles", "0.5")
     assert q.returncode == 0 and "q(0.5) =" in q.stdout and "DP under substitution" in q.stdout
+
+
+def test_demo_runs_and_plots(tmp_path):
+    from dpcdf.demo import run_demo
+
+    out = run_demo(clients=400, epsilon=1.0, mechanism="tree", plot=str(tmp_path / "demo.png"))
+    assert (tmp_path / "demo.png").stat().st_size > 1000
+    assert out["metrics"]["KS"] < 0.2
