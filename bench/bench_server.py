@@ -54,6 +54,8 @@ def main() -> None:
         procs = [start_server(p, dirs[p]) for p in (0, 1)]
         urls = [u for _, u in procs]
         try:
+            while not all(http("GET", f"{u}/health")["warm"] for u in urls):  # kernels compiled: measure the work
+                time.sleep(0.2)
             config, token = create_task(urls, GRID, 1.0, "path", "substitution", min_batch=1)
             t = time.perf_counter()
             reports = [r.to_bytes() for r in make_reports(config, np.random.default_rng(0).uniform(0, 1, args.ingest))]

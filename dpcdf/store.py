@@ -58,6 +58,21 @@ class Store:
                 raise
         return added
 
+    def add_many(self, task_id: str, items: list[tuple[bytes, bytes]]) -> int:
+        """Like add_reports in one committed transaction; returns how many were new."""
+        now = time.time()
+        with self.lock:
+            before = self.db.total_changes
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.executemany("INSERT OR IGNORE INTO reports (task_id, report_id, key_share, received) VALUES (?, ?, ?, ?)",
+                                    ((task_id, rid, share, now) for rid, share in items))
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            return self.db.total_changes - before
+
     def count(self, task_id: str) -> int:
         with self.lock:
             return self.db.execute("SELECT COUNT(*) FROM reports WHERE task_id = ?", (task_id,)).fetchone()[0]
