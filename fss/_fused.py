@@ -251,16 +251,44 @@ def eval_group(width: int, has_v: bool, uniform_x: bool, vaes: bool):
     return eval16
 
 
+def _children(b, grp, aes, st: list, level, d, both: bool, width: int, has_v: bool) -> list:
+    """The child d (or, with `both`, both children) of one node for the 16 keys of a group, from
+    the node's state st[h] = [seed lo, seed hi, t, acc...] per half. Returns, per half, a list of
+    (side, [seed lo, seed hi, t, acc...]) for the children computed."""
+    regs = []
+    for h in range(HALVES):
+        make = _both_children_blocks(b, st[h][0], st[h][1], width, has_v) if both else \
+            _one_child_blocks(b, st[h][0], st[h][1], d, width, has_v)
+        regs += make
+    words = _words(b, aes.mmo(regs))
+    per = len(words) // HALVES
+    out = []
+    for h in range(HALVES):
+        mine, kids = words[per * h : per * (h + 1)], []
+        for side in ((0, 1) if both else (None,)):
+            if both:
+                dd, seed = A.const8(side), mine[2 * side : 2 * side + 2]
+                vals = mine[4 + side * width : 4 + (side + 1) * width]
+            else:
+                dd, seed = d, mine[0:2]
+                vals = _one_child_values(b, mine[2:], d, width) if has_v else []
+            node = list(grp.advance(level, h, seed[0], seed[1], st[h][2], dd))
+            node += grp.add_payload(level, h, st[h][3:], vals, st[h][2]) if has_v else st[h][3:]
+            kids.append((side, node))
+        out.append(kids)
+    return out
+
+
 @functools.lru_cache(maxsize=None)
 def trie_steps(width: int, has_v: bool, vaes: bool):
     """Intrinsics for walking one group's trees over a set of points (all 16 keys at the same node).
     A node's state is a slot of `state` (slots, 3 + width, 16): seed lo, seed hi, t, acc[width].
 
-    step_one(state, src, dst, d, level, cw_seed, cw_t, cw_v, g, rk): child d of slot src -> slot dst
-    step_both(state, src, dst_left, dst_right, level, cw_seed, cw_t, cw_v, g, rk): both children
-    last_one / last_both(state, src, d, point_left, point_right, lanes, cw_seed, cw_t, cw_v, g, party,
-        bits, mask, rk, partial, base): the last level, adding the leaves' shares (summed over the
-        first `lanes` keys of the group) to partial[base + point * width + e]
+    step(state, src, dst_left, dst_right, d, both, level, cw_seed, cw_t, cw_v, g, rk): child d of slot
+        src -> slot dst_left, or with both = 1 both children -> dst_left, dst_right
+    last(state, src, d, both, point_left, point_right, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask,
+        rk, partial): the same at the last level, adding the leaves' shares (summed over the first
+        `lanes` keys of the group) to partial[point * width + e] instead of storing states
     """
     rows = 3 + width
     i64 = types.int64
@@ -274,121 +302,43 @@ def trie_steps(width: int, has_v: bool, vaes: bool):
         for r, v in enumerate(values):
             ST.store8(_off(b, base, _c64(r * GROUP + 8 * h)), v)
 
-    @intrinsic
-    def step_one(typingctx, state, src, dst, d, level, cw_seed, cw_t, cw_v, g, rk):
-        sig = types.void(state, i64, i64, i64, i64, cw_seed, cw_t, cw_v, i64, rk)
-
-        def codegen(context, b, signature, args):
-            aty = signature.args
-            ST = _Ptr(context, b, aty[0], args[0])
-            src_, dst_, d_, i = args[1:5]
-            grp = _Group(b, context, aty[5:8], args[5:8], args[8], width, has_v)
-            aes = A.AesRounds(b, _Ptr(context, b, aty[9], args[9]).data, vaes)
-            d = A.splat(b, d_)
-            st = [load(b, ST, src_, h) for h in range(HALVES)]
-            regs = []
-            for h in range(HALVES):
-                regs += _one_child_blocks(b, st[h][0], st[h][1], d, width, has_v)
-            words = _words(b, aes.mmo(regs))
-            per = len(words) // HALVES
-            for h in range(HALVES):
-                mine = words[per * h : per * (h + 1)]
-                new = list(grp.advance(i, h, mine[0], mine[1], st[h][2], d))
-                accs = st[h][3:]
-                if has_v:
-                    accs = grp.add_payload(i, h, accs, _one_child_values(b, mine[2:], d, width), st[h][2])
-                store(b, ST, dst_, h, new + accs)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    @intrinsic
-    def step_both(typingctx, state, src, dst_left, dst_right, level, cw_seed, cw_t, cw_v, g, rk):
-        sig = types.void(state, i64, i64, i64, i64, cw_seed, cw_t, cw_v, i64, rk)
-
-        def codegen(context, b, signature, args):
-            aty = signature.args
-            ST = _Ptr(context, b, aty[0], args[0])
-            src_, dl_, dr_, i = args[1:5]
-            grp = _Group(b, context, aty[5:8], args[5:8], args[8], width, has_v)
-            aes = A.AesRounds(b, _Ptr(context, b, aty[9], args[9]).data, vaes)
-            st = [load(b, ST, src_, h) for h in range(HALVES)]
-            regs = []
-            for h in range(HALVES):
-                regs += _both_children_blocks(b, st[h][0], st[h][1], width, has_v)
-            words = _words(b, aes.mmo(regs))
-            per = len(words) // HALVES
-            for h in range(HALVES):
-                mine = words[per * h : per * (h + 1)]
-                for side, dst in ((0, dl_), (1, dr_)):
-                    d = A.const8(side)
-                    new = list(grp.advance(i, h, mine[2 * side], mine[2 * side + 1], st[h][2], d))
-                    accs = st[h][3:]
-                    if has_v:
-                        accs = grp.add_payload(i, h, accs, mine[4 + side * width : 4 + (side + 1) * width], st[h][2])
-                    store(b, ST, dst, h, new + accs)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    def reduce_into(b, P, base, point, e, v, lanes_, h):
-        """partial[base + point * width + e] += the sum of v's lanes that are real keys (< lanes)."""
+    def reduce_into(b, P, point, e, v, lanes_, h):
+        """partial[point * width + e] += the sum of v's lanes that are real keys (< lanes)."""
         idx = ir.Constant(A.V8, [8 * h + j for j in range(8)])
-        real = b.icmp_signed("<", idx, A.splat(b, lanes_))
-        v = b.select(real, v, A.const8(0))
-        total = b.call(A.declare_reduce(b), [v])
-        ptr = P.at(_off(b, base, b.mul(point, _c64(width)), _c64(e)))
-        b.store(b.add(b.load(ptr), total), ptr)
+        v = b.select(b.icmp_signed("<", idx, A.splat(b, lanes_)), v, A.const8(0))
+        ptr = P.at(_off(b, b.mul(point, _c64(width)), _c64(e)))
+        b.store(b.add(b.load(ptr), b.call(A.declare_reduce(b), [v])), ptr)
 
-    def last_step(both: bool):
-        """Last level: the child (or both children) of slot src become leaves; their shares, summed
-        over the group's real lanes, are added to partial at the points' rows. No state is stored."""
-
-        def typer(typingctx, state, src, d, point_left, point_right, lanes, cw_seed, cw_t, cw_v, g, party, bits,
-                  mask, rk, partial, base):
-            sig = types.void(state, i64, i64, i64, i64, i64, cw_seed, cw_t, cw_v, i64, i64, i64, types.uint64, rk,
-                             partial, i64)
+    def variant(both: bool, last: bool):
+        def typer(typingctx, state, src, a, b_, d, level_or_lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, partial):
+            sig = types.void(state, i64, i64, i64, i64, i64, cw_seed, cw_t, cw_v, i64, i64, i64, types.uint64, rk, partial)
 
             def codegen(context, b, signature, args):
                 aty = signature.args
                 ST = _Ptr(context, b, aty[0], args[0])
-                src_, d_, pl_, pr_, lanes_ = args[1:6]
+                src_, a_, b2_, d_, lv_ = args[1:6]
                 grp = _Group(b, context, aty[6:9], args[6:9], args[9], width, has_v)
                 party_, bits_, mask_ = args[10:13]
                 aes = A.AesRounds(b, _Ptr(context, b, aty[13], args[13]).data, vaes)
-                P, base = _Ptr(context, b, aty[14], args[14]), args[15]
-                i = b.sub(bits_, _c64(1))
+                level = b.sub(bits_, _c64(1)) if last else lv_
                 st = [load(b, ST, src_, h) for h in range(HALVES)]
-                d = A.splat(b, d_)
-                regs = []
+                kids = _children(b, grp, aes, st, level, A.splat(b, d_), both, width, has_v)
                 for h in range(HALVES):
-                    if both:
-                        regs += _both_children_blocks(b, st[h][0], st[h][1], width, has_v)
-                    else:
-                        regs += _one_child_blocks(b, st[h][0], st[h][1], d, width, has_v)
-                words = _words(b, aes.mmo(regs))
-                per = len(words) // HALVES
-                for h in range(HALVES):
-                    mine = words[per * h : per * (h + 1)]
-                    sides = ((0, pl_), (1, pr_)) if both else ((None, pl_),)
-                    for side, point in sides:
-                        if both:
-                            dd, seed = A.const8(side), mine[2 * side : 2 * side + 2]
-                            vals = mine[4 + side * width : 4 + (side + 1) * width]
-                        else:
-                            dd, seed = d, mine[0:2]
-                            vals = _one_child_values(b, mine[2:], d, width) if has_v else []
-                        slo, shi, t = grp.advance(i, h, seed[0], seed[1], st[h][2], dd)
-                        accs = grp.add_payload(i, h, st[h][3:], vals, st[h][2]) if has_v else st[h][3:]
-                        for e, v in enumerate(grp.leaf(aes, h, slo, shi, t, accs, bits_, party_, mask_)):
-                            reduce_into(b, P, base, point, e, v, lanes_, h)
+                    for side, node in kids[h]:
+                        target = b2_ if side == 1 else a_
+                        if not last:
+                            store(b, ST, target, h, node)
+                            continue
+                        P = _Ptr(context, b, aty[14], args[14])
+                        for e, v in enumerate(grp.leaf(aes, h, node[0], node[1], node[2], node[3:], bits_, party_, mask_)):
+                            reduce_into(b, P, target, e, v, lv_, h)
                 return context.get_dummy_value()
 
             return sig, codegen
 
         return intrinsic(typer)
 
-    return step_one, step_both, last_step(False), last_step(True)
+    return variant(False, False), variant(True, False), variant(False, True), variant(True, True)
 
 
 @functools.lru_cache(maxsize=None)

@@ -139,14 +139,14 @@ def _trie_kernel(width: int, has_v: bool, vaes: bool):
                 state[0, 3:] = 0
                 for r in range(prog.shape[0]):
                     op, src, a1, a2, level, a3 = prog[r]
-                    if op == 0:
-                        step_one(state, src, a1, a3, level, cw_seed, cw_t, cw_v, g, rk)
-                    elif op == 1:
-                        step_both(state, src, a1, a2, level, cw_seed, cw_t, cw_v, g, rk)
-                    elif op == 2:
-                        last_one(state, src, a1, a2, 0, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row, 0)
-                    else:
-                        last_both(state, src, 0, a2, a3, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row, 0)
+                    if op == 0:  # child a3 of src into slot a1
+                        step_one(state, src, a1, 0, a3, level, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
+                    elif op == 1:  # both children into slots a1, a2
+                        step_both(state, src, a1, a2, 0, level, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
+                    elif op == 2:  # last level: child a1 is the leaf of point a2
+                        last_one(state, src, a2, 0, a1, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
+                    else:  # last level: both children, points a2 and a3
+                        last_both(state, src, a2, a3, 0, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
 
     return kernel
 

@@ -4,12 +4,10 @@ One place, at the public entry; everything after it trusts the arrays it returns
 """
 from __future__ import annotations
 
-import operator
-
 import numpy as np
 
 from .errors import ParameterError
-from .params import TreeParams
+from .params import TreeParams, check_int
 
 _U64 = 1 << 64
 
@@ -28,17 +26,7 @@ def _int_array(values: object, lo: int, hi: int, name: str) -> np.ndarray:
                 raise ParameterError(f"{name} must lie in [{lo}, {hi}], got {least if least < lo else most}")
         return arr.astype(np.uint64)
     if arr.dtype == object:
-        flat = []
-        for v in arr.reshape(-1):
-            if isinstance(v, (bool, np.bool_)):
-                raise ParameterError(f"{name} must hold ints, got a bool")
-            try:
-                v = operator.index(v)
-            except TypeError:
-                raise ParameterError(f"{name} must hold ints, got {type(v).__name__}") from None
-            if not lo <= v <= hi:
-                raise ParameterError(f"{name} must lie in [{lo}, {hi}], got {v}")
-            flat.append(v % _U64)
+        flat = [check_int(name, v.item() if isinstance(v, np.bool_) else v, lo, hi) % _U64 for v in arr.reshape(-1)]
         return np.array(flat, dtype=np.uint64).reshape(arr.shape)
     raise ParameterError(f"{name} must hold ints, got dtype {arr.dtype}")
 

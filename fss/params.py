@@ -34,7 +34,7 @@ def check_int(name: str, value: object, lo: int, hi: int) -> int:
     except TypeError:
         raise ParameterError(f"{name} must be an int, got {type(value).__name__}") from None
     if not lo <= value <= hi:
-        raise ParameterError(f"{name} must be in [{lo}, {hi}], got {value}")
+        raise ParameterError(f"{name} must lie in [{lo}, {hi}], got {value}")
     return value
 
 
