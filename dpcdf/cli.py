@@ -28,12 +28,13 @@ def parse_grid(spec: str) -> dict:
     raise DpcdfError(f"grid must be uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,..., got {spec!r}")
 
 
-def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, relation: str, min_batch: int) -> tuple[TaskConfig, str]:
+def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, relation: str, min_batch: int,
+                kem: str = "x25519") -> tuple[TaskConfig, str]:
     """Fetches both servers' HPKE keys, registers the task with both, returns it and the analyst token."""
-    keys = [http("GET", f"{url}/hpke")["public_key"] for url in servers]
+    keys = [http("GET", f"{url}/hpke")["keys"][kem] for url in servers]
     token = secrets.token_urlsafe(24)
     config = TaskConfig(grid, float(epsilon), mechanism, relation, int(min_batch), (servers[0], servers[1]),
-                        (keys[0], keys[1]), token_hash(token))
+                        (keys[0], keys[1]), token_hash(token), kem=kem)
     for url in servers:
         http("POST", f"{url}/tasks", config.to_json().encode())
     return config, token
@@ -90,6 +91,7 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--mechanism", default="tree", choices=["tree", "path"])
     t.add_argument("--relation", default="substitution", choices=["substitution", "add-remove"])
     t.add_argument("--min-batch", type=int, default=100)
+    t.add_argument("--kem", default="x25519", choices=["x25519", "mlkem768-x25519"], help="HPKE KEM of the sealed shares")
     t.add_argument("--out", default="task.json")
     u = sub.add_parser("submit", help="report values (arguments or a CSV column) to both servers")
     u.add_argument("--task", required=True)
@@ -115,7 +117,7 @@ def main(argv: list[str] | None = None) -> int:
             serve(args.party, args.port, args.data, args.host, noise=not args.no_noise)
         elif args.cmd == "task":
             config, token = create_task(args.servers, parse_grid(args.grid), args.epsilon, args.mechanism,
-                                        args.relation, args.min_batch)
+                                        args.relation, args.min_batch, args.kem)
             Path(args.out).write_text(config.to_json())
             fd = os.open(args.out + ".token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:

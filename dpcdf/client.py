@@ -1,5 +1,5 @@
 """Clients: a private value -> a report holding one DCF key share per server, each HPKE-sealed
-(RFC 9180 base mode: DHKEM(X25519, HKDF-SHA256), HKDF-SHA256, AES-128-GCM) to its server's public key.
+(RFC 9180 base mode with the task's KEM, see `dpcdf.hpke`; X25519 by default) to its server's key.
 The context (task fingerprint, report id, server index) is the HPKE `info`, so a share opens only
 for its task, its report and its server (RFC 9180 section 8.1: single-shot APIs bind auxiliary data
 through info). pyca/cryptography does the HPKE (OpenSSL underneath: about 40 us to open a share
@@ -18,16 +18,13 @@ from dataclasses import dataclass
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
-from cryptography.hazmat.primitives.asymmetric import x25519
-from cryptography.hazmat.primitives.hpke import AEAD, KDF, KEM, Suite
 
+from . import hpke
 from .errors import DpcdfError, ParameterError
 from .task import TaskConfig
 
 MAGIC = b"DPR1"
 ID_BYTES = 16
-ENC_BYTES = 32  # an X25519 encapsulated key
-SUITE = Suite(KEM.X25519, KDF.HKDF_SHA256, AEAD.AES_128_GCM)
 
 
 class ReportError(DpcdfError, ValueError):
@@ -85,28 +82,29 @@ def make_reports(config: TaskConfig, values) -> list[Report]:
     alphas = config.make_grid().index(v)
     k0, k1 = config.dcf().gen_batch(alphas, 1)
     fp = config.fingerprint
-    keys = [x25519.X25519PublicKey.from_public_bytes(bytes.fromhex(h)) for h in config.hpke_keys]
+    keys = [hpke.public_key(config.kem, h) for h in config.hpke_keys]
+    suite, enc_len = hpke.suite(config.kem), hpke.enc_length(config.kem)
     reports = []
     for i in range(v.size):
         rid = secrets.token_bytes(ID_BYTES)
         sealed = []
         for party, batch in ((0, k0), (1, k1)):
-            out = SUITE.encrypt(batch[i].to_bytes(), keys[party], info=hpke_info(fp, rid, party))
-            sealed.append((out[:ENC_BYTES], out[ENC_BYTES:]))
+            out = suite.encrypt(batch[i].to_bytes(), keys[party], info=hpke_info(fp, rid, party))
+            sealed.append((out[:enc_len], out[enc_len:]))
         reports.append(Report(fp, rid, (sealed[0], sealed[1])))
     return reports
 
 
-def open_share(report: Report, party: int, private_key, fingerprint: bytes) -> bytes:
+def open_share(report: Report, party: int, private_key, fingerprint: bytes, kem: str = "x25519") -> bytes:
     """The server's side: its key share's bytes, or ReportError if the report is for another task
     or does not open with this server's key."""
     if report.fingerprint != fingerprint:
         raise ReportError("report is for another task")
     enc, ct = report.sealed[party]
-    if len(enc) != ENC_BYTES:
-        raise ReportError(f"the encapsulated key must be {ENC_BYTES} bytes")
+    if len(enc) != hpke.enc_length(kem):
+        raise ReportError(f"the encapsulated key must be {hpke.enc_length(kem)} bytes for {kem}")
     try:
-        return SUITE.decrypt(enc + ct, private_key, info=hpke_info(fingerprint, report.report_id, party))
+        return hpke.suite(kem).decrypt(enc + ct, private_key, info=hpke_info(fingerprint, report.report_id, party))
     except (InvalidTag, ValueError):
         raise ReportError("the share does not open with this server's key") from None
 

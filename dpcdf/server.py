@@ -17,8 +17,6 @@ import threading
 from pathlib import Path
 
 import numpy as np
-from cryptography.hazmat.primitives import serialization
-from cryptography.hazmat.primitives.asymmetric import x25519
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
 
@@ -27,6 +25,7 @@ from fss import FssError, KeyBatch
 from .aggregate import Aggregator
 from .client import Report, ReportError, decode_batch, open_share
 from .errors import DpcdfError
+from .hpke import KEMS, ServerKeys
 from .task import TaskConfig, token_hash
 
 MAX_BODY = 64 << 20
@@ -37,23 +36,6 @@ class HttpError(Exception):
     def __init__(self, status: int, message: str):
         super().__init__(message)
         self.status, self.message = status, message
-
-
-def _load_or_make_key(data_dir: Path) -> x25519.X25519PrivateKey:
-    """The server's HPKE key pair, made at first start and kept (0600) in its data directory."""
-    path = data_dir / "hpke_x25519.pem"
-    if path.exists():
-        return serialization.load_pem_private_key(path.read_bytes(), password=None)
-    key = x25519.X25519PrivateKey.generate()
-    pem = key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(pem)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-    return key
 
 
 class TaskState:
@@ -90,8 +72,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
     data = Path(data_dir)
     data.mkdir(parents=True, exist_ok=True)
     store = Store(data / "server.sqlite")
-    key = _load_or_make_key(data)
-    public_hex = key.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex()
+    keys = ServerKeys(data)
     tasks: dict[str, TaskState] = {}
     tasks_lock = threading.Lock()
     app = FastAPI(title=f"dpcdf server {party}", version="1")
@@ -147,7 +128,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         for i, raw in enumerate(raw_reports):
             try:
                 report = Report.from_bytes(raw)
-                opened.append((i, report.report_id, open_share(report, party, key, fp)))
+                opened.append((i, report.report_id, open_share(report, party, keys.private(st.config.kem), fp, st.config.kem)))
             except ReportError as exc:
                 rejected.append({"index": i, "error": str(exc)})
         p = st.dcf.params
@@ -180,7 +161,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
 
     @app.get("/hpke")
     def hpke():
-        return {"kem": "DHKEM(X25519, HKDF-SHA256)", "kdf": "HKDF-SHA256", "aead": "AES-128-GCM", "public_key": public_hex}
+        return {"kdf": "HKDF-SHA256", "aead": "AES-128-GCM", "keys": {kem: keys.public_hex(kem) for kem in KEMS}}
 
     @app.post("/tasks", status_code=201)
     async def create_task(request: Request):
@@ -188,8 +169,8 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             config = TaskConfig.from_json(await body(request))
         except DpcdfError as exc:
             raise HttpError(400, str(exc)) from None
-        if config.hpke_keys[party] != public_hex:
-            raise HttpError(400, f"the task does not name this server's HPKE key as server {party}'s")
+        if config.hpke_keys[party] != keys.public_hex(config.kem):
+            raise HttpError(400, f"the task does not name this server's {config.kem} HPKE key as server {party}'s")
         conflict = store.add_task(config.task_id, config.to_json(), config.fingerprint, secrets.token_bytes(32))
         if conflict is not None:
             raise HttpError(409, f"task {config.task_id} exists with another configuration")

@@ -14,6 +14,7 @@ from fss import DCF
 
 from .errors import ParameterError
 from .grid import Grid
+from .hpke import check_kem
 from .mechanisms import PathMechanism, TreeMechanism, check_epsilon, check_relation
 
 FORMAT = "dpcdf-task/v1"
@@ -23,8 +24,8 @@ OUT_BITS = 64
 @dataclass(frozen=True)
 class TaskConfig:
     """grid: {"kind": "uniform"|"log", "lo", "hi", "bits"} or {"kind": "thresholds", "values": [...]}.
-    servers: both servers' base URLs; hpke_keys: their X25519 public keys (hex); token_hash: SHA-256
-    of the analyst's bearer token (hex)."""
+    servers: both servers' base URLs; hpke_keys: their public keys for `kem` (hex, see `dpcdf.hpke`);
+    token_hash: SHA-256 of the analyst's bearer token (hex)."""
 
     grid: dict
     epsilon: float
@@ -35,6 +36,7 @@ class TaskConfig:
     hpke_keys: tuple[str, str]
     token_hash: str
     width: int = 1
+    kem: str = "x25519"
     task_id: str = field(default_factory=lambda: secrets.token_hex(16))
     format: str = FORMAT
 
@@ -49,6 +51,7 @@ class TaskConfig:
             raise ParameterError("payload widths above 1 are not supported by the ECDF task yet")
         if len(self.servers) != 2 or len(self.hpke_keys) != 2:
             raise ParameterError("a task has exactly two servers and two HPKE keys")
+        check_kem(self.kem)
         if self.format != FORMAT:
             raise ParameterError(f"unknown task format {self.format!r}")
         self.make_grid()  # validates

@@ -36,6 +36,25 @@ def test_shares_open_for_their_server_and_add_up_to_the_comparison():
         open_share(reports[0], 0, keys[0], other.fingerprint)
 
 
+def test_hybrid_kem_shares_open_and_x25519_keys_do_not_fit(tmp_path):
+    from dpcdf.hpke import ServerKeys
+
+    for p in (0, 1):
+        (tmp_path / f"s{p}").mkdir()
+    servers = [ServerKeys(tmp_path / f"s{p}") for p in (0, 1)]
+    pubs = tuple(k.public_hex("mlkem768-x25519") for k in servers)
+    config = TaskConfig(GRID, 1.0, "path", "substitution", 1, ("a", "b"), pubs, "00", kem="mlkem768-x25519")
+    report = Report.from_bytes(make_reports(config, [0.4])[0].to_bytes())
+    assert len(report.sealed[0][0]) == 1120  # ML-KEM-768 ciphertext + X25519 share
+    for party in (0, 1):
+        key = open_share(report, party, servers[party].private("mlkem768-x25519"), config.fingerprint, "mlkem768-x25519")
+        config.dcf().key_from_bytes(key, party=party)
+    with pytest.raises(ReportError, match="must be 32 bytes"):
+        open_share(report, 0, servers[0].private("x25519"), config.fingerprint, "x25519")
+    again = ServerKeys(tmp_path / "s0")  # the keys persist across restarts
+    assert again.public_hex("mlkem768-x25519") == pubs[0]
+
+
 def test_another_rfc_9180_implementation_opens_our_shares():
     """pycryptodome's HPKE (DHKEM X25519, HKDF-SHA256, AES-128-GCM, base mode) opens what we seal."""
     config, keys = _config()

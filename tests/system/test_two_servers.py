@@ -50,10 +50,10 @@ def urls(pair):
     return [url for _, url, _ in pair]
 
 
-@pytest.mark.parametrize("mechanism", ["path", "tree"])
-def test_without_noise_answers_are_the_exact_counts(servers, mechanism):
+@pytest.mark.parametrize("mechanism,kem", [("path", "x25519"), ("tree", "x25519"), ("tree", "mlkem768-x25519")])
+def test_without_noise_answers_are_the_exact_counts(servers, mechanism, kem):
     procs, _ = servers
-    config, token = create_task(urls(procs["exact"]), GRID, 1.0, mechanism, "substitution", min_batch=10)
+    config, token = create_task(urls(procs["exact"]), GRID, 1.0, mechanism, "substitution", min_batch=10, kem=kem)
     vals = values(150, 1)
     assert submit(config, vals, batch=40)["accepted"] == 150
     analyst = Analyst(config, token)
@@ -176,8 +176,9 @@ def test_secrets_never_reach_logs_or_responses(servers):
         share = bytes(db.execute("SELECT key_share FROM reports LIMIT 1").fetchone()[0]).hex()
         db.close()
         pem = (data_dir / "hpke_x25519.pem").read_text().splitlines()[1]
+        mlkem_seed = (data_dir / "hpke_mlkem768.seed").read_bytes().hex()
         log = (base / f"noisy{party}.log").read_text()
-        for secret in (seed, share[16:80], pem):
+        for secret in (seed, share[16:80], pem, mlkem_seed):
             assert secret not in log
             assert all(secret not in a for a in answers)
 
