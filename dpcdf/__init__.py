@@ -9,7 +9,9 @@ from . import metrics
 from .errors import DomainError, DpcdfError, ParameterError
 from .grid import Grid
 from .mechanisms import PathMechanism, TreeMechanism
-from .release import Release, prefix_counts, release_ecdf
+from .hosmer_lemeshow import HosmerLemeshow, hosmer_lemeshow
+from .release import Release, prefix_counts, quantiles, release_ecdf
+from .roc import RocRelease, roc
 
-__all__ = ["DomainError", "DpcdfError", "Grid", "ParameterError", "PathMechanism", "Release", "TreeMechanism",
-           "metrics", "prefix_counts", "release_ecdf"]
+__all__ = ["DomainError", "DpcdfError", "Grid", "HosmerLemeshow", "ParameterError", "PathMechanism", "Release",
+           "RocRelease", "TreeMechanism", "hosmer_lemeshow", "metrics", "prefix_counts", "quantiles", "release_ecdf", "roc"]

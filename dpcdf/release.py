@@ -67,6 +67,15 @@ class Release:
             raise ParameterError(f"method must be 'exact' or 'bisect', got {method!r}")
         return self.grid.thresholds[np.minimum(idx, self.grid.size - 1)]
 
+    def histogram(self, edges) -> np.ndarray:
+        """DP counts of the bins between consecutive `edges` (values t with a < t <= b), as
+        differences of the released ECDF: noise grows with log(bins), not with their number (the
+        paper's section 7). Post-processing: no extra privacy cost."""
+        e = np.asarray(edges, dtype=np.float64)
+        if e.ndim != 1 or e.size < 2 or not np.all(np.diff(e) > 0):
+            raise ParameterError("edges must be an increasing 1-D array of at least 2 values")
+        return np.diff(self.ecdf(e)) * self.total
+
     def smooth(self, p: int = 2) -> "Release":
         """The paper's eq. 3: the smallest node-noise adjustments (L1 or L2) that make the raw path
         release non-decreasing within [0, n]. Path mechanism only (its node sets are paths)."""
@@ -86,6 +95,11 @@ def _bisect(raw: np.ndarray, p: float) -> int:
         else:
             hi = mid
     return lo
+
+
+def quantiles(values, grid: Grid, epsilon: float, ps=(0.1, 0.25, 0.5, 0.75, 0.9), **release_args) -> np.ndarray:
+    """A DP quantile summary: the release's exact inverse at levels `ps` (epsilon-DP as the release)."""
+    return release_ecdf(values, grid, epsilon, **release_args).quantile(ps)
 
 
 def prefix_counts(values, grid: Grid) -> np.ndarray:
