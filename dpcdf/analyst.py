@@ -11,10 +11,9 @@ import urllib.request
 
 import numpy as np
 
-from . import postprocess
 from .errors import DpcdfError
 from .mechanisms import PathMechanism
-from .release import Release
+from .release import Release, finish_release
 from .task import TaskConfig
 
 
@@ -64,20 +63,14 @@ class Analyst:
         return self._ask({"kind": "prefix", "indices": [int(i) for i in indices]})
 
     def release(self) -> Release:
-        """The full-grid release, post-processed (path: monotone; tree: consistent, then monotone)."""
+        """The full-grid release, post-processed like the central one, knowing that every value
+        carries both servers' noise (path: monotone; tree: consistent, then monotone)."""
         mech = self.mechanism
-        substitution = self.config.relation == "substitution"
         if isinstance(mech, PathMechanism):
-            raw, n = self.prefix_counts(range(self.grid.size))
-            raw = raw.astype(np.float64)
-            fitted = raw
+            noisy, n = self.prefix_counts(range(self.grid.size))
         else:
-            nodes, n = [], 0
+            noisy, n = [], 0
             for level in range(mech.shape.height + 1):
                 counts, n = self._ask({"kind": "nodes", "level": level})
-                nodes.append(counts.astype(np.float64))
-            raw = mech.covering_prefix(nodes)
-            fitted = mech.consistent(nodes, copies=2)
-        total = float(n) if substitution else float(max(fitted[-1], 1.0))
-        counts = postprocess.monotone(fitted, 0.0, total, 2, total if substitution else None)
-        return Release(self.grid, mech, raw, counts, total)
+                noisy.append(counts.astype(np.float64))
+        return finish_release(self.grid, mech, noisy, n, copies=2)

@@ -135,19 +135,26 @@ def release_ecdf(
         raise ParameterError(f"postprocess_with must be one of {POSTPROCESS}, got {postprocess_with!r}")
     prefix = prefix_counts(v, grid)
     mech = _mechanism(mechanism, grid.size, epsilon, relation)
+    noisy = mech.noisy_prefix(prefix, noise) if isinstance(mech, PathMechanism) else mech.noisy_nodes(prefix, noise)
+    return finish_release(grid, mech, noisy, v.size, postprocess_with)
+
+
+def finish_release(grid: Grid, mech, noisy, n: int, postprocess_with: str = "auto", copies: int = 1) -> Release:
+    """The post-processing every release shares (central, or the analyst's over two servers):
+    `noisy` is the path mechanism's noisy prefix counts or the tree's noisy node counts per level,
+    each value carrying `copies` independent noises; n is public under substitution."""
     if isinstance(mech, PathMechanism):
-        raw = mech.noisy_prefix(prefix, noise).astype(np.float64)
+        raw = np.asarray(noisy, dtype=np.float64)
         fitted = raw
     else:
-        nodes = mech.noisy_nodes(prefix, noise)
-        raw = mech.covering_prefix(nodes)
-        fitted = mech.consistent(nodes)
-    total = float(v.size) if relation == "substitution" else float(max(fitted[-1], 1.0))
+        raw = mech.covering_prefix(noisy)
+        fitted = mech.consistent(noisy, copies)
+    substitution = mech.relation == "substitution"
+    total = float(n) if substitution else float(max(fitted[-1], 1.0))
     if postprocess_with == "none":
-        counts = raw
-    else:
-        known_last = total if relation == "substitution" else None  # every value is <= t_max (clamped or refused)
-        counts = postprocess.monotone(fitted, 0.0, total, 1 if postprocess_with == "monotone-l1" else 2, known_last)
+        return Release(grid, mech, raw, raw, total)
+    known_last = total if substitution else None  # every value is <= t_max (clamped or refused)
+    counts = postprocess.monotone(fitted, 0.0, total, 1 if postprocess_with == "monotone-l1" else 2, known_last)
     return Release(grid, mech, raw, counts, total)
 
 
