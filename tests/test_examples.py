@@ -19,3 +19,11 @@ def test_paper_figures_write_their_pngs(tmp_path):
     assert "Figure 4" in out.stdout
     for name in ("figure2_smoothing_vs_epsilon.png", "figure3_smoothing_vs_lambda.png", "figure4_inverse_ecdf.png"):
         assert (tmp_path / name).stat().st_size > 1000
+
+
+def test_roc_and_hosmer_lemeshow_examples_write_their_pngs(tmp_path):
+    for script, args in (("roc_curve.py", []), ("hosmer_lemeshow.py", ["--runs", "2"])):
+        out = tmp_path / (script + ".png")
+        run = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args, "--out", str(out)],
+                             capture_output=True, text=True, check=True)
+        assert "eps=" in run.stdout and out.stat().st_size > 1000
