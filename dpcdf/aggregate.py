@@ -17,8 +17,8 @@ from .noise import prf_key, prf_noise
 
 
 def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.ndarray:
-    """sum over shards of dcf.eval_sum(shard, points), mod 2^64 (uint64 (m,))."""
-    total = np.zeros(points.size, np.uint64)
+    """sum over shards of dcf.eval_sum(shard, points), mod 2^64: uint64 (m,), or (m, width)."""
+    total = np.zeros((points.size,) + ((dcf.width,) if dcf.width > 1 else ()), np.uint64)
     for shard in shards:
         if len(shard):
             total += dcf.eval_sum(shard, points)
@@ -30,24 +30,41 @@ class Aggregator:
 
     def __init__(self, dcf: DCF, mechanism: PathMechanism | TreeMechanism, seed: bytes, task_id: str, noise: bool = True):
         self.dcf, self.mechanism = dcf, mechanism
-        self.key = prf_key(seed, f"{task_id}/{mechanism.name}")
+        label = f"{task_id}/{mechanism.name}"
+        # one noise stream per payload element: each element is its own released ECDF
+        self.keys = [prf_key(seed, label if dcf.width == 1 else f"{label}/{e}") for e in range(dcf.width)]
         self.noise_on = noise
 
+    def noise_fn(self, element: int):
+        def noise(ids: np.ndarray, scale: Fraction) -> np.ndarray:
+            if not self.noise_on:
+                return np.zeros(np.asarray(ids).size, np.int64)
+            return prf_noise(self.keys[element], ids, scale)
+
+        return noise
+
     def noise(self, ids: np.ndarray, scale: Fraction) -> np.ndarray:
-        if not self.noise_on:
-            return np.zeros(np.asarray(ids).size, np.int64)
-        return prf_noise(self.key, ids, scale)
+        return self.noise_fn(0)(ids, scale)
+
+    def _add(self, shares: np.ndarray, noise_of) -> np.ndarray:
+        """shares + each element's noise (int64 noise, added mod 2^64)."""
+        if self.dcf.width == 1:
+            return shares + noise_of(self.noise_fn(0)).astype(np.int64).view(np.uint64)
+        out = shares.copy()
+        for e in range(self.dcf.width):
+            out[:, e] += noise_of(self.noise_fn(e)).astype(np.int64).view(np.uint64)
+        return out
 
     def prefix_shares(self, shards: list[KeyBatch], indices: np.ndarray) -> np.ndarray:
         """Share of (count(index <= i) + this server's noise on the nodes S(i)) for each index i."""
         idx = np.asarray(indices, np.int64)
-        shares = partial_sums(self.dcf, shards, idx)
-        if isinstance(self.mechanism, PathMechanism):
-            eta = self.mechanism.prefix_noise(idx, self.noise)
+        mech = self.mechanism
+        if isinstance(mech, PathMechanism):
+            eta = lambda fn: mech.prefix_noise(idx, fn)  # noqa: E731
         else:
-            eta = np.array([sum(int(self.mechanism.node_noise(lv, np.array([j]), self.noise)[0])
-                                for lv, j in self.mechanism.shape.covering(int(i))) for i in idx], np.int64)
-        return shares + eta.astype(np.int64).view(np.uint64)
+            eta = lambda fn: np.array([sum(int(mech.node_noise(lv, np.array([j]), fn)[0])  # noqa: E731
+                                           for lv, j in mech.shape.covering(int(i))) for i in idx], np.int64)
+        return self._add(partial_sums(self.dcf, shards, idx), eta)
 
     def node_shares(self, shards: list[KeyBatch], level: int) -> np.ndarray:
         """Share of (count + this server's noise) for every data-holding node of a tree level."""
@@ -56,8 +73,10 @@ class Aggregator:
             raise TypeError("node counts belong to the tree mechanism")
         starts, ends = mech.node_bounds(level)
         points = np.unique(np.concatenate([ends, starts[starts > 0] - 1]))
-        sums = dict(zip(points.tolist(), partial_sums(self.dcf, shards, points)))
-        hi = np.array([sums[int(e)] for e in ends], np.uint64)
-        lo = np.array([sums[int(s) - 1] if s > 0 else 0 for s in starts], np.uint64)
-        eta = mech.node_noise(level, np.arange(starts.size), self.noise)
-        return hi - lo + eta.astype(np.int64).view(np.uint64)
+        sums = partial_sums(self.dcf, shards, points)
+        where = {int(p): k for k, p in enumerate(points)}
+        hi = sums[[where[int(e)] for e in ends]]
+        lo = np.zeros_like(hi)
+        has_lo = starts > 0
+        lo[has_lo] = sums[[where[int(s) - 1] for s in starts[has_lo]]]
+        return self._add(hi - lo, lambda fn: mech.node_noise(level, np.arange(starts.size), fn))

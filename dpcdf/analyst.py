@@ -14,6 +14,7 @@ import numpy as np
 from .errors import DpcdfError
 from .mechanisms import PathMechanism
 from .release import Release, finish_release
+from .roc import RocRelease, rates
 from .task import TaskConfig
 
 
@@ -56,21 +57,40 @@ class Analyst:
             raise ServerError(f"the servers hold different numbers of reports ({answers[0]['n']} and {answers[1]['n']}); ask again")
         s0 = np.array([int(v) for v in answers[0]["shares"]], np.uint64)
         s1 = np.array([int(v) for v in answers[1]["shares"]], np.uint64)
-        return (s0 + s1).view(np.int64), int(answers[0]["n"])
+        total = (s0 + s1).view(np.int64)
+        width = int(answers[0].get("width", 1))
+        return (total if width == 1 else total.reshape(-1, width)), int(answers[0]["n"])
 
     def prefix_counts(self, indices) -> tuple[np.ndarray, int]:
         """Noisy counts #{v : index(v) <= i} (int64) at grid indices, and n."""
         return self._ask({"kind": "prefix", "indices": [int(i) for i in indices]})
 
-    def release(self) -> Release:
-        """The full-grid release, post-processed like the central one, knowing that every value
-        carries both servers' noise (path: monotone; tree: consistent, then monotone)."""
+    def _releases(self) -> list[Release]:
+        """One full-grid release per payload element, post-processed like the central one, knowing
+        that every value carries both servers' noise."""
         mech = self.mechanism
+        width = self.config.width
         if isinstance(mech, PathMechanism):
             noisy, n = self.prefix_counts(range(self.grid.size))
+            per = [noisy] if width == 1 else [noisy[:, e] for e in range(width)]
         else:
-            noisy, n = [], 0
+            levels, n = [], 0
             for level in range(mech.shape.height + 1):
                 counts, n = self._ask({"kind": "nodes", "level": level})
-                noisy.append(counts.astype(np.float64))
-        return finish_release(self.grid, mech, noisy, n, copies=2)
+                levels.append(counts.astype(np.float64))
+            per = [levels] if width == 1 else [[lv[:, e] for lv in levels] for e in range(width)]
+        return [finish_release(self.grid, mech, noisy_e, n, copies=2) for noisy_e in per]
+
+    def release(self) -> Release:
+        """The full-grid ECDF release (path: monotone; tree: consistent, then monotone)."""
+        if self.config.payload != "count":
+            raise DpcdfError("this task releases a ROC curve: use roc()")
+        return self._releases()[0]
+
+    def roc(self) -> RocRelease:
+        """The DP ROC curve of a label task: element 0 counts positives, element 1 negatives."""
+        if self.config.payload != "label":
+            raise DpcdfError("this task releases an ECDF: use release()")
+        pos, neg = self._releases()
+        return RocRelease(np.concatenate([self.grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg,
+                          self.config.epsilon)

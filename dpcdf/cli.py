@@ -29,23 +29,26 @@ def parse_grid(spec: str) -> dict:
 
 
 def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, relation: str, min_batch: int,
-                kem: str = "x25519") -> tuple[TaskConfig, str]:
+                kem: str = "x25519", payload: str = "count") -> tuple[TaskConfig, str]:
     """Fetches both servers' HPKE keys, registers the task with both, returns it and the analyst token."""
     keys = [http("GET", f"{url}/hpke")["keys"][kem] for url in servers]
     token = secrets.token_urlsafe(24)
     config = TaskConfig(grid, float(epsilon), mechanism, relation, int(min_batch), (servers[0], servers[1]),
-                        (keys[0], keys[1]), token_hash(token), kem=kem)
+                        (keys[0], keys[1]), token_hash(token), payload=payload, kem=kem)
     for url in servers:
         http("POST", f"{url}/tasks", config.to_json().encode())
     return config, token
 
 
-def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False) -> dict:
-    """Makes and uploads the reports for `values` to both servers (each opens only its share)."""
+def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False, labels=None) -> dict:
+    """Makes and uploads the reports for `values` (and `labels`, for a label task) to both servers
+    (each opens only its share)."""
     values = np.asarray(values, dtype=np.float64).reshape(-1)
+    labels = None if labels is None else np.asarray(labels).reshape(-1)
     totals = {"accepted": 0, "duplicates": 0, "rejected": 0}
     for start in range(0, values.size, batch):
-        reports = [r.to_bytes() for r in make_reports(config, values[start : start + batch])]
+        part = None if labels is None else labels[start : start + batch]
+        reports = [r.to_bytes() for r in make_reports(config, values[start : start + batch], part)]
         body = encode_batch(reports)
         for url in config.servers:
             res = http("POST", f"{url}/tasks/{config.task_id}/reports/batch", body, content_type="application/octet-stream")

@@ -73,14 +73,24 @@ class Report:
             raise ReportError("truncated report") from None
 
 
-def make_reports(config: TaskConfig, values) -> list[Report]:
-    """One report per value: the value's grid index alpha, the DCF key pair for [t >= alpha],
-    each key sealed to its server. Randomness: the DCF's CSPRNG seeds, a random 16-byte report id."""
+def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
+    """One report per value: the value's grid index alpha, the DCF key pair for [t >= alpha] (with
+    payload (label, 1 - label) for a label task), each key sealed to its server. Randomness: the
+    DCF's CSPRNG seeds, a random 16-byte report id."""
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     if v.size == 0:
         raise ParameterError("no values to report")
     alphas = config.make_grid().index(v)
-    k0, k1 = config.dcf().gen_batch(alphas, 1)
+    if config.payload == "label":
+        y = np.asarray(labels).reshape(-1) if labels is not None else None
+        if y is None or y.size != v.size or not np.isin(y, [0, 1]).all():
+            raise ParameterError("a label task needs one label (0 or 1) per value")
+        betas = np.stack([y, 1 - y], axis=1).astype(np.int64)
+    else:
+        if labels is not None:
+            raise ParameterError("labels belong to label tasks")
+        betas = 1
+    k0, k1 = config.dcf().gen_batch(alphas, betas)
     fp = config.fingerprint
     keys = [hpke.public_key(config.kem, h) for h in config.hpke_keys]
     suite, enc_len = hpke.suite(config.kem), hpke.enc_length(config.kem)

@@ -231,7 +231,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         else:
             raise HttpError(400, "kind must be 'prefix' or 'nodes'")
         store.log_query(task_id, kind, int(shares.size))
-        return {"party": party, "n": n, "shares": [str(int(v)) for v in shares]}
+        return {"party": party, "n": n, "width": st.dcf.width, "shares": [str(int(v)) for v in shares.reshape(-1)]}
 
     return app
 

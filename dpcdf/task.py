@@ -25,7 +25,9 @@ OUT_BITS = 64
 class TaskConfig:
     """grid: {"kind": "uniform"|"log", "lo", "hi", "bits"} or {"kind": "thresholds", "values": [...]}.
     servers: both servers' base URLs; hpke_keys: their public keys for `kem` (hex, see `dpcdf.hpke`);
-    token_hash: SHA-256 of the analyst's bearer token (hex)."""
+    token_hash: SHA-256 of the analyst's bearer token (hex). payload "count": each report counts 1
+    (an ECDF); "label": each report carries (label, 1 - label), two ECDFs in one key (a ROC curve:
+    each curve epsilon/2 under add/remove, epsilon under substitution, as in `dpcdf.roc`)."""
 
     grid: dict
     epsilon: float
@@ -35,7 +37,7 @@ class TaskConfig:
     servers: tuple[str, str]
     hpke_keys: tuple[str, str]
     token_hash: str
-    width: int = 1
+    payload: str = "count"
     kem: str = "x25519"
     task_id: str = field(default_factory=lambda: secrets.token_hex(16))
     format: str = FORMAT
@@ -47,8 +49,8 @@ class TaskConfig:
             raise ParameterError(f"a task's mechanism is 'path' or 'tree', got {self.mechanism!r}")
         if not isinstance(self.min_batch, int) or self.min_batch < 1:
             raise ParameterError(f"min_batch must be an int >= 1, got {self.min_batch!r}")
-        if self.width != 1:
-            raise ParameterError("payload widths above 1 are not supported by the ECDF task yet")
+        if self.payload not in ("count", "label"):
+            raise ParameterError(f"payload must be 'count' (an ECDF) or 'label' (a ROC curve), got {self.payload!r}")
         if len(self.servers) != 2 or len(self.hpke_keys) != 2:
             raise ParameterError("a task has exactly two servers and two HPKE keys")
         check_kem(self.kem)
@@ -68,14 +70,21 @@ class TaskConfig:
             return Grid.from_thresholds(np.asarray(g["values"], dtype=np.float64))
         raise ParameterError(f"unknown grid kind {kind!r}")
 
+    @property
+    def width(self) -> int:
+        return 2 if self.payload == "label" else 1
+
     def make_mechanism(self) -> PathMechanism | TreeMechanism:
+        """The mechanism of each released ECDF (for a label payload: of each of the two curves)."""
         size = self.make_grid().size
+        eps, relation = (self.epsilon / 2, "add-remove") if self.payload == "label" else (self.epsilon, self.relation)
         if self.mechanism == "path":
-            return PathMechanism(size, self.epsilon, self.relation)
-        return TreeMechanism(size, self.epsilon, self.relation)
+            return PathMechanism(size, eps, relation)
+        return TreeMechanism(size, eps, relation)
 
     def dcf(self) -> DCF:
-        """The comparison every report shares: f_a(t) = 1 if t >= a, so sum_a f_a(i) counts values <= t_i."""
+        """The comparison every report shares: f_a(t) = beta if t >= a, so sum_a f_a(i) counts values
+        <= t_i (beta = 1, or (label, 1 - label))."""
         return DCF(self.make_grid().bits, OUT_BITS, self.width, cmp="ge")
 
     def to_json(self) -> str:

@@ -27,3 +27,10 @@ def test_roc_and_hosmer_lemeshow_examples_write_their_pngs(tmp_path):
         run = subprocess.run([sys.executable, str(ROOT / "examples" / script), *args, "--out", str(out)],
                              capture_output=True, text=True, check=True)
         assert "eps=" in run.stdout and out.stat().st_size > 1000
+
+
+def test_two_server_roc_example_runs(tmp_path):
+    out = tmp_path / "roc2.png"
+    run = subprocess.run([sys.executable, str(ROOT / "examples" / "two_server_roc.py"), "--out", str(out)],
+                         capture_output=True, text=True, check=True, timeout=600)
+    assert "DP AUC" in run.stdout and out.stat().st_size > 1000

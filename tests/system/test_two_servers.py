@@ -273,3 +273,34 @@ def test_demo_runs_and_plots(tmp_path):
     out = run_demo(clients=400, epsilon=1.0, mechanism="tree", plot=str(tmp_path / "demo.png"))
     assert (tmp_path / "demo.png").stat().st_size > 1000
     assert out["metrics"]["KS"] < 0.2
+
+
+@pytest.mark.parametrize("mechanism", ["path", "tree"])
+def test_two_server_roc_without_noise_is_scikit_learns(servers, mechanism):
+    from sklearn.metrics import roc_auc_score
+
+    procs, _ = servers
+    rng = np.random.default_rng(8)
+    labels = rng.integers(0, 2, 200)
+    scores = np.clip(rng.normal(40 + 20 * labels, 15), 0, 100)
+    config, token = create_task(urls(procs["exact"]), GRID, 1.0, mechanism, "substitution", min_batch=10, payload="label")
+    submit(config, scores, labels=labels)
+    r = Analyst(config, token).roc()
+    grid_scores = config.make_grid().thresholds[config.make_grid().index(scores)]  # what the grid resolves
+    assert r.auc == pytest.approx(roc_auc_score(labels, grid_scores), abs=1e-12)
+    with pytest.raises(Exception, match="ROC curve"):
+        Analyst(config, token).release()
+
+
+def test_two_server_roc_with_noise_is_close(servers):
+    from sklearn.metrics import roc_auc_score
+
+    procs, _ = servers
+    rng = np.random.default_rng(9)
+    labels = rng.integers(0, 2, 1500)
+    scores = np.clip(rng.normal(40 + 20 * labels, 15), 0, 100)
+    config, token = create_task(urls(procs["noisy"]), GRID, 2.0, "tree", "substitution", min_batch=10, payload="label")
+    submit(config, scores, labels=labels)
+    r = Analyst(config, token).roc()
+    assert abs(r.auc - roc_auc_score(labels, scores)) < 0.05
+    assert np.all(np.diff(r.tpr) <= 1e-12) and np.all(np.diff(r.fpr) <= 1e-12)  # monotone in the threshold
