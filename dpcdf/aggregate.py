@@ -80,3 +80,16 @@ class Aggregator:
         has_lo = starts > 0
         lo[has_lo] = sums[[where[int(s) - 1] for s in starts[has_lo]]]
         return self._add(hi - lo, lambda fn: mech.node_noise(level, np.arange(starts.size), fn))
+
+    def group_shares(self, shards: list[KeyBatch], edges: np.ndarray, scales: list, seed_key: bytes) -> np.ndarray:
+        """Shares of every payload element summed over the index groups (.., e_1], (e_1, e_2], ...,
+        (e_last, size-1], plus this server's noise: one scale per element, its own PRF domain."""
+        size = self.mechanism.size
+        points = np.concatenate([np.asarray(edges, np.int64), [size - 1]])
+        sums = partial_sums(self.dcf, shards, points).reshape(points.size, -1)
+        groups = sums - np.concatenate([np.zeros((1, sums.shape[1]), np.uint64), sums[:-1]])
+        ids = np.arange(points.size, dtype=np.uint64)
+        for e, scale in enumerate(scales):
+            eta = np.zeros(ids.size, np.int64) if not self.noise_on else prf_noise(seed_key, ids + np.uint64((e + 1) << 32), scale)
+            groups[:, e] += eta.view(np.uint64)
+        return groups

@@ -14,6 +14,7 @@ import numpy as np
 from .errors import DpcdfError
 from .mechanisms import PathMechanism
 from .release import Release, finish_release
+from .hosmer_lemeshow import HosmerLemeshow, from_group_sums
 from .roc import RocRelease, rates
 from .task import TaskConfig
 
@@ -69,23 +70,35 @@ class Analyst:
         """One full-grid release per payload element, post-processed like the central one, knowing
         that every value carries both servers' noise."""
         mech = self.mechanism
-        width = self.config.width
         if isinstance(mech, PathMechanism):
             noisy, n = self.prefix_counts(range(self.grid.size))
-            per = [noisy] if width == 1 else [noisy[:, e] for e in range(width)]
+            per = [noisy] if noisy.ndim == 1 else [noisy[:, e] for e in range(noisy.shape[1])]
         else:
             levels, n = [], 0
             for level in range(mech.shape.height + 1):
                 counts, n = self._ask({"kind": "nodes", "level": level})
                 levels.append(counts.astype(np.float64))
+            width = 1 if levels[0].ndim == 1 else levels[0].shape[1]
             per = [levels] if width == 1 else [[lv[:, e] for lv in levels] for e in range(width)]
         return [finish_release(self.grid, mech, noisy_e, n, copies=2) for noisy_e in per]
 
     def release(self) -> Release:
-        """The full-grid ECDF release (path: monotone; tree: consistent, then monotone)."""
-        if self.config.payload != "count":
+        """The full-grid ECDF release (path: monotone; tree: consistent, then monotone); for a
+        calibration task, the ECDF of the probabilities."""
+        if self.config.payload == "label":
             raise DpcdfError("this task releases a ROC curve: use roc()")
         return self._releases()[0]
+
+    def hosmer_lemeshow(self, groups: int = 10) -> HosmerLemeshow:
+        """The DP Hosmer-Lemeshow statistic of a calibration task: group boundaries from the released
+        ECDF of the probabilities, then the servers' noisy group sums (released once per task)."""
+        if self.config.payload != "calibration":
+            raise DpcdfError("the Hosmer-Lemeshow statistic needs a calibration task")
+        inner = self.release().quantile(np.arange(1, groups) / groups)
+        edges = [int(i) for i in np.minimum(self.grid.index(inner), self.grid.size - 2)]
+        sums, _ = self._ask({"kind": "groups", "edges": edges})
+        bounds = np.concatenate([[0.0], self.grid.thresholds[edges], [1.0]])
+        return from_group_sums(sums.T, bounds, self.config.epsilon, self.config.split)
 
     def roc(self) -> RocRelease:
         """The DP ROC curve of a label task: element 0 counts positives, element 1 negatives."""

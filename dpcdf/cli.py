@@ -29,12 +29,12 @@ def parse_grid(spec: str) -> dict:
 
 
 def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, relation: str, min_batch: int,
-                kem: str = "x25519", payload: str = "count") -> tuple[TaskConfig, str]:
+                kem: str = "x25519", payload: str = "count", split: float = 0.5) -> tuple[TaskConfig, str]:
     """Fetches both servers' HPKE keys, registers the task with both, returns it and the analyst token."""
     keys = [http("GET", f"{url}/hpke")["keys"][kem] for url in servers]
     token = secrets.token_urlsafe(24)
     config = TaskConfig(grid, float(epsilon), mechanism, relation, int(min_batch), (servers[0], servers[1]),
-                        (keys[0], keys[1]), token_hash(token), payload=payload, kem=kem)
+                        (keys[0], keys[1]), token_hash(token), payload=payload, split=split, kem=kem)
     for url in servers:
         http("POST", f"{url}/tasks", config.to_json().encode())
     return config, token

@@ -21,6 +21,7 @@ from cryptography.exceptions import InvalidTag
 
 from . import hpke
 from .errors import DpcdfError, ParameterError
+from .hosmer_lemeshow import fixed_point
 from .task import TaskConfig
 
 MAGIC = b"DPR1"
@@ -81,11 +82,16 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
     if v.size == 0:
         raise ParameterError("no values to report")
     alphas = config.make_grid().index(v)
-    if config.payload == "label":
+    if config.payload in ("label", "calibration"):
         y = np.asarray(labels).reshape(-1) if labels is not None else None
         if y is None or y.size != v.size or not np.isin(y, [0, 1]).all():
-            raise ParameterError("a label task needs one label (0 or 1) per value")
-        betas = np.stack([y, 1 - y], axis=1).astype(np.int64)
+            raise ParameterError(f"a {config.payload} task needs one label (0 or 1) per value")
+        if config.payload == "label":
+            betas = np.stack([y, 1 - y], axis=1).astype(np.int64)
+        else:
+            if (v < 0).any() or (v > 1).any():
+                raise ParameterError("a calibration task's values are probabilities in [0, 1]")
+            betas = np.stack([np.ones_like(y), y, fixed_point(v).astype(np.int64)], axis=1).astype(np.int64)
     else:
         if labels is not None:
             raise ParameterError("labels belong to label tasks")

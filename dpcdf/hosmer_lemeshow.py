@@ -13,8 +13,6 @@ E0 = n_q - E_q; its p-value is the chi-square tail with groups - 2 degrees of fr
 from __future__ import annotations
 
 from dataclasses import dataclass
-from fractions import Fraction
-
 import numpy as np
 from scipy import stats
 
@@ -69,24 +67,35 @@ def hosmer_lemeshow(probabilities, labels, epsilon: float, groups: int = 10, bit
     grid = Grid.uniform(0.0, 1.0, bits)
     ecdf = release_ecdf(p, grid, split * epsilon, noise=noise)
     inner = ecdf.quantile(np.arange(1, groups) / groups)
-    edges = np.concatenate([[0.0], inner, [1.0]])
     group = np.clip(np.searchsorted(inner, p, side="left"), 0, groups - 1)  # p <= edge q -> group q
-    n_q = np.bincount(group, minlength=groups)
-    o_q = np.bincount(group, weights=y, minlength=groups)
-    e_fixed = np.bincount(group, weights=np.round(p * (1 << FRACTION_BITS)), minlength=groups)
-    eps3 = (1 - split) * epsilon / 3
+    sums = np.stack([np.bincount(group, minlength=groups), np.bincount(group, weights=y, minlength=groups),
+                     np.bincount(group, weights=fixed_point(p), minlength=groups)]).astype(np.int64)
     ids = np.arange(groups, dtype=np.uint64)
-    noisy = []
-    for k, (vec, sens) in enumerate(((n_q, 2), (o_q, 2), (e_fixed, 2 << FRACTION_BITS))):
-        scale = scale_fraction(sens, eps3)
-        noisy.append(np.rint(vec).astype(np.int64) + noise(ids + np.uint64((k + 1) << 32), scale))
-    n_hat = noisy[0].astype(np.float64)
-    o_hat = noisy[1].astype(np.float64)
+    noisy = np.stack([sums[k] + noise(ids + np.uint64((k + 1) << 32), scale) for k, scale in enumerate(group_scales(epsilon, split))])
+    return from_group_sums(noisy, np.concatenate([[0.0], inner, [1.0]]), epsilon, split)
+
+
+def fixed_point(p) -> np.ndarray:
+    """Probabilities as integers in units of 2^-16 (what a report's payload carries)."""
+    return np.round(np.asarray(p, dtype=np.float64) * (1 << FRACTION_BITS))
+
+
+def group_scales(epsilon: float, split: float) -> list:
+    """Noise scales of the three per-group vectors (n, O, E in fixed point): a third of the second
+    phase's budget each, sensitivity 2 (2^17 for E) under substitution."""
+    eps3 = (1 - split) * epsilon / 3
+    return [scale_fraction(2, eps3), scale_fraction(2, eps3), scale_fraction(2 << FRACTION_BITS, eps3)]
+
+
+def from_group_sums(noisy: np.ndarray, edges: np.ndarray, epsilon: float, split: float) -> HosmerLemeshow:
+    """The statistic, its p-value and the statement from noisy per-group (n, O, E fixed point) sums."""
+    n_hat, o_hat = noisy[0].astype(np.float64), noisy[1].astype(np.float64)
     e_hat = noisy[2] / float(1 << FRACTION_BITS)
+    groups = n_hat.size
     h, dropped = statistic(n_hat, o_hat, e_hat)
     dof = max(groups - 2 - dropped, 1)
     statement = (f"{epsilon:g}-DP under substitution (n public): {split * epsilon:g} for the ECDF of the probabilities "
-                 f"(group boundaries), {eps3:g} each for the group counts, observed and expected positives")
+                 f"(group boundaries), {(1 - split) * epsilon / 3:g} each for the group counts, observed and expected positives")
     return HosmerLemeshow(h, float(stats.chi2.sf(h, dof)), edges, n_hat, o_hat, e_hat, dropped, statement)
 
 

@@ -11,6 +11,7 @@ never appear in responses or logs.
 """
 from __future__ import annotations
 
+import json
 import os
 import secrets
 import threading
@@ -26,6 +27,7 @@ from .aggregate import Aggregator
 from .client import Report, ReportError, decode_batch, open_share
 from .errors import DpcdfError
 from .hpke import KEMS, ServerKeys
+from .noise import prf_key
 from .task import TaskConfig, token_hash
 
 MAX_BODY = 64 << 20
@@ -45,6 +47,7 @@ class TaskState:
         self.config = config
         self.dcf = config.dcf()
         self.aggregator = Aggregator(self.dcf, config.make_mechanism(), seed, config.task_id, noise)
+        self.group_key = prf_key(seed, f"{config.task_id}/groups")
         self.shards: list[KeyBatch] = []
         self.seq = 0
         self.party = party
@@ -217,6 +220,19 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         shards = st.refresh(store)
         size = st.config.make_grid().size
         kind = q.get("kind") if isinstance(q, dict) else None
+        if st.config.payload == "calibration" and kind == "groups":
+            edges = q.get("edges")
+            if (not isinstance(edges, list) or not all(isinstance(e, int) and 0 <= e < size - 1 for e in edges)
+                    or any(b < a for a, b in zip(edges, edges[1:]))):
+                raise HttpError(400, f"edges must be non-decreasing grid indices in [0, {size - 1})")
+            if store.fix_release(task_id, "groups", json.dumps(edges)) != json.dumps(edges):
+                raise HttpError(403, "this task's groups are already released with other boundaries: the budget is spent")
+            from .hosmer_lemeshow import group_scales
+
+            scales = group_scales(st.config.epsilon, st.config.split)
+            shares = st.aggregator.group_shares(shards, np.array(edges, np.int64), scales, st.group_key)
+            store.log_query(task_id, kind, int(shares.size))
+            return {"party": party, "n": n, "width": 3, "shares": [str(int(v)) for v in shares.reshape(-1)]}
         if kind == "prefix":
             idx = q.get("indices")
             if not isinstance(idx, list) or not idx or not all(isinstance(i, int) and 0 <= i < size for i in idx):
@@ -229,9 +245,12 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
                 raise HttpError(400, "node queries need the tree mechanism and a level in range")
             shares = st.aggregator.node_shares(shards, level)
         else:
-            raise HttpError(400, "kind must be 'prefix' or 'nodes'")
+            raise HttpError(400, "kind must be 'prefix', 'nodes' or (calibration tasks) 'groups'")
+        if st.config.payload == "calibration":
+            shares = shares[:, 0]  # only the ECDF of the probabilities: the other elements go out as group sums
         store.log_query(task_id, kind, int(shares.size))
-        return {"party": party, "n": n, "width": st.dcf.width, "shares": [str(int(v)) for v in shares.reshape(-1)]}
+        width = 1 if shares.ndim == 1 else shares.shape[1]
+        return {"party": party, "n": n, "width": width, "shares": [str(int(v)) for v in shares.reshape(-1)]}
 
     return app
 

@@ -14,6 +14,8 @@ CREATE TABLE IF NOT EXISTS tasks (task_id TEXT PRIMARY KEY, config TEXT NOT NULL
 CREATE TABLE IF NOT EXISTS reports (seq INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT NULL,
                                     report_id BLOB NOT NULL, key_share BLOB NOT NULL, received REAL NOT NULL,
                                     UNIQUE (task_id, report_id));
+CREATE TABLE IF NOT EXISTS releases (task_id TEXT NOT NULL, kind TEXT NOT NULL, params TEXT NOT NULL,
+                                     PRIMARY KEY (task_id, kind));
 CREATE TABLE IF NOT EXISTS queries (task_id TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL, points INTEGER NOT NULL);
 """
 
@@ -86,6 +88,13 @@ class Store:
     def report_ids(self, task_id: str) -> list[bytes]:
         with self.lock:
             return [bytes(r[0]) for r in self.db.execute("SELECT report_id FROM reports WHERE task_id = ?", (task_id,))]
+
+    def fix_release(self, task_id: str, kind: str, params: str) -> str:
+        """Records the parameters of a one-off release the first time; returns the recorded ones
+        (so a different later request can be refused: it would spend budget again)."""
+        with self.lock:
+            self.db.execute("INSERT OR IGNORE INTO releases VALUES (?, ?, ?)", (task_id, kind, params))
+            return self.db.execute("SELECT params FROM releases WHERE task_id = ? AND kind = ?", (task_id, kind)).fetchone()[0]
 
     def log_query(self, task_id: str, kind: str, points: int) -> None:
         with self.lock:

@@ -27,7 +27,10 @@ class TaskConfig:
     servers: both servers' base URLs; hpke_keys: their public keys for `kem` (hex, see `dpcdf.hpke`);
     token_hash: SHA-256 of the analyst's bearer token (hex). payload "count": each report counts 1
     (an ECDF); "label": each report carries (label, 1 - label), two ECDFs in one key (a ROC curve:
-    each curve epsilon/2 under add/remove, epsilon under substitution, as in `dpcdf.roc`)."""
+    each curve epsilon/2 under add/remove, epsilon under substitution, as in `dpcdf.roc`);
+    "calibration": each report carries (1, label, probability in units of 2^-16) for the
+    Hosmer-Lemeshow statistic (split * epsilon for the ECDF of the probabilities, the rest for the
+    group sums, as in `dpcdf.hosmer_lemeshow`)."""
 
     grid: dict
     epsilon: float
@@ -38,6 +41,7 @@ class TaskConfig:
     hpke_keys: tuple[str, str]
     token_hash: str
     payload: str = "count"
+    split: float = 0.5
     kem: str = "x25519"
     task_id: str = field(default_factory=lambda: secrets.token_hex(16))
     format: str = FORMAT
@@ -49,8 +53,11 @@ class TaskConfig:
             raise ParameterError(f"a task's mechanism is 'path' or 'tree', got {self.mechanism!r}")
         if not isinstance(self.min_batch, int) or self.min_batch < 1:
             raise ParameterError(f"min_batch must be an int >= 1, got {self.min_batch!r}")
-        if self.payload not in ("count", "label"):
-            raise ParameterError(f"payload must be 'count' (an ECDF) or 'label' (a ROC curve), got {self.payload!r}")
+        if self.payload not in ("count", "label", "calibration"):
+            raise ParameterError(f"payload must be 'count' (an ECDF), 'label' (a ROC curve) or 'calibration' "
+                                 f"(Hosmer-Lemeshow), got {self.payload!r}")
+        if self.payload == "calibration" and (self.relation != "substitution" or not 0 < self.split < 1):
+            raise ParameterError("a calibration task needs relation 'substitution' and a split in (0, 1)")
         if len(self.servers) != 2 or len(self.hpke_keys) != 2:
             raise ParameterError("a task has exactly two servers and two HPKE keys")
         check_kem(self.kem)
@@ -72,12 +79,16 @@ class TaskConfig:
 
     @property
     def width(self) -> int:
-        return 2 if self.payload == "label" else 1
+        return {"count": 1, "label": 2, "calibration": 3}[self.payload]
 
     def make_mechanism(self) -> PathMechanism | TreeMechanism:
         """The mechanism of each released ECDF (for a label payload: of each of the two curves)."""
         size = self.make_grid().size
-        eps, relation = (self.epsilon / 2, "add-remove") if self.payload == "label" else (self.epsilon, self.relation)
+        eps, relation = self.epsilon, self.relation
+        if self.payload == "label":
+            eps, relation = self.epsilon / 2, "add-remove"
+        elif self.payload == "calibration":
+            eps = self.epsilon * self.split
         if self.mechanism == "path":
             return PathMechanism(size, eps, relation)
         return TreeMechanism(size, eps, relation)

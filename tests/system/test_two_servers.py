@@ -304,3 +304,25 @@ def test_two_server_roc_with_noise_is_close(servers):
     r = Analyst(config, token).roc()
     assert abs(r.auc - roc_auc_score(labels, scores)) < 0.05
     assert np.all(np.diff(r.tpr) <= 1e-12) and np.all(np.diff(r.fpr) <= 1e-12)  # monotone in the threshold
+
+
+def test_two_server_hosmer_lemeshow_matches_the_central_one_and_spends_its_budget_once(servers):
+    from dpcdf.hosmer_lemeshow import exact_hosmer_lemeshow
+
+    procs, _ = servers
+    rng = np.random.default_rng(10)
+    p = rng.beta(2, 2, 800)
+    y = (rng.random(800) < p).astype(int)
+    grid = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 8}
+    config, token = create_task(urls(procs["exact"]), grid, 1.0, "tree", "substitution", min_batch=10, payload="calibration")
+    submit(config, p, labels=y)
+    analyst = Analyst(config, token)
+    hl = analyst.hosmer_lemeshow()
+    central = exact_hosmer_lemeshow(p, y, hl.boundaries)
+    assert hl.statistic == pytest.approx(central, rel=1e-3)  # E is summed in units of 2^-16
+    assert hl.counts.sum() == 800 and hl.dropped == 0
+    assert analyst.hosmer_lemeshow().statistic == hl.statistic  # the same question: the same answer
+    with pytest.raises(ServerError, match="403 this task's groups are already released"):
+        http("POST", f"{config.servers[0]}/tasks/{config.task_id}/query", b'{"kind": "groups", "edges": [1, 2]}', token)
+    ecdf_only = http("POST", f"{config.servers[0]}/tasks/{config.task_id}/query", b'{"kind": "prefix", "indices": [3]}', token)
+    assert ecdf_only["width"] == 1  # labels and probabilities leave the server only as group sums
