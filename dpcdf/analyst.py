@@ -54,13 +54,15 @@ class Analyst:
     def _ask(self, question: dict) -> tuple[np.ndarray, int]:
         body = json.dumps(question).encode()
         answers = [http("POST", f"{url}/tasks/{self.config.task_id}/query", body, self.token) for url in self.config.servers]
-        if answers[0]["n"] != answers[1]["n"]:
-            raise ServerError(f"the servers hold different numbers of reports ({answers[0]['n']} and {answers[1]['n']}); ask again")
+        if answers[0]["reports_hash"] != answers[1]["reports_hash"]:
+            raise ServerError("the servers closed the task on different report sets (an upload reached only one of "
+                              "them); their answers do not add up")
         s0 = np.array([int(v) for v in answers[0]["shares"]], np.uint64)
         s1 = np.array([int(v) for v in answers[1]["shares"]], np.uint64)
         total = (s0 + s1).view(np.int64)
         width = int(answers[0].get("width", 1))
-        return (total if width == 1 else total.reshape(-1, width)), int(answers[0]["n"])
+        n = answers[0]["n"]  # None under add/remove: the count is not public, the release estimates it
+        return (total if width == 1 else total.reshape(-1, width)), (0 if n is None else int(n))
 
     def prefix_counts(self, indices) -> tuple[np.ndarray, int]:
         """Noisy counts #{v : index(v) <= i} (int64) at grid indices, and n."""
@@ -76,8 +78,11 @@ class Analyst:
         else:
             levels, n = [], 0
             for level in range(mech.shape.height + 1):
-                counts, n = self._ask({"kind": "nodes", "level": level})
-                levels.append(counts.astype(np.float64))
+                if level in mech.released_levels():
+                    counts, n = self._ask({"kind": "nodes", "level": level})
+                    levels.append(counts.astype(np.float64))
+                else:  # an unreleased root: consistency does without it
+                    levels.append(np.full((1,) + levels[-1].shape[1:], np.nan))
             width = 1 if levels[0].ndim == 1 else levels[0].shape[1]
             per = [levels] if width == 1 else [[lv[:, e] for lv in levels] for e in range(width)]
         return [finish_release(self.grid, mech, noisy_e, n, copies=2) for noisy_e in per]

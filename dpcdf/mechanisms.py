@@ -152,8 +152,16 @@ class TreeMechanism:
             self.scales[level] = scale_fraction(delta, eps_l)
 
     def noised_levels(self) -> list[int]:
-        top = self.shape.height + (1 if self.relation == "add-remove" else 0)
-        return list(range(top))
+        """Levels with noisy counts: all below the root; the root too under add/remove, but only when
+        a prefix's covering uses it (the grid fills the padded tree), since n is not public there."""
+        return list(range(self.shape.height)) + ([self.shape.height] if self._root_noised() else [])
+
+    def _root_noised(self) -> bool:
+        return self.relation == "add-remove" and self.size == self.shape.branching**self.shape.height
+
+    def released_levels(self) -> list[int]:
+        """Levels whose counts are released: the noised ones, plus the root when it is public (n)."""
+        return self.noised_levels() + ([self.shape.height] if self.relation == "substitution" else [])
 
     @staticmethod
     def level_sensitivity(relation: str) -> int:
@@ -186,10 +194,13 @@ class TreeMechanism:
 
     def noisy_nodes(self, prefix: np.ndarray, noise: NoiseFn) -> list[np.ndarray]:
         """Noisy counts of every data-holding node, per level; the root is n itself under
-        substitution (public), noised under add/remove."""
+        substitution (public), noised under add/remove when released, NaN when not released."""
         out = []
         for level in range(self.shape.height + 1):
             counts = node_counts(prefix, self.shape, level)
+            if level not in self.released_levels():
+                out.append(np.full(counts.size, np.nan))
+                continue
             out.append((counts + self.node_noise(level, np.arange(counts.size), noise)).astype(np.float64))
         return out
 
@@ -225,7 +236,9 @@ class TreeMechanism:
         for level in range(1, h + 1):
             s = _group_sum(est[-1], b, nodes[level].size)
             v = _group_sum(evar[-1], b, nodes[level].size)
-            if var[level] == 0:
+            if level not in self.released_levels():  # no observation: the children's sum alone
+                e_l, v_l = s, v
+            elif var[level] == 0:
                 e_l, v_l = nodes[level].copy(), np.zeros(nodes[level].size)
             else:
                 w_own, w_kids = 1 / var[level], np.where(v > 0, 1 / np.maximum(v, 1e-300), np.inf)
@@ -267,7 +280,8 @@ def _plan(size: int, b: int, epsilon: float, relation: str) -> tuple[tuple[float
     """Level budgets minimising sum_l n_l * 2 (Delta / eps_l)^2 under sum eps_l = epsilon (eps_l
     proportional to n_l^(1/3)), and the resulting expected squared error per prefix."""
     shape = TreeShape.for_size(size, b)
-    top = shape.height + (1 if relation == "add-remove" else 0)
+    root_noised = relation == "add-remove" and size == b**shape.height
+    top = shape.height + (1 if root_noised else 0)
     n_l = shape.covering_counts()[:top].astype(np.float64)
     weights = np.cbrt(np.maximum(n_l, 1e-9))
     budgets = epsilon * weights / weights.sum()

@@ -138,7 +138,7 @@ def _sample(streams, count: int, scale: Fraction) -> np.ndarray:
     words of each row's stream. A row that runs out is run again on a 16x longer prefix of the
     *same* stream, so its sample is what an endless stream would give: redrawing it from fresh
     randomness instead would bias the result (long draws are the large values)."""
-    if scale.numerator >= 1 << 62 or scale.denominator >= 1 << 62:
+    if scale.numerator >= 1 << 40 or scale.denominator >= 1 << 40:  # keeps den * k and u + t * v inside int64
         raise ParameterError(f"noise scale {scale} is out of range")
     out = np.zeros(count, np.int64)
     todo = np.arange(count)

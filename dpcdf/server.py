@@ -28,6 +28,7 @@ from .client import Report, ReportError, decode_batch, open_share
 from .errors import DpcdfError
 from .hpke import KEMS, ServerKeys
 from .noise import prf_key
+from .store import CollectionClosed, Store
 from .task import TaskConfig, token_hash
 
 MAX_BODY = 64 << 20
@@ -53,9 +54,10 @@ class TaskState:
         self.party = party
         self.lock = threading.Lock()
 
-    def refresh(self, store) -> list[KeyBatch]:
+    def refresh(self, store, upto: int) -> list[KeyBatch]:
+        """The key shares of the frozen report set (reports up to sequence number `upto`)."""
         with self.lock:
-            shares, self.seq = store.shares_since(self.config.task_id, self.seq)
+            shares, self.seq = store.shares_since(self.config.task_id, self.seq, upto)
             if shares:
                 p = self.dcf.params
                 blob = p.header(self.party, batch=True) + len(shares).to_bytes(8, "little") + b"".join(s[8:] for s in shares)
@@ -70,7 +72,6 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         raise DpcdfError(f"party must be 0 or 1, got {party!r}")
     if not noise and os.environ.get(TESTING_ENV) != "1":
         raise DpcdfError(f"switching noise off is a test-only setting (needs {TESTING_ENV}=1)")
-    from .store import Store
 
     data = Path(data_dir)
     data.mkdir(parents=True, exist_ok=True)
@@ -185,7 +186,11 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         good, rejected = accept(st, [await body(request)])
         if rejected:
             raise HttpError(400, rejected[0]["error"])
-        if not store.add_reports(task_id, good)[0]:
+        try:
+            added = store.add_reports(task_id, good)[0]
+        except CollectionClosed:
+            raise HttpError(409, "collection is closed: the task has been queried") from None
+        if not added:
             raise HttpError(409, "duplicate report id: already stored and counted once")
         return {"accepted": 1}
 
@@ -197,27 +202,34 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         except ReportError as exc:
             raise HttpError(400, str(exc)) from None
         good, rejected = accept(st, raw)
-        added = store.add_many(task_id, good) if good else 0
+        try:
+            added = store.add_many(task_id, good) if good else 0
+        except CollectionClosed:
+            raise HttpError(409, "collection is closed: the task has been queried") from None
         return {"accepted": added, "duplicates": len(good) - added, "rejected": rejected}
 
     @app.get("/tasks/{task_id}")
     def status(task_id: str, request: Request):
         st = state(task_id)
         authorize(request, st)
-        return {"task_id": task_id, "reports": store.count(task_id), "min_batch": st.config.min_batch}
+        frozen = store.frozen(task_id)
+        n = frozen[1] if frozen else store.count(task_id)
+        return {"task_id": task_id, "reports": n if st.config.n_public else None, "closed": frozen is not None,
+                "min_batch": st.config.min_batch}
 
     @app.post("/tasks/{task_id}/query")
     async def query(task_id: str, request: Request):
         st = state(task_id)
         authorize(request, st)
         try:
-            q = await request.json()
+            q = json.loads(await body(request))
         except ValueError:
             raise HttpError(400, "the query must be JSON") from None
-        n = store.count(task_id)
-        if n < st.config.min_batch:
-            raise HttpError(403, f"the task has {n} reports; queries need at least {st.config.min_batch}")
-        shards = st.refresh(store)
+        if store.frozen(task_id) is None and store.count(task_id) < st.config.min_batch:
+            raise HttpError(403, f"the task has {store.count(task_id)} reports; queries need at least {st.config.min_batch}")
+        upto, n, digest = store.freeze(task_id)  # the first query closes the collection
+        public_n = n if st.config.n_public else None  # under add/remove n itself is not released
+        shards = st.refresh(store, upto)
         size = st.config.make_grid().size
         kind = q.get("kind") if isinstance(q, dict) else None
         if st.config.payload == "calibration" and kind == "groups":
@@ -232,7 +244,8 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             scales = group_scales(st.config.epsilon, st.config.split)
             shares = st.aggregator.group_shares(shards, np.array(edges, np.int64), scales, st.group_key)
             store.log_query(task_id, kind, int(shares.size))
-            return {"party": party, "n": n, "width": 3, "shares": [str(int(v)) for v in shares.reshape(-1)]}
+            return {"party": party, "n": public_n, "reports_hash": digest, "width": 3,
+                    "shares": [str(int(v)) for v in shares.reshape(-1)]}
         if kind == "prefix":
             idx = q.get("indices")
             if not isinstance(idx, list) or not idx or not all(isinstance(i, int) and 0 <= i < size for i in idx):
@@ -241,8 +254,8 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         elif kind == "nodes":
             mech = st.aggregator.mechanism
             level = q.get("level")
-            if st.config.mechanism != "tree" or not isinstance(level, int) or not 0 <= level <= mech.shape.height:
-                raise HttpError(400, "node queries need the tree mechanism and a level in range")
+            if st.config.mechanism != "tree" or not isinstance(level, int) or level not in mech.released_levels():
+                raise HttpError(400, "node queries need the tree mechanism and a released level")
             shares = st.aggregator.node_shares(shards, level)
         else:
             raise HttpError(400, "kind must be 'prefix', 'nodes' or (calibration tasks) 'groups'")
@@ -250,7 +263,8 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             shares = shares[:, 0]  # only the ECDF of the probabilities: the other elements go out as group sums
         store.log_query(task_id, kind, int(shares.size))
         width = 1 if shares.ndim == 1 else shares.shape[1]
-        return {"party": party, "n": n, "width": width, "shares": [str(int(v)) for v in shares.reshape(-1)]}
+        return {"party": party, "n": public_n, "reports_hash": digest, "width": width,
+                "shares": [str(int(v)) for v in shares.reshape(-1)]}
 
     return app
 

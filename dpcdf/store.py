@@ -3,10 +3,16 @@ key shares (acknowledged only after the transaction commits), report ids for rep
 the query log."""
 from __future__ import annotations
 
+import hashlib
+import os
 import sqlite3
 import threading
 import time
 from pathlib import Path
+
+class CollectionClosed(Exception):
+    """The task has been queried: its report set is fixed."""
+
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (task_id TEXT PRIMARY KEY, config TEXT NOT NULL, fingerprint BLOB NOT NULL,
@@ -22,7 +28,10 @@ CREATE TABLE IF NOT EXISTS queries (task_id TEXT NOT NULL, at REAL NOT NULL, kin
 
 class Store:
     def __init__(self, path: Path):
+        new = not path.exists()
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
+        if new:
+            os.chmod(path, 0o600)  # it holds noise seeds and key shares
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
@@ -42,11 +51,36 @@ class Store:
             row = self.db.execute("SELECT config, noise_seed FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
         return None if row is None else (row[0], bytes(row[1]))
 
+    def frozen(self, task_id: str) -> tuple[int, int, str] | None:
+        """(last report seq, count, hash of the report ids) once the task's collection is closed."""
+        row = self.db.execute("SELECT params FROM releases WHERE task_id = ? AND kind = 'frozen'", (task_id,)).fetchone()
+        if row is None:
+            return None
+        seq, count, digest = row[0].split(":")
+        return int(seq), int(count), digest
+
+    def freeze(self, task_id: str) -> tuple[int, int, str]:
+        """Closes the task's collection (at its first query): later uploads are refused and every
+        answer comes from this set. Fixed per-node noise is only safe on a fixed data set: on a
+        growing one, two answers' difference would be a new report's exact contribution."""
+        with self.lock:
+            done = self.frozen(task_id)
+            if done is not None:
+                return done
+            rows = self.db.execute("SELECT seq, report_id FROM reports WHERE task_id = ?", (task_id,)).fetchall()
+            seq = max((r[0] for r in rows), default=0)
+            digest = hashlib.sha256(b"".join(sorted(bytes(r[1]) for r in rows))).hexdigest()
+            self.db.execute("INSERT INTO releases VALUES (?, 'frozen', ?)", (task_id, f"{seq}:{len(rows)}:{digest}"))
+            return seq, len(rows), digest
+
     def add_reports(self, task_id: str, items: list[tuple[bytes, bytes]]) -> list[bool]:
         """Inserts (report id, key share) pairs in one committed transaction; False where the id
-        was already there (a replay: stored once, counted once)."""
+        was already there (a replay: stored once, counted once). Raises CollectionClosed once the
+        task has been queried."""
         now = time.time()
         with self.lock:
+            if self.frozen(task_id) is not None:
+                raise CollectionClosed(task_id)
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 added = []
@@ -64,6 +98,8 @@ class Store:
         """Like add_reports in one committed transaction; returns how many were new."""
         now = time.time()
         with self.lock:
+            if self.frozen(task_id) is not None:
+                raise CollectionClosed(task_id)
             before = self.db.total_changes
             self.db.execute("BEGIN IMMEDIATE")
             try:
@@ -79,10 +115,10 @@ class Store:
         with self.lock:
             return self.db.execute("SELECT COUNT(*) FROM reports WHERE task_id = ?", (task_id,)).fetchone()[0]
 
-    def shares_since(self, task_id: str, seq: int) -> tuple[list[bytes], int]:
+    def shares_since(self, task_id: str, seq: int, upto: int) -> tuple[list[bytes], int]:
         with self.lock:
-            rows = self.db.execute("SELECT seq, key_share FROM reports WHERE task_id = ? AND seq > ? ORDER BY seq",
-                                   (task_id, seq)).fetchall()
+            rows = self.db.execute("SELECT seq, key_share FROM reports WHERE task_id = ? AND seq > ? AND seq <= ? ORDER BY seq",
+                                   (task_id, seq, upto)).fetchall()
         return [bytes(r[1]) for r in rows], (rows[-1][0] if rows else seq)
 
     def report_ids(self, task_id: str) -> list[bytes]:

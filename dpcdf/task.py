@@ -63,7 +63,10 @@ class TaskConfig:
         check_kem(self.kem)
         if self.format != FORMAT:
             raise ParameterError(f"unknown task format {self.format!r}")
-        self.make_grid()  # validates
+        if self.relation == "add-remove" and self.min_batch != 1:
+            raise ParameterError("under add/remove the number of reports is private, and a minimum-batch gate would "
+                                 "reveal it (uploads can probe it): use min_batch=1")
+        self.make_mechanism()  # validates the grid and that the mechanism can be built
 
     # --- derived ------------------------------------------------------------------------------
     def make_grid(self) -> Grid:
@@ -76,6 +79,12 @@ class TaskConfig:
         if kind == "thresholds":
             return Grid.from_thresholds(np.asarray(g["values"], dtype=np.float64))
         raise ParameterError(f"unknown grid kind {kind!r}")
+
+    @property
+    def n_public(self) -> bool:
+        """Whether the number of reports may be revealed: under substitution it is public; under
+        add/remove it is not (only whether it reached min_batch is, by the gate on queries)."""
+        return self.relation == "substitution"
 
     @property
     def width(self) -> int:

@@ -326,3 +326,45 @@ def test_two_server_hosmer_lemeshow_matches_the_central_one_and_spends_its_budge
         http("POST", f"{config.servers[0]}/tasks/{config.task_id}/query", b'{"kind": "groups", "edges": [1, 2]}', token)
     ecdf_only = http("POST", f"{config.servers[0]}/tasks/{config.task_id}/query", b'{"kind": "prefix", "indices": [3]}', token)
     assert ecdf_only["width"] == 1  # labels and probabilities leave the server only as group sums
+
+
+def test_add_remove_tasks_do_not_reveal_the_number_of_reports(servers):
+    procs, _ = servers
+    with pytest.raises(Exception, match="min_batch=1"):
+        create_task(urls(procs["noisy"]), GRID, 1.0, "tree", "add-remove", min_batch=30)
+    config, token = create_task(urls(procs["noisy"]), GRID, 0.01, "tree", "add-remove", min_batch=1)
+    submit(config, values(60, 12))
+    answer = http("POST", f"{config.servers[0]}/tasks/{config.task_id}/query", b'{"kind": "prefix", "indices": [1]}', token)
+    assert answer["n"] is None
+    status = http("GET", f"{config.servers[0]}/tasks/{config.task_id}", token=token)
+    assert status["reports"] is None and status["closed"] is True
+    root = config.make_mechanism().shape.height
+    with pytest.raises(ServerError, match="400 node queries need the tree mechanism and a released level"):
+        http("POST", f"{config.servers[0]}/tasks/{config.task_id}/query", ('{"kind": "nodes", "level": %d}' % root).encode(), token)
+    rel = Analyst(config, token).release()
+    assert np.isfinite(rel.total)  # estimated from the noisy counts, not read off the server
+
+
+def test_the_first_query_closes_collection_so_differences_leak_nothing(servers):
+    """The attack the fixed per-node noise invites on a growing data set: query, add one report,
+    query again, subtract. Collection closes at the first query, so the second upload is refused."""
+    procs, _ = servers
+    config, token = create_task(urls(procs["noisy"]), GRID, 1.0, "path", "substitution", min_batch=10)
+    submit(config, values(50, 13))
+    analyst = Analyst(config, token)
+    before, _ = analyst.prefix_counts(range(64))
+    with pytest.raises(ServerError, match="409 collection is closed"):
+        submit(config, [42.0])
+    after, _ = analyst.prefix_counts(range(64))
+    np.testing.assert_array_equal(after, before)
+
+
+def test_servers_with_different_report_sets_are_detected(servers):
+    procs, _ = servers
+    pair = urls(procs["exact"])
+    config, token = create_task(pair, GRID, 1.0, "path", "substitution", min_batch=1)
+    submit(config, values(30, 14))
+    lone = make_reports(config, [7.0])[0].to_bytes()
+    http("POST", f"{pair[0]}/tasks/{config.task_id}/reports", lone, content_type="application/octet-stream")
+    with pytest.raises(ServerError, match="different report sets"):
+        Analyst(config, token).prefix_counts([5])
