@@ -61,7 +61,10 @@ def test_statements_and_epsilon_accounting():
     assert float(paper.scale) == 11
     t = TreeMechanism(1000, 0.5, "add-remove")
     assert t.epsilon_for("add-remove") == pytest.approx(0.5, rel=1e-5) and t.epsilon_for("add-remove") <= 0.5
-    assert t.noised_levels()[-1] == t.shape.height  # n is not public: the root is noised
+    # n is not public: the root is noised when a covering uses it (a full tree), else never released
+    assert t.shape.branching**t.shape.height > 1000 and t.shape.height not in t.released_levels()
+    full = TreeMechanism(1024, 0.5, "add-remove", branching=2)
+    assert full.noised_levels()[-1] == full.shape.height == 10
     s = TreeMechanism(1000, 0.5, "substitution")
     assert s.epsilon_for("add-remove") == math.inf and s.scales[-1] is None
     assert s.epsilon_for("substitution") <= 0.5
