@@ -16,6 +16,7 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 import dpcdf
+from dpcdf.plots import save_roc
 from dpcdf.roc import l1_area
 
 EPSILONS = (0.5, 1.0, 4.0)
@@ -32,28 +33,15 @@ def main() -> None:
     grid = dpcdf.Grid.uniform(0, 1, bits=10)
     exact = dpcdf.roc(scores, y_test, grid, 1.0, noise=lambda ids, s: np.zeros(np.asarray(ids).size, np.int64))
     print(f"{len(y_test)} test cases; true AUC {roc_auc_score(y_test, scores):.4f} (on the grid: {exact.auc:.4f})")
-    curves = {}
+    dp_curves = {}
     for eps in EPSILONS:
         r = dpcdf.roc(scores, y_test, grid, eps)
-        curves[eps] = r
+        dp_curves[eps] = r
         print(f"eps={eps:<4} DP AUC {r.auc:.4f}  L1 area to the true curve {l1_area(r.fpr, r.tpr, exact.fpr, exact.tpr):.4f}")
-    print(curves[EPSILONS[0]].statement)
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-
-    plt.figure(figsize=(4.5, 4.5))
-    plt.plot(exact.fpr, exact.tpr, color="black", label=f"true (AUC {exact.auc:.3f})")
-    for eps, r in curves.items():
-        plt.plot(r.fpr, r.tpr, label=f"DP eps={eps} (AUC {r.auc:.3f})")
-    plt.xlabel("false positive rate")
-    plt.ylabel("true positive rate")
-    plt.legend(loc="lower right")
-    plt.tight_layout()
-    plt.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
-
+    print(dp_curves[EPSILONS[0]].statement)
+    curves = {f"true (AUC {exact.auc:.3f})": (exact.fpr, exact.tpr)}
+    curves.update({f"DP eps={eps} (AUC {r.auc:.3f})": (r.fpr, r.tpr) for eps, r in dp_curves.items()})
+    save_roc(args.out, curves)
 
 if __name__ == "__main__":
     main()

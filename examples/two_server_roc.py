@@ -11,10 +11,11 @@ import tempfile
 import numpy as np
 from sklearn.datasets import make_classification
 from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import roc_auc_score
+from sklearn.metrics import roc_auc_score, roc_curve
 
 from dpcdf.analyst import Analyst
 from dpcdf.cli import create_task, submit
+from dpcdf.plots import save_roc
 from dpcdf.processes import start_server, stop
 
 
@@ -38,23 +39,8 @@ def main() -> None:
                 stop(proc)
     print(f"{labels.size} test cases over two servers: true AUC {roc_auc_score(labels, scores):.4f}, DP AUC {roc.auc:.4f}")
     print(roc.statement + "; each server adds its own full noise")
-    import matplotlib
-
-    matplotlib.use("Agg")
-    import matplotlib.pyplot as plt
-    from sklearn.metrics import roc_curve
-
     fpr, tpr, _ = roc_curve(labels, scores)
-    plt.figure(figsize=(4.5, 4.5))
-    plt.plot(fpr, tpr, color="black", label="true")
-    plt.plot(roc.fpr, roc.tpr, label=f"two servers, eps={args.epsilon}")
-    plt.xlabel("false positive rate")
-    plt.ylabel("true positive rate")
-    plt.legend(loc="lower right")
-    plt.tight_layout()
-    plt.savefig(args.out, dpi=120)
-    print(f"wrote {args.out}")
-
+    save_roc(args.out, {"true": (fpr, tpr), f"two servers, eps={args.epsilon}": (roc.fpr, roc.tpr)})
 
 if __name__ == "__main__":
     main()
