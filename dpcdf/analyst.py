@@ -68,6 +68,40 @@ class Analyst:
         """Noisy counts #{v : index(v) <= i} (int64) at grid indices, and n."""
         return self._ask({"kind": "prefix", "indices": [int(i) for i in indices]})
 
+    def _total(self, n: int) -> float:
+        """n when public (substitution); else the noisy count at the last grid index."""
+        if self.config.n_public:
+            return float(n)
+        last, _ = self.prefix_counts([self.grid.size - 1])
+        return float(max(last[0], 1))
+
+    def ecdf(self, ts) -> np.ndarray:
+        """The raw DP ECDF at values t (the noisy prefix count at the largest threshold <= t over the
+        total), from prefix queries only: no full-grid release needed, so it works on any grid size."""
+        t = np.asarray(ts, dtype=np.float64).reshape(-1)
+        if t.size == 0:
+            return np.zeros(0)
+        idx = np.searchsorted(self.grid.thresholds, t, side="right") - 1
+        counts, n = self.prefix_counts(np.maximum(idx, 0))
+        return np.where(idx >= 0, counts / self._total(n), 0.0)
+
+    def quantile(self, ps) -> np.ndarray:
+        """The paper's Algorithm 1 over the grid: per level p, binary search for the smallest threshold
+        whose noisy ECDF reaches p; all levels step together (log2(N) rounds of prefix queries). Every
+        answer is post-processing of the same fixed node noise, so the search costs no extra budget."""
+        p = np.asarray(ps, dtype=np.float64).reshape(-1)
+        if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
+            raise DpcdfError("quantile levels must lie in [0, 1]")
+        lo, hi = np.zeros(p.size, np.int64), np.full(p.size, self.grid.size - 1, np.int64)
+        total = None
+        while (lo < hi).any():
+            mid = (lo + hi) // 2
+            counts, n = self.prefix_counts(mid)
+            total = self._total(n) if total is None else total
+            below = counts / total < p
+            lo, hi = np.where(below & (lo < hi), mid + 1, lo), np.where(~below & (lo < hi), mid, hi)
+        return self.grid.thresholds[lo]
+
     def _releases(self) -> list[Release]:
         """One full-grid release per payload element, post-processed like the central one, knowing
         that every value carries both servers' noise."""

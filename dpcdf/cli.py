@@ -107,6 +107,8 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--token-file", help="default: TASK.token")
     q.add_argument("--ecdf", nargs="*", type=float, default=[])
     q.add_argument("--quantiles", nargs="*", type=float, default=[0.1, 0.25, 0.5, 0.75, 0.9])
+    q.add_argument("--bisect", action="store_true",
+                   help="answer from prefix queries (Algorithm 1) instead of a post-processed full-grid release")
     d = sub.add_parser("demo", help="two real servers on loopback, simulated clients, an analyst, a table and a plot")
     d.add_argument("--clients", type=int, default=3000)
     d.add_argument("--epsilon", type=float, default=1.0)
@@ -134,12 +136,13 @@ def main(argv: list[str] | None = None) -> int:
         elif args.cmd == "query":
             config = TaskConfig.from_json(Path(args.task).read_text())
             token = Path(args.token_file or args.task + ".token").read_text().strip()
-            rel = Analyst(config, token).release()
-            for t_, f_ in zip(args.ecdf, rel.ecdf(args.ecdf)):
+            analyst = Analyst(config, token)
+            source = analyst if args.bisect else analyst.release()
+            for t_, f_ in zip(args.ecdf, source.ecdf(args.ecdf)):
                 print(f"F({t_:g}) = {f_:.4f}")
-            for p_, q_ in zip(args.quantiles, rel.quantile(args.quantiles)):
+            for p_, q_ in zip(args.quantiles, source.quantile(args.quantiles)):
                 print(f"q({p_:g}) = {q_:g}")
-            print(rel.statement)
+            print(analyst.mechanism.statement())
         elif args.cmd == "demo":
             from .demo import run_demo
 

@@ -265,6 +265,8 @@ def test_cli_query_prints_quantiles(servers, tmp_path):
     assert sub.returncode == 0 and '"accepted": 60' in sub.stdout
     q = run("query", "--task", str(tmp_path / "task.json"), "--ecdf", "50", "--quantiles", "0.5")
     assert q.returncode == 0 and "q(0.5) =" in q.stdout and "DP under substitution" in q.stdout
+    b = run("query", "--task", str(tmp_path / "task.json"), "--quantiles", "0.5", "--bisect")
+    assert b.returncode == 0 and b.stdout.split("q(0.5) = ")[1].split()[0] == q.stdout.split("q(0.5) = ")[1].split()[0]
 
 
 def test_demo_runs_and_plots(tmp_path):
@@ -368,3 +370,18 @@ def test_servers_with_different_report_sets_are_detected(servers):
     http("POST", f"{pair[0]}/tasks/{config.task_id}/reports", lone, content_type="application/octet-stream")
     with pytest.raises(ServerError, match="different report sets"):
         Analyst(config, token).prefix_counts([5])
+
+
+def test_analyst_ecdf_and_bisection_quantiles_without_a_full_release(servers):
+    procs, _ = servers
+    config, token = create_task(urls(procs["exact"]), GRID, 1.0, "tree", "substitution", min_batch=1)
+    vals = values(300, 15)
+    submit(config, vals)
+    analyst = Analyst(config, token)
+    grid = config.make_grid()
+    quantized = grid.thresholds[grid.index(vals)]  # what the grid resolves
+    ps = [0.01, 0.1, 0.5, 0.9, 1.0]
+    np.testing.assert_array_equal(analyst.quantile(ps), np.quantile(quantized, ps, method="inverted_cdf"))
+    ts = np.array([-5.0, 10.0, 50.0, 100.0])
+    want = [(quantized <= t).mean() for t in ts]  # the ECDF is a step function at the thresholds
+    np.testing.assert_allclose(analyst.ecdf(ts), want)
