@@ -88,9 +88,6 @@ class PathMechanism:
         """(len(leaves), L + 1) node ids whose noise goes into each prefix."""
         return self.shape.path(leaves)
 
-    def scales_for(self, node_ids: np.ndarray) -> Fraction:
-        return self.scale
-
     def prefix_noise(self, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
         """The noise eq. 2 adds to the prefix count at each index: the sum over its path's nodes."""
         ids = self.nodes_for(np.asarray(indices, np.int64))

@@ -121,10 +121,6 @@ class Store:
                                    (task_id, seq, upto)).fetchall()
         return [bytes(r[1]) for r in rows], (rows[-1][0] if rows else seq)
 
-    def report_ids(self, task_id: str) -> list[bytes]:
-        with self.lock:
-            return [bytes(r[0]) for r in self.db.execute("SELECT report_id FROM reports WHERE task_id = ?", (task_id,))]
-
     def fix_release(self, task_id: str, kind: str, params: str) -> str:
         """Records the parameters of a one-off release the first time; returns the recorded ones
         (so a different later request can be refused: it would spend budget again)."""
