@@ -33,6 +33,7 @@ class Aggregator:
         label = f"{task_id}/{mechanism.name}"
         # one noise stream per payload element: each element is its own released ECDF
         self.keys = [prf_key(seed, label if dcf.width == 1 else f"{label}/{e}") for e in range(dcf.width)]
+        self.group_key = prf_key(seed, f"{task_id}/groups")  # the once-only group sums (calibration tasks)
         self.noise_on = noise
 
     def noise_fn(self, element: int):
@@ -81,7 +82,7 @@ class Aggregator:
         lo[has_lo] = sums[[where[int(s) - 1] for s in starts[has_lo]]]
         return self._add(hi - lo, lambda fn: mech.node_noise(level, np.arange(starts.size), fn))
 
-    def group_shares(self, shards: list[KeyBatch], edges: np.ndarray, scales: list, seed_key: bytes) -> np.ndarray:
+    def group_shares(self, shards: list[KeyBatch], edges: np.ndarray, scales: list) -> np.ndarray:
         """Shares of every payload element summed over the index groups (.., e_1], (e_1, e_2], ...,
         (e_last, size-1], plus this server's noise: one scale per element, its own PRF domain."""
         size = self.mechanism.size
@@ -90,6 +91,6 @@ class Aggregator:
         groups = sums - np.concatenate([np.zeros((1, sums.shape[1]), np.uint64), sums[:-1]])
         ids = np.arange(points.size, dtype=np.uint64)
         for e, scale in enumerate(scales):
-            eta = np.zeros(ids.size, np.int64) if not self.noise_on else prf_noise(seed_key, ids + np.uint64((e + 1) << 32), scale)
+            eta = np.zeros(ids.size, np.int64) if not self.noise_on else prf_noise(self.group_key, ids + np.uint64((e + 1) << 32), scale)
             groups[:, e] += eta.view(np.uint64)
         return groups

@@ -26,8 +26,8 @@ from fss import FssError, KeyBatch
 from .aggregate import Aggregator
 from .client import Report, ReportError, decode_batch, open_share
 from .errors import DpcdfError
+from .hosmer_lemeshow import group_scales
 from .hpke import KEMS, ServerKeys
-from .noise import prf_key
 from .store import CollectionClosed, Store
 from .task import TaskConfig, token_hash
 
@@ -48,7 +48,6 @@ class TaskState:
         self.config = config
         self.dcf = config.dcf()
         self.aggregator = Aggregator(self.dcf, config.make_mechanism(), seed, config.task_id, noise)
-        self.group_key = prf_key(seed, f"{config.task_id}/groups")
         self.shards: list[KeyBatch] = []
         self.seq = 0
         self.party = party
@@ -59,9 +58,7 @@ class TaskState:
         with self.lock:
             shares, self.seq = store.shares_since(self.config.task_id, self.seq, upto)
             if shares:
-                p = self.dcf.params
-                blob = p.header(self.party, batch=True) + len(shares).to_bytes(8, "little") + b"".join(s[8:] for s in shares)
-                self.shards.append(self.dcf.batch_from_bytes(blob, party=self.party))
+                self.shards.append(self.dcf.batch_from_keys(shares, self.party))
                 if len(self.shards) > 8:
                     self.shards = [KeyBatch.concatenate(self.shards)]
             return list(self.shards)
@@ -128,23 +125,20 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         """Parses and opens each report and checks that its share is a key of this task's DCF for
         this server (one vectorized decode for the whole batch; per key only to name a bad one)."""
         opened, rejected = [], []
-        fp = st.config.fingerprint
+        fp, kem = st.config.fingerprint, st.config.kem
+        private = keys.private(kem)
         for i, raw in enumerate(raw_reports):
             try:
                 report = Report.from_bytes(raw)
-                opened.append((i, report.report_id, open_share(report, party, keys.private(st.config.kem), fp, st.config.kem)))
+                opened.append((i, report.report_id, open_share(report, party, private, fp, kem)))
             except ReportError as exc:
                 rejected.append({"index": i, "error": str(exc)})
-        p = st.dcf.params
-        header, size = p.header(party), p.key_size
-        shaped = [o for o in opened if len(o[2]) == size and o[2][:8] == header]
         try:
-            blob = p.header(party, batch=True) + len(shaped).to_bytes(8, "little") + b"".join(o[2][8:] for o in shaped)
-            st.dcf.batch_from_bytes(blob, party=party)
-            valid = {o[0] for o in shaped}
-        except FssError:
+            st.dcf.batch_from_keys([o[2] for o in opened], party)
+            valid = {o[0] for o in opened}
+        except FssError:  # find the bad ones
             valid = set()
-            for o in shaped:
+            for o in opened:
                 try:
                     st.dcf.key_from_bytes(o[2], party=party)
                     valid.add(o[0])
@@ -230,7 +224,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         upto, n, digest = store.freeze(task_id)  # the first query closes the collection
         public_n = n if st.config.n_public else None  # under add/remove n itself is not released
         shards = st.refresh(store, upto)
-        size = st.config.make_grid().size
+        size = st.aggregator.mechanism.size
         kind = q.get("kind") if isinstance(q, dict) else None
         if st.config.payload == "calibration" and kind == "groups":
             edges = q.get("edges")
@@ -239,14 +233,9 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
                 raise HttpError(400, f"edges must be non-decreasing grid indices in [0, {size - 1})")
             if store.fix_release(task_id, "groups", json.dumps(edges)) != json.dumps(edges):
                 raise HttpError(403, "this task's groups are already released with other boundaries: the budget is spent")
-            from .hosmer_lemeshow import group_scales
-
             scales = group_scales(st.config.epsilon, st.config.split)
-            shares = st.aggregator.group_shares(shards, np.array(edges, np.int64), scales, st.group_key)
-            store.log_query(task_id, kind, int(shares.size))
-            return {"party": party, "n": public_n, "reports_hash": digest, "width": 3,
-                    "shares": [str(int(v)) for v in shares.reshape(-1)]}
-        if kind == "prefix":
+            shares = st.aggregator.group_shares(shards, np.array(edges, np.int64), scales)
+        elif kind == "prefix":
             idx = q.get("indices")
             if not isinstance(idx, list) or not idx or not all(isinstance(i, int) and 0 <= i < size for i in idx):
                 raise HttpError(400, f"indices must be a non-empty list of grid indices in [0, {size})")
@@ -259,7 +248,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             shares = st.aggregator.node_shares(shards, level)
         else:
             raise HttpError(400, "kind must be 'prefix', 'nodes' or (calibration tasks) 'groups'")
-        if st.config.payload == "calibration":
+        if st.config.payload == "calibration" and kind != "groups":
             shares = shares[:, 0]  # only the ECDF of the probabilities: the other elements go out as group sums
         store.log_query(task_id, kind, int(shares.size))
         width = 1 if shares.ndim == 1 else shares.shape[1]

@@ -7,7 +7,7 @@ from typing import Sequence, Union
 import numpy as np
 
 from . import backend, codec, inputs
-from .errors import KeyMismatchError, ParameterError
+from .errors import KeyFormatError, KeyMismatchError, ParameterError
 from .keys import Key, KeyBatch
 from .params import TreeParams
 
@@ -46,6 +46,17 @@ class TreeFunction:
     def batch_from_bytes(self, data: bytes, party: int | None = None) -> KeyBatch:
         """Strictly parses a `KeyBatch` of this function; raises `KeyFormatError` on anything else."""
         return codec.decode_batch(self.params, data, party)
+
+    def batch_from_keys(self, keys: Sequence[bytes], party: int) -> KeyBatch:
+        """One `KeyBatch` from many single-key encodings of `party` (as `Key.to_bytes()` makes
+        them), decoded in one vectorized pass; raises `KeyFormatError` if any is not such a key."""
+        p = self.params
+        header = p.header(party)
+        for k in keys:
+            if not isinstance(k, (bytes, bytearray)) or len(k) != p.key_size or bytes(k[: len(header)]) != header:
+                raise KeyFormatError(f"not a single key of {p.describe()} for party {party}")
+        blob = p.header(party, batch=True) + len(keys).to_bytes(8, "little") + b"".join(bytes(k[len(header):]) for k in keys)
+        return codec.decode_batch(p, blob, party)
 
     # --- gen -------------------------------------------------------------------------------
     def gen(self, alpha: int, beta: Payload = 1) -> tuple[Key, Key]:

@@ -133,3 +133,19 @@ def test_party_filter_and_batch_header():
         DPF(4).key_from_bytes(k0[0].to_bytes()[:1] + b"\x01" + k0[0].to_bytes()[2:])
     with pytest.raises(KeyFormatError, match="at least 16 bytes"):
         fn.batch_from_bytes(b"\x01\x81")
+
+
+def test_batch_from_single_keys_matches_the_batch_and_refuses_others():
+    fn = DCF(9, 32, 2)
+    k0, k1 = fn.gen_batch([1, 200, 511], [3, 4])
+    keys = [k0[i].to_bytes() for i in range(3)]
+    assert fn.batch_from_keys(keys, 0).to_bytes() == k0.to_bytes()
+    assert len(fn.batch_from_keys([], 0)) == 0
+    with pytest.raises(KeyFormatError, match="party 0"):
+        fn.batch_from_keys(keys[:2] + [k1[2].to_bytes()], 0)  # the other party's key
+    with pytest.raises(KeyFormatError):
+        fn.batch_from_keys(keys[:2] + [keys[2][:-1]], 0)
+    bad = bytearray(keys[1])
+    bad[8 + 16] |= 1  # a reserved bit: caught by the batch decode
+    with pytest.raises(KeyFormatError, match="reserved bit"):
+        fn.batch_from_keys([keys[0], bytes(bad)], 0)
