@@ -10,8 +10,9 @@ from .errors import DomainError, DpcdfError, ParameterError
 from .grid import Grid
 from .mechanisms import PathMechanism, TreeMechanism
 from .hosmer_lemeshow import HosmerLemeshow, hosmer_lemeshow
+from .hosmer_lemeshow_direct import NoisyHosmerLemeshow, hosmer_lemeshow_direct
 from .release import Release, prefix_counts, quantiles, release_ecdf
 from .roc import RocRelease, roc
 
-__all__ = ["DomainError", "DpcdfError", "Grid", "HosmerLemeshow", "ParameterError", "PathMechanism", "Release",
-           "RocRelease", "TreeMechanism", "hosmer_lemeshow", "metrics", "prefix_counts", "quantiles", "release_ecdf", "roc"]
+__all__ = ["DomainError", "DpcdfError", "Grid", "HosmerLemeshow", "NoisyHosmerLemeshow", "ParameterError", "PathMechanism", "Release",
+           "RocRelease", "TreeMechanism", "hosmer_lemeshow", "hosmer_lemeshow_direct", "metrics", "prefix_counts", "quantiles", "release_ecdf", "roc"]

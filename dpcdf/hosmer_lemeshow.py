@@ -52,16 +52,7 @@ def hosmer_lemeshow(probabilities, labels, epsilon: float, groups: int = 10, bit
     Raises ParameterError for probabilities outside [0, 1] or NaN, labels other than 0/1, fewer than
     3 groups, or a budget split outside (0, 1)."""
     epsilon = check_epsilon(epsilon)
-    p = np.asarray(probabilities, dtype=np.float64).reshape(-1)
-    y = np.asarray(labels).reshape(-1)
-    if p.size == 0 or p.size != y.size:
-        raise ParameterError(f"need as many labels as probabilities, and some: got {p.size} and {y.size}")
-    if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
-        raise ParameterError("probabilities must lie in [0, 1]")
-    if not np.isin(y, [0, 1]).all():
-        raise ParameterError("labels must be 0 or 1")
-    if not isinstance(groups, int) or groups < 3:
-        raise ParameterError(f"groups must be an int >= 3 (the test has groups - 2 degrees of freedom), got {groups!r}")
+    p, y = check_inputs(probabilities, labels, groups)
     if not 0 < split < 1:
         raise ParameterError(f"split must lie in (0, 1), got {split!r}")
     grid = Grid.uniform(0.0, 1.0, bits)
@@ -73,6 +64,22 @@ def hosmer_lemeshow(probabilities, labels, epsilon: float, groups: int = 10, bit
     ids = np.arange(groups, dtype=np.uint64)
     noisy = np.stack([sums[k] + noise(ids + np.uint64((k + 1) << 32), scale) for k, scale in enumerate(group_scales(epsilon, split))])
     return from_group_sums(noisy, np.concatenate([[0.0], inner, [1.0]]), epsilon, split)
+
+
+def check_inputs(probabilities, labels, groups: int) -> tuple[np.ndarray, np.ndarray]:
+    """Probabilities and labels as flat arrays, or ParameterError: probabilities outside [0, 1] or
+    NaN, labels other than 0/1, lengths that differ, fewer than 3 groups."""
+    p = np.asarray(probabilities, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels).reshape(-1)
+    if p.size == 0 or p.size != y.size:
+        raise ParameterError(f"need as many labels as probabilities, and some: got {p.size} and {y.size}")
+    if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
+        raise ParameterError("probabilities must lie in [0, 1]")
+    if not np.isin(y, [0, 1]).all():
+        raise ParameterError("labels must be 0 or 1")
+    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 3:
+        raise ParameterError(f"groups must be an int >= 3 (the test has groups - 2 degrees of freedom), got {groups!r}")
+    return p, y.astype(np.int64)
 
 
 def fixed_point(p) -> np.ndarray:
