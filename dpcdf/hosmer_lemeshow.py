@@ -12,6 +12,7 @@ E0 = n_q - E_q; its p-value is the chi-square tail with groups - 2 degrees of fr
 """
 from __future__ import annotations
 
+import numbers
 from dataclasses import dataclass
 import numpy as np
 from scipy import stats
@@ -77,7 +78,7 @@ def check_inputs(probabilities, labels, groups: int) -> tuple[np.ndarray, np.nda
         raise ParameterError("probabilities must lie in [0, 1]")
     if not np.isin(y, [0, 1]).all():
         raise ParameterError("labels must be 0 or 1")
-    if isinstance(groups, bool) or not isinstance(groups, int) or groups < 3:
+    if isinstance(groups, bool) or not isinstance(groups, numbers.Integral) or groups < 3:
         raise ParameterError(f"groups must be an int >= 3 (the test has groups - 2 degrees of freedom), got {groups!r}")
     return p, y.astype(np.int64)
 

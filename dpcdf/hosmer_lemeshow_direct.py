@@ -19,11 +19,16 @@ Sensitivity under substitution (n public, so the group sizes are fixed):
    |df/dO| = 2 |d| (1/E1' + 1/E0') <= 2 sqrt(2 C / m) =: a, and |df/dE| <= a + max(u/E1', v/E0')
    <= a + C / m =: b. min(f, C) has slope 0 where f > C, so these bound it along any segment.
 3. Hence |H_mC(x) - H_mC(x')| <= sum_g min(C, a |dO_g| + b |dE_g|) <= min(groups C, groups a + b).
-`tests/dp/test_hosmer_lemeshow_direct.py` checks 1 and 3 by brute force on small data.
+`tests/dp/test_hosmer_lemeshow_direct.py` checks 1 and 3 by brute force on small data, and data sets
+that reach the bound's two branches (to 0.97 and to 1).
+Floating point: floor and clip lie in [1e-3, 1e9] (so 2C/m is a normal float and the bound is accurate
+to a few ulps; it is rounded up by 1e-9 relative), and each E_g is a correctly rounded sum (fsum), so the
+computed H_mC is within a few ulps of the exact one, far below the rounding step below.
 """
 from __future__ import annotations
 
 import math
+import numbers
 from dataclasses import dataclass
 
 import numpy as np
@@ -36,12 +41,13 @@ from .noise import scale_fraction
 from .release import secure_node_noise
 
 STEPS = 4096  # the sensitivity in rounding steps: H_mC is rounded to sensitivity / (STEPS - 2)
+BOUNDS = (1e-3, 1e9)  # the range of floor and clip
 
 
 @dataclass(frozen=True)
 class NoisyHosmerLemeshow:
     statistic: float  # the DP estimate of H_mC, clamped to [0, groups * clip]
-    p_value: float  # chi-square tail, groups - 2 degrees of freedom
+    p_value: float  # chi-square(groups - 2) tail at `statistic`, as if it were H: it ignores the noise
     sensitivity: float
     floor: float
     clip: float
@@ -55,9 +61,10 @@ def default_clip(groups: int) -> float:
 
 
 def sensitivity(groups: int, floor: float, clip: float) -> float:
-    """The substitution sensitivity of H_mC: min(groups C, groups a + b), a = 2 sqrt(2C/m), b = a + C/m."""
+    """The substitution sensitivity of H_mC: min(groups C, groups a + b), a = 2 sqrt(2C/m), b = a + C/m
+    (rounded up by 1e-9 relative, far more than the float error for floor and clip in BOUNDS)."""
     a = 2 * math.sqrt(2 * clip / floor)
-    return min(groups * clip, groups * a + a + clip / floor)
+    return min(groups * clip, groups * a + a + clip / floor) * (1 + 1e-9)
 
 
 def rank_groups(probabilities: np.ndarray, labels: np.ndarray, groups: int) -> np.ndarray:
@@ -77,18 +84,21 @@ def bounded_statistic(probabilities, labels, groups: int = 10, floor: float = 5.
 
 
 def _bounded(p: np.ndarray, y: np.ndarray, groups: int, floor: float, clip: float) -> float:
-    group = rank_groups(p, y, groups)
-    s = np.bincount(group, minlength=groups).astype(np.float64)
-    e = np.bincount(group, weights=p, minlength=groups)
-    d = np.bincount(group, weights=y, minlength=groups) - e
+    order = np.lexsort((y, p))  # the order of rank_groups; group g holds ranks [cuts[g], cuts[g + 1])
+    ps, ys = p[order], y[order]
+    cuts = -(-np.arange(groups + 1) * p.size // groups)
+    s = np.diff(cuts).astype(np.float64)
+    e = np.array([math.fsum(ps[a:b]) for a, b in zip(cuts[:-1], cuts[1:])])
+    d = np.array([ys[a:b].sum() for a, b in zip(cuts[:-1], cuts[1:])], dtype=np.float64) - e
     terms = d * d / np.maximum(e, floor) + d * d / np.maximum(s - e, floor)
     return float(np.minimum(terms, clip).sum())
 
 
 def _check_bounds(floor: float, clip: float) -> tuple[float, float]:
+    lo, hi = BOUNDS
     for name, v in (("floor", floor), ("clip", clip)):
-        if isinstance(v, bool) or not isinstance(v, (int, float)) or not math.isfinite(v) or v <= 0:
-            raise ParameterError(f"{name} must be a finite number > 0, got {v!r}")
+        if isinstance(v, bool) or not isinstance(v, numbers.Real) or not lo <= v <= hi:
+            raise ParameterError(f"{name} must be a number in [{lo:g}, {hi:g}], got {v!r}")
     return float(floor), float(clip)
 
 
@@ -98,8 +108,9 @@ def hosmer_lemeshow_direct(probabilities, labels, epsilon: float, groups: int = 
     H_mC is rounded to steps of sensitivity / (STEPS - 2) and gets DLap(STEPS / epsilon) steps (the
     two spare steps absorb the rounding and float error); the clamp to [0, groups C] is post-processing.
     Central mode only: the servers of the two-server protocol cannot compute H without general MPC.
-    Raises ParameterError as `hosmer_lemeshow` does, for a floor or clip that is not a finite number
-    > 0, and for fewer people than groups."""
+    The p-value reads the noisy statistic as if it were H (the noise, and H_mC <= H, are not in it).
+    Raises ParameterError as `hosmer_lemeshow` does, for a floor or clip outside BOUNDS, and for fewer
+    people than groups."""
     epsilon = check_epsilon(epsilon)
     p, y = check_inputs(probabilities, labels, groups)
     if p.size < groups:
