@@ -137,7 +137,7 @@ class Analyst:
         edges = [int(i) for i in np.minimum(self.grid.index(inner), self.grid.size - 2)]
         sums, _ = self._ask({"kind": "groups", "edges": edges})
         bounds = np.concatenate([[0.0], self.grid.thresholds[edges], [1.0]])
-        return from_group_sums(sums.T, bounds, self.config.epsilon, self.config.split)
+        return from_group_sums(sums.T, bounds, self.config.epsilon, self.config.split, copies=2)
 
     def roc(self) -> RocRelease:
         """The DP ROC curve of a label task: element 0 counts positives, element 1 negatives."""

@@ -8,11 +8,15 @@ boundaries fixed, one person is in one group: a substitution changes each vector
 groups by at most one unit (2^16 for E), so each of the three vectors gets a third of phase 2's budget
 with sensitivity 2 (2^17). The whole release (boundaries, n_q, O_q, E_q and H) is epsilon-DP under
 substitution (n public). H = sum_q (O_q - E_q)^2 / E_q + (O0_q - E0_q)^2 / E0_q with O0 = n_q - O_q,
-E0 = n_q - E_q; its p-value is the chi-square tail with groups - 2 degrees of freedom.
+E0 = n_q - E_q; its p-value is the chi-square tail with groups - 2 degrees of freedom. That p-value reads
+the noisy H as if it were exact, and at small epsilon the noise alone makes it reject calibration (75% of
+calibrated data sets at epsilon 1, n = 20000); `noise_aware_p_value` simulates the noisy release under
+calibration and keeps the test's level.
 """
 from __future__ import annotations
 
 import numbers
+import secrets
 from dataclasses import dataclass
 import numpy as np
 from scipy import stats
@@ -29,7 +33,8 @@ FRACTION_BITS = 16
 @dataclass(frozen=True)
 class HosmerLemeshow:
     statistic: float
-    p_value: float
+    p_value: float  # chi-square(groups - 2 - dropped) tail at `statistic`, as if it were H
+    noise_aware_p_value: float  # the one to decide with at small epsilon: `noise_aware_p_value`
     boundaries: np.ndarray  # groups + 1 edges, 0 and 1 included
     counts: np.ndarray  # n_q (noisy)
     observed: np.ndarray  # O_q (noisy)
@@ -40,11 +45,38 @@ class HosmerLemeshow:
 
 def statistic(counts, observed, expected) -> tuple[float, int]:
     """H from per-group n, O, E; groups whose E or n - E is not positive are left out (and counted)."""
-    n, o, e = (np.asarray(a, dtype=np.float64) for a in (counts, observed, expected))
+    terms, ok = _terms(*(np.asarray(a, dtype=np.float64) for a in (counts, observed, expected)))
+    return float(terms.sum()), int((~ok).sum())
+
+
+def _terms(n: np.ndarray, o: np.ndarray, e: np.ndarray) -> tuple[np.ndarray, np.ndarray]:
+    """H's per-group terms (groups on the last axis), 0 where E or n - E is not positive."""
     e0, o0 = n - e, n - o
     ok = (e > 0) & (e0 > 0)
-    h = np.sum((o[ok] - e[ok]) ** 2 / e[ok] + (o0[ok] - e0[ok]) ** 2 / e0[ok])
-    return float(h), int((~ok).sum())
+    with np.errstate(divide="ignore", invalid="ignore"):
+        terms = (o - e) ** 2 / e + (o0 - e0) ** 2 / e0
+    return np.where(ok, terms, 0.0), ok
+
+
+def noise_aware_p_value(h: float, counts, expected, scales, copies: int = 1, draws: int = 2000) -> float:
+    """P(H* >= h), H* the statistic of simulated releases under calibration: per group O* ~ Binomial(n,
+    E / n) around the released n and E, then fresh Laplace noise of the release's scales (`copies`
+    servers' worth) on n, O and E. Without noise this reference is the law of H for labels drawn from
+    the probabilities (about chi-square(groups), more conservative than the groups - 2 that holds for a
+    model fitted on the same data). Post-processing of released values, so no privacy role: the
+    simulation uses numpy's generator (seeded from the OS)."""
+    rng = np.random.default_rng(secrets.randbits(128))
+    n = np.maximum(np.round(np.asarray(counts, dtype=np.float64)), 1.0)
+    e = np.clip(np.asarray(expected, dtype=np.float64), 0.0, n)
+    t_n, t_o, t_e = (float(t) for t in scales)
+    t_e /= 1 << FRACTION_BITS
+
+    def noisy(value, t):
+        return value + sum(rng.laplace(0.0, t, (draws, n.size)) for _ in range(copies))
+
+    o = rng.binomial(n.astype(np.int64), e / n, size=(draws, n.size))
+    terms, _ = _terms(noisy(n, t_n), noisy(o, t_o), noisy(e, t_e))
+    return float((1 + np.sum(terms.sum(axis=1) >= h)) / (draws + 1))
 
 
 def hosmer_lemeshow(probabilities, labels, epsilon: float, groups: int = 10, bits: int = 10, split: float = 0.5,
@@ -95,16 +127,18 @@ def group_scales(epsilon: float, split: float) -> list:
     return [scale_fraction(2, eps3), scale_fraction(2, eps3), scale_fraction(2 << FRACTION_BITS, eps3)]
 
 
-def from_group_sums(noisy: np.ndarray, edges: np.ndarray, epsilon: float, split: float) -> HosmerLemeshow:
-    """The statistic, its p-value and the statement from noisy per-group (n, O, E fixed point) sums."""
+def from_group_sums(noisy: np.ndarray, edges: np.ndarray, epsilon: float, split: float, copies: int = 1) -> HosmerLemeshow:
+    """The statistic, its p-values and the statement from noisy per-group (n, O, E fixed point) sums
+    carrying `copies` independent noises (2 over the two servers)."""
     n_hat, o_hat = noisy[0].astype(np.float64), noisy[1].astype(np.float64)
     e_hat = noisy[2] / float(1 << FRACTION_BITS)
     groups = n_hat.size
     h, dropped = statistic(n_hat, o_hat, e_hat)
     dof = max(groups - 2 - dropped, 1)
+    aware = noise_aware_p_value(h, n_hat, e_hat, group_scales(epsilon, split), copies)
     statement = (f"{epsilon:g}-DP under substitution (n public): {split * epsilon:g} for the ECDF of the probabilities "
                  f"(group boundaries), {(1 - split) * epsilon / 3:g} each for the group counts, observed and expected positives")
-    return HosmerLemeshow(h, float(stats.chi2.sf(h, dof)), edges, n_hat, o_hat, e_hat, dropped, statement)
+    return HosmerLemeshow(h, float(stats.chi2.sf(h, dof)), aware, edges, n_hat, o_hat, e_hat, dropped, statement)
 
 
 def exact_hosmer_lemeshow(probabilities, labels, boundaries) -> float:

@@ -32,7 +32,7 @@ import numbers
 from dataclasses import dataclass
 
 import numpy as np
-from scipy import stats
+from scipy import integrate, stats
 
 from .errors import ParameterError
 from .hosmer_lemeshow import check_inputs
@@ -47,7 +47,8 @@ BOUNDS = (1e-3, 1e9)  # the range of floor and clip
 @dataclass(frozen=True)
 class NoisyHosmerLemeshow:
     statistic: float  # the DP estimate of H_mC, clamped to [0, groups * clip]
-    p_value: float  # chi-square(groups - 2) tail at `statistic`, as if it were H: it ignores the noise
+    p_value: float  # chi-square(groups - 2) tail at `statistic`, as if it were H
+    noise_aware_p_value: float  # P(chi-square(groups - 2) + noise >= statistic): `laplace_p_value`
     sensitivity: float
     floor: float
     clip: float
@@ -102,13 +103,32 @@ def _check_bounds(floor: float, clip: float) -> tuple[float, float]:
     return float(floor), float(clip)
 
 
+def laplace_p_value(statistic: float, dof: int, noise_scale: float) -> float:
+    """P(X + L >= statistic) for X ~ chi-square(dof) (H under calibration) and L ~ Laplace(noise_scale)
+    (the release's noise, continuous in place of its fine discrete steps): the p-value of a released
+    value, so that noise alone does not read as miscalibration. Conservative for H_mC, since H_mC <= H.
+    A released 0 (clamped) has p-value 1."""
+    if statistic <= 0:
+        return 1.0
+
+    def density(u: float) -> float:
+        t = statistic - u  # P(L >= t)
+        tail = 0.5 * math.exp(-t / noise_scale) if t >= 0 else 1 - 0.5 * math.exp(t / noise_scale)
+        return stats.chi2.pdf(u, dof) * tail
+
+    below = integrate.quad(density, 0, statistic, limit=200)[0]
+    above = integrate.quad(density, statistic, np.inf, limit=200)[0]
+    return float(min(max(below + above, 0.0), 1.0))
+
+
 def hosmer_lemeshow_direct(probabilities, labels, epsilon: float, groups: int = 10, floor: float = 5.0,
                            clip: float | None = None, noise=secure_node_noise) -> NoisyHosmerLemeshow:
     """H_mC (module docstring) plus discrete Laplace noise: epsilon-DP under substitution (n public).
     H_mC is rounded to steps of sensitivity / (STEPS - 2) and gets DLap(STEPS / epsilon) steps (the
     two spare steps absorb the rounding and float error); the clamp to [0, groups C] is post-processing.
     Central mode only: the servers of the two-server protocol cannot compute H without general MPC.
-    The p-value reads the noisy statistic as if it were H (the noise, and H_mC <= H, are not in it).
+    `noise_aware_p_value` accounts for the noise (`laplace_p_value`): at small epsilon it stays near 1/2
+    whatever the data, where `p_value`, reading the noisy value as H, rejects calibration for the noise.
     Raises ParameterError as `hosmer_lemeshow` does, for a floor or clip outside BOUNDS, and for fewer
     people than groups."""
     epsilon = check_epsilon(epsilon)
@@ -119,8 +139,10 @@ def hosmer_lemeshow_direct(probabilities, labels, epsilon: float, groups: int = 
     delta = sensitivity(groups, floor, clip)
     step = delta / (STEPS - 2)
     rounded = round(_bounded(p, y, groups, floor, clip) / step)
-    noisy = rounded + int(noise(np.zeros(1, dtype=np.uint64), scale_fraction(STEPS, epsilon))[0])
+    scale = scale_fraction(STEPS, epsilon)
+    noisy = rounded + int(noise(np.zeros(1, dtype=np.uint64), scale)[0])
     h = min(max(noisy * step, 0.0), groups * clip)
     statement = (f"{epsilon:g}-DP under substitution (n public): the whole budget on the bounded statistic "
                  f"(floor {floor:g}, cap {clip:g} per group, sensitivity {delta:.4g})")
-    return NoisyHosmerLemeshow(h, float(stats.chi2.sf(h, groups - 2)), delta, floor, clip, statement)
+    aware = laplace_p_value(h, groups - 2, step * float(scale))
+    return NoisyHosmerLemeshow(h, float(stats.chi2.sf(h, groups - 2)), aware, delta, floor, clip, statement)

@@ -6,8 +6,9 @@ from hypothesis import strategies as st
 from sklearn.metrics import roc_auc_score, roc_curve
 
 import dpcdf
+from helpers import miscalibrated, null_rejections
 from dpcdf import Grid, ParameterError
-from dpcdf.hosmer_lemeshow import exact_hosmer_lemeshow
+from dpcdf.hosmer_lemeshow import exact_hosmer_lemeshow, group_scales, noise_aware_p_value
 from dpcdf.roc import l1_area
 
 
@@ -68,6 +69,30 @@ def test_hosmer_lemeshow_budget_and_error_shrink():
     err = {eps: np.mean([(dpcdf.hosmer_lemeshow(p, y, eps).statistic - exact) ** 2 for _ in range(6)]) for eps in (0.3, 30.0)}
     assert err[30.0] < err[0.3]
     assert "0.5 for the ECDF" in dpcdf.hosmer_lemeshow(p, y, 1.0).statement
+
+
+def test_noise_aware_p_value_keeps_the_level_under_calibration():
+    """200 calibrated data sets at eps = 1: the chi-square p-value of the noisy H rejects calibration
+    almost always (the noise alone inflates H); the noise-aware p-value rejects no more often than
+    the plain HL test on the same data and groups (+3 SE)."""
+    aware, naive, level = null_rejections(lambda p, y: dpcdf.hosmer_lemeshow(p, y, 1.0),
+                                          lambda p, y, hl: exact_hosmer_lemeshow(p, y, hl.boundaries), 5000, 200, 12)
+    assert aware <= level + 3 * np.sqrt(level * (1 - level) / 200)
+    assert naive > 0.5
+
+
+def test_noise_aware_p_value_still_rejects_a_miscalibrated_model():
+    p, y = miscalibrated(20000, 13)
+    assert dpcdf.hosmer_lemeshow(p, y, 1.0).noise_aware_p_value < 0.01
+
+
+def test_noise_aware_p_value_counts_every_servers_noise():
+    """Two servers' noise spreads the simulated statistic: the same value is less surprising."""
+    n, e = np.full(10, 500.0), np.linspace(50, 450, 10)
+    scales = group_scales(1.0, 0.5)
+    h = 60.0
+    one, two = (noise_aware_p_value(h, n, e, scales, copies=c, draws=20000) for c in (1, 2))
+    assert two > one + 0.05
 
 
 @pytest.mark.parametrize(

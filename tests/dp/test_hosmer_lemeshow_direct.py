@@ -6,11 +6,13 @@ import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
+from scipy import stats
 
 import dpcdf
+from helpers import miscalibrated, null_rejections
 from dpcdf import ParameterError
 from dpcdf.hosmer_lemeshow import exact_hosmer_lemeshow
-from dpcdf.hosmer_lemeshow_direct import STEPS, bounded_statistic, default_clip, rank_groups, sensitivity
+from dpcdf.hosmer_lemeshow_direct import STEPS, bounded_statistic, default_clip, laplace_p_value, rank_groups, sensitivity
 from dpcdf.noise import dlaplace_variance, scale_fraction
 
 PROBS = st.one_of(st.sampled_from([0.0, 1.0, 0.5, 0.25]), st.floats(0, 1))
@@ -160,7 +162,8 @@ def test_noise_free_release_is_the_bounded_statistic_rounded():
     assert abs(r.statistic - exact) <= r.sensitivity / (STEPS - 2)
     assert r.clip == default_clip(10) and r.floor == 5.0
     assert r.sensitivity == sensitivity(10, 5.0, default_clip(10))
-    assert "1-DP under substitution" in r.statement and 0 < r.p_value <= 1
+    assert "1-DP under substitution" in r.statement
+    assert r.p_value == pytest.approx(stats.chi2.sf(r.statistic, 8)) and 0 < r.noise_aware_p_value <= 1
 
 
 def test_noise_distribution_and_error_formula():
@@ -169,7 +172,7 @@ def test_noise_distribution_and_error_formula():
     rng = np.random.default_rng(3)  # the test's data only
     p = rng.beta(2, 2, 2000)
     y = (rng.random(2000) < 1 - p).astype(int)  # miscalibrated: H far from 0 and from the cap
-    eps, runs, floor, clip = 2.0, 3000, 100.0, 300.0
+    eps, runs, floor, clip = 2.0, 2000, 100.0, 300.0
     r0 = dpcdf.hosmer_lemeshow_direct(p, y, eps, floor=floor, clip=clip, noise=_zero)
     step = r0.sensitivity / (STEPS - 2)
     h = bounded_statistic(p, y, 10, floor, clip)
@@ -227,3 +230,34 @@ def test_numpy_integers_and_reals_are_accepted():
     a = dpcdf.hosmer_lemeshow_direct(p, y, 1.0, groups=np.int64(4), floor=np.float32(2.0), noise=_zero)
     b = dpcdf.hosmer_lemeshow_direct(p, y, 1.0, groups=4, floor=2.0, noise=_zero)
     assert a.statistic == b.statistic and a.sensitivity == b.sensitivity
+
+
+@pytest.mark.parametrize("h,scale", [(0.5, 37.0), (5.0, 1.0), (15.5, 0.01), (15.5, 37.0), (200.0, 37.0), (2000.0, 1000.0)])
+def test_laplace_p_value_is_the_tail_of_chi_square_plus_laplace(h, scale):
+    rng = np.random.default_rng(6)  # Monte Carlo reference only
+    draws = 200_000
+    x = rng.chisquare(8, draws) + rng.laplace(0, scale, draws)
+    mc = np.mean(x >= h)
+    assert abs(laplace_p_value(h, 8, scale) - mc) < 5 * np.sqrt(max(mc * (1 - mc), 1e-6) / draws)
+
+
+def test_laplace_p_value_tends_to_the_plain_one_without_noise():
+    for h in (3.0, 15.5, 30.0):
+        assert laplace_p_value(h, 8, 1e-4) == pytest.approx(stats.chi2.sf(h, 8), rel=1e-3, abs=1e-9)
+    assert laplace_p_value(0.0, 8, 5.0) == 1.0
+
+
+def test_under_calibration_the_noise_adds_no_false_rejections():
+    """400 calibrated data sets (y ~ Bernoulli(p)) at eps = 1: the noise-aware p-value rejects no more
+    often than the plain HL test on the same data (+3 SE), while reading the noisy value as H would
+    reject far more often."""
+    aware, naive, level = null_rejections(lambda p, y: dpcdf.hosmer_lemeshow_direct(p, y, 1.0, floor=20.0),
+                                          lambda p, y, r: bounded_statistic(p, y, 10, 1e-3, 1e9), 2000, 400, 8)
+    assert aware <= level + 3 * np.sqrt(level * (1 - level) / 400)
+    assert naive > 0.3
+
+
+def test_a_miscalibrated_model_is_still_rejected():
+    p, y = miscalibrated(20000, 9)
+    r = dpcdf.hosmer_lemeshow_direct(p, y, 5.0, floor=100.0, clip=400.0)
+    assert r.noise_aware_p_value < 1e-3 and r.p_value < 1e-3
