@@ -16,7 +16,7 @@ from .mechanisms import PathMechanism
 from .release import Release, finish_release
 from .hosmer_lemeshow import HosmerLemeshow, from_group_sums
 from .roc import RocRelease, rates
-from .task import TaskConfig
+from .task import MAX_QUERY_POINTS, TaskConfig
 
 
 class ServerError(DpcdfError):
@@ -50,13 +50,30 @@ class Analyst:
         self.config, self.token = config, token
         self.grid = config.make_grid()
         self.mechanism = config.make_mechanism()
+        self._closed = False
+
+    def close(self) -> int | None:
+        """Closes the collection on both servers and has them agree on one report set (see
+        `dpcdf.reconcile`): server 0's sealed bucket digests go to server 1, whose sealed list of
+        differing buckets goes back to server 0; both drop those buckets. Idempotent; the first
+        query calls it. Returns the number of reports (None under add/remove)."""
+        url = [f"{u}/tasks/{self.config.task_id}/close" for u in self.config.servers]
+        first = http("POST", url[0], b"{}", self.token)
+        second = http("POST", url[1], json.dumps({"sync": first["sync"]}).encode(), self.token)
+        third = http("POST", url[0], json.dumps({"sync": second["sync"]}).encode(), self.token)
+        if third["reports_hash"] != second["reports_hash"]:
+            raise ServerError("the servers could not agree on one report set")
+        self._closed = True
+        return third["n"]
 
     def _ask(self, question: dict) -> tuple[np.ndarray, int]:
+        if not self._closed:
+            self.close()
         body = json.dumps(question).encode()
         answers = [http("POST", f"{url}/tasks/{self.config.task_id}/query", body, self.token) for url in self.config.servers]
         if answers[0]["reports_hash"] != answers[1]["reports_hash"]:
-            raise ServerError("the servers closed the task on different report sets (an upload reached only one of "
-                              "them); their answers do not add up")
+            raise ServerError("the servers answer from different report sets (a query reached a server before "
+                              "the close reconciled them); their answers do not add up")
         s0 = np.array([int(v) for v in answers[0]["shares"]], np.uint64)
         s1 = np.array([int(v) for v in answers[1]["shares"]], np.uint64)
         total = (s0 + s1).view(np.int64)
@@ -66,7 +83,10 @@ class Analyst:
 
     def prefix_counts(self, indices) -> tuple[np.ndarray, int]:
         """Noisy counts #{v : index(v) <= i} (int64) at grid indices, and n."""
-        return self._ask({"kind": "prefix", "indices": [int(i) for i in indices]})
+        idx = [int(i) for i in indices]
+        parts = [self._ask({"kind": "prefix", "indices": idx[k:k + MAX_QUERY_POINTS]})
+                 for k in range(0, max(len(idx), 1), MAX_QUERY_POINTS)]
+        return np.concatenate([p[0] for p in parts]), parts[0][1]
 
     def _total(self, n: int) -> float:
         """n when public (substitution); else the noisy count at the last grid index."""

@@ -45,7 +45,15 @@ def scale_fraction(sensitivity: int, epsilon: float) -> Fraction:
         eps = Fraction(math.floor(Fraction(epsilon) * _MAX_DEN), _MAX_DEN)
     if eps <= 0:
         raise ParameterError(f"epsilon {epsilon!r} is too small to represent")
-    return Fraction(sensitivity) / eps
+    return check_scale(Fraction(sensitivity) / eps)
+
+
+def check_scale(scale: Fraction) -> Fraction:
+    """The sampler's range: numerator and denominator below 2^40 (keeps den * k and u + t * v inside
+    int64); so epsilon / sensitivity stays below about 10^12."""
+    if scale.numerator >= 1 << 40 or scale.denominator >= 1 << 40:
+        raise ParameterError(f"noise scale {scale} is out of range (epsilon too large for its sensitivity)")
+    return scale
 
 
 def dlaplace_variance(scale: Fraction | float) -> float:
@@ -138,8 +146,7 @@ def _sample(streams, count: int, scale: Fraction) -> np.ndarray:
     words of each row's stream. A row that runs out is run again on a 16x longer prefix of the
     *same* stream, so its sample is what an endless stream would give: redrawing it from fresh
     randomness instead would bias the result (long draws are the large values)."""
-    if scale.numerator >= 1 << 40 or scale.denominator >= 1 << 40:  # keeps den * k and u + t * v inside int64
-        raise ParameterError(f"noise scale {scale} is out of range")
+    check_scale(scale)
     out = np.zeros(count, np.int64)
     todo = np.arange(count)
     words = 48

@@ -3,8 +3,9 @@
     dpcdf serve --party 0 --port 8000 --data DIR
 
 Endpoints: GET /health, GET /hpke (this server's HPKE public key), POST /tasks (register a task),
-POST /tasks/{id}/reports (one report) and /tasks/{id}/reports/batch, POST /tasks/{id}/query (the
-analyst, with its bearer token), GET /tasks/{id} (status). A report is acknowledged only once its
+POST /tasks/{id}/reports (one report) and /tasks/{id}/reports/batch, and for the analyst, with its
+bearer token: POST /tasks/{id}/close (close the collection; relays the servers' reconciliation, see
+`reconcile`), POST /tasks/{id}/query, GET /tasks/{id} (status). A report is acknowledged only once its
 key share is committed to disk; a malformed, truncated, wrongly sealed, foreign or duplicate report
 gets a 4xx with a message and is not stored. Secrets (noise seeds, key shares, the HPKE private key)
 never appear in responses or logs.
@@ -28,8 +29,9 @@ from .client import Report, ReportError, decode_batch, open_share
 from .errors import DpcdfError
 from .hosmer_lemeshow import group_scales
 from .hpke import KEMS, ServerKeys
-from .store import CollectionClosed, Store
-from .task import TaskConfig, token_hash
+from . import reconcile
+from .store import AlreadyAnswered, CollectionClosed, Store
+from .task import MAX_QUERY_POINTS, TaskConfig, token_hash
 
 MAX_BODY = 64 << 20
 TESTING_ENV = "DPCDF_TESTING"
@@ -44,8 +46,10 @@ class HttpError(Exception):
 class TaskState:
     """A task's config, aggregator and the cache of key shares loaded from the store."""
 
-    def __init__(self, config: TaskConfig, party: int, seed: bytes, noise: bool):
+    def __init__(self, config: TaskConfig, party: int, seed: bytes, noise: bool, keys: ServerKeys):
         self.config = config
+        peer = bytes.fromhex(config.hpke_keys[1 - party])[-32:]  # X25519's part, for either KEM
+        self.pair_key = reconcile.pair_key(keys.x25519, peer, config.fingerprint)
         self.dcf = config.dcf()
         self.aggregator = Aggregator(self.dcf, config.make_mechanism(), seed, config.task_id, noise)
         self.shards: list[KeyBatch] = []
@@ -62,6 +66,9 @@ class TaskState:
                 if len(self.shards) > 8:
                     self.shards = [KeyBatch.concatenate(self.shards)]
             return list(self.shards)
+
+    def set_hash(self, ids: list[bytes]) -> str:
+        return reconcile.set_hash(self.pair_key, ids)
 
 
 def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
@@ -113,7 +120,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
                 row = store.task(task_id)
                 if row is None:
                     raise HttpError(404, f"unknown task {task_id}")
-                tasks[task_id] = TaskState(TaskConfig.from_json(row[0]), party, row[1], noise)
+                tasks[task_id] = TaskState(TaskConfig.from_json(row[0]), party, row[1], noise, keys)
             return tasks[task_id]
 
     def authorize(request: Request, st: TaskState) -> None:
@@ -211,48 +218,103 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         return {"task_id": task_id, "reports": n if st.config.n_public else None, "closed": frozen is not None,
                 "min_batch": st.config.min_batch}
 
-    @app.post("/tasks/{task_id}/query")
-    async def query(task_id: str, request: Request):
-        st = state(task_id)
-        authorize(request, st)
+    def json_body(raw: bytes) -> object:
         try:
-            q = json.loads(await body(request))
-        except ValueError:
-            raise HttpError(400, "the query must be JSON") from None
+            return json.loads(raw or b"{}")
+        except (ValueError, RecursionError):
+            raise HttpError(400, "the body must be JSON") from None
+
+    def freeze(st: TaskState) -> tuple[int, int, str]:
+        task_id = st.config.task_id
         if store.frozen(task_id) is None and store.count(task_id) < st.config.min_batch:
             raise HttpError(403, f"the task has {store.count(task_id)} reports; queries need at least {st.config.min_batch}")
-        upto, n, digest = store.freeze(task_id)  # the first query closes the collection
-        public_n = n if st.config.n_public else None  # under add/remove n itself is not released
-        shards = st.refresh(store, upto)
+        return store.freeze(task_id, st.set_hash)
+
+    def drop_buckets(st: TaskState, which: np.ndarray) -> tuple[int, int, str]:
+        task_id = st.config.task_id
+        ids = store.frozen_ids(task_id)
+        gone = np.isin(reconcile.buckets(st.pair_key, ids), which) if ids else np.zeros(0, bool)
+        try:
+            return store.exclude(task_id, [i for i, g in zip(ids, gone) if g], st.set_hash)
+        except AlreadyAnswered:
+            raise HttpError(409, "the servers' report sets differ and this server has already answered: "
+                                 "the task cannot be reconciled") from None
+
+    @app.post("/tasks/{task_id}/close")
+    async def close(task_id: str, request: Request):
+        """Server 0 without a message: closes, returns its sealed bucket digests. Server 1 with them:
+        closes, drops the buckets that differ, returns the sealed list. Server 0 with that: drops them."""
+        st = state(task_id)
+        authorize(request, st)
+        msg = json_body(await body(request))
+        sync = msg.get("sync") if isinstance(msg, dict) else None
+        fp = st.config.fingerprint
+        _, n, digest = freeze(st)
+        reply = None
+        try:
+            if party == 0 and sync is None:
+                reply = reconcile.seal(st.pair_key, 0, fp, reconcile.bucket_digests(st.pair_key, store.frozen_ids(task_id)))
+            elif party == 1 and sync is not None:
+                theirs = reconcile.open_sealed(st.pair_key, 0, fp, sync, reconcile.BUCKETS * reconcile.DIGEST)
+                differ = reconcile.differing(reconcile.bucket_digests(st.pair_key, store.frozen_ids(task_id)), theirs)
+                if differ.size:
+                    _, n, digest = drop_buckets(st, differ)
+                reply = reconcile.seal(st.pair_key, 1, fp, reconcile.bitmap(differ))
+            elif party == 0:
+                differ = reconcile.from_bitmap(reconcile.open_sealed(st.pair_key, 1, fp, sync, reconcile.BUCKETS // 8))
+                if differ.size:
+                    _, n, digest = drop_buckets(st, differ)
+            else:
+                raise HttpError(400, "server 1 closes with server 0's sync message")
+        except reconcile.SyncError as exc:
+            raise HttpError(400, str(exc)) from None
+        return {"party": party, "closed": True, "n": n if st.config.n_public else None, "reports_hash": digest, "sync": reply}
+
+    def parse_query(st: TaskState, q: object) -> tuple[str, object]:
+        """The query's kind and argument, checked before anything is frozen or answered."""
         size = st.aggregator.mechanism.size
         kind = q.get("kind") if isinstance(q, dict) else None
         if st.config.payload == "calibration" and kind == "groups":
             edges = q.get("edges")
-            if (not isinstance(edges, list) or not all(isinstance(e, int) and 0 <= e < size - 1 for e in edges)
+            if (not isinstance(edges, list) or not all(type(e) is int and 0 <= e < size - 1 for e in edges)
                     or any(b < a for a, b in zip(edges, edges[1:]))):
                 raise HttpError(400, f"edges must be non-decreasing grid indices in [0, {size - 1})")
-            if store.fix_release(task_id, "groups", json.dumps(edges)) != json.dumps(edges):
-                raise HttpError(403, "this task's groups are already released with other boundaries: the budget is spent")
-            scales = group_scales(st.config.epsilon, st.config.split)
-            shares = st.aggregator.group_shares(shards, np.array(edges, np.int64), scales)
-        elif kind == "prefix":
+            return kind, edges
+        if kind == "prefix":
             idx = q.get("indices")
-            if not isinstance(idx, list) or not idx or not all(isinstance(i, int) and 0 <= i < size for i in idx):
+            if not isinstance(idx, list) or not idx or not all(type(i) is int and 0 <= i < size for i in idx):
                 raise HttpError(400, f"indices must be a non-empty list of grid indices in [0, {size})")
-            shares = st.aggregator.prefix_shares(shards, np.array(idx, np.int64))
-        elif kind == "nodes":
-            mech = st.aggregator.mechanism
+            if len(idx) > MAX_QUERY_POINTS:
+                raise HttpError(400, f"at most {MAX_QUERY_POINTS} indices per query")
+            return kind, idx
+        if kind == "nodes":
             level = q.get("level")
-            if st.config.mechanism != "tree" or not isinstance(level, int) or level not in mech.released_levels():
+            if st.config.mechanism != "tree" or type(level) is not int or level not in st.aggregator.mechanism.released_levels():
                 raise HttpError(400, "node queries need the tree mechanism and a released level")
-            shares = st.aggregator.node_shares(shards, level)
+            return kind, level
+        raise HttpError(400, "kind must be 'prefix', 'nodes' or (calibration tasks) 'groups'")
+
+    @app.post("/tasks/{task_id}/query")
+    async def query(task_id: str, request: Request):
+        st = state(task_id)
+        authorize(request, st)
+        kind, arg = parse_query(st, json_body(await body(request)))
+        upto, n, digest = freeze(st)  # the first query closes the collection, if no close did
+        if kind == "groups" and store.fix_release(task_id, "groups", json.dumps(arg)) != json.dumps(arg):
+            raise HttpError(403, "this task's groups are already released with other boundaries: the budget is spent")
+        store.mark_answered(task_id)
+        shards = st.refresh(store, upto)
+        if kind == "groups":
+            shares = st.aggregator.group_shares(shards, np.array(arg, np.int64), group_scales(st.config.epsilon, st.config.split))
+        elif kind == "prefix":
+            shares = st.aggregator.prefix_shares(shards, np.array(arg, np.int64))
         else:
-            raise HttpError(400, "kind must be 'prefix', 'nodes' or (calibration tasks) 'groups'")
+            shares = st.aggregator.node_shares(shards, arg)
         if st.config.payload == "calibration" and kind != "groups":
             shares = shares[:, 0]  # only the ECDF of the probabilities: the other elements go out as group sums
         store.log_query(task_id, kind, int(shares.size))
         width = 1 if shares.ndim == 1 else shares.shape[1]
-        return {"party": party, "n": public_n, "reports_hash": digest, "width": width,
+        return {"party": party, "n": n if st.config.n_public else None, "reports_hash": digest, "width": width,
                 "shares": [str(int(v)) for v in shares.reshape(-1)]}
 
     return app

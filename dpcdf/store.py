@@ -3,7 +3,6 @@ key shares (acknowledged only after the transaction commits), report ids for rep
 the query log."""
 from __future__ import annotations
 
-import hashlib
 import os
 import sqlite3
 import threading
@@ -14,6 +13,10 @@ class CollectionClosed(Exception):
     """The task has been queried: its report set is fixed."""
 
 
+class AlreadyAnswered(Exception):
+    """The task has answered a query: its report set can no longer shrink."""
+
+
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS tasks (task_id TEXT PRIMARY KEY, config TEXT NOT NULL, fingerprint BLOB NOT NULL,
                                   noise_seed BLOB NOT NULL, created REAL NOT NULL);
@@ -22,6 +25,7 @@ CREATE TABLE IF NOT EXISTS reports (seq INTEGER PRIMARY KEY AUTOINCREMENT, task_
                                     UNIQUE (task_id, report_id));
 CREATE TABLE IF NOT EXISTS releases (task_id TEXT NOT NULL, kind TEXT NOT NULL, params TEXT NOT NULL,
                                      PRIMARY KEY (task_id, kind));
+CREATE TABLE IF NOT EXISTS excluded (task_id TEXT NOT NULL, report_id BLOB NOT NULL, PRIMARY KEY (task_id, report_id));
 CREATE TABLE IF NOT EXISTS queries (task_id TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL, points INTEGER NOT NULL);
 """
 
@@ -59,19 +63,55 @@ class Store:
         seq, count, digest = row[0].split(":")
         return int(seq), int(count), digest
 
-    def freeze(self, task_id: str) -> tuple[int, int, str]:
-        """Closes the task's collection (at its first query): later uploads are refused and every
-        answer comes from this set. Fixed per-node noise is only safe on a fixed data set: on a
-        growing one, two answers' difference would be a new report's exact contribution."""
+    def freeze(self, task_id: str, set_hash) -> tuple[int, int, str]:
+        """Closes the task's collection (at its close or first query): later uploads are refused and
+        every answer comes from this set. Fixed per-node noise is only safe on a fixed data set: on a
+        growing one, two answers' difference would be a new report's exact contribution.
+        `set_hash(ids)` names the set (keyed: see reconcile)."""
         with self.lock:
             done = self.frozen(task_id)
             if done is not None:
                 return done
             rows = self.db.execute("SELECT seq, report_id FROM reports WHERE task_id = ?", (task_id,)).fetchall()
             seq = max((r[0] for r in rows), default=0)
-            digest = hashlib.sha256(b"".join(sorted(bytes(r[1]) for r in rows))).hexdigest()
+            digest = set_hash([bytes(r[1]) for r in rows])
             self.db.execute("INSERT INTO releases VALUES (?, 'frozen', ?)", (task_id, f"{seq}:{len(rows)}:{digest}"))
             return seq, len(rows), digest
+
+    def frozen_ids(self, task_id: str) -> list[bytes]:
+        """The report ids of the closed set (excluded ones left out)."""
+        with self.lock:
+            return [bytes(r[0]) for r in self.db.execute(
+                "SELECT report_id FROM reports WHERE task_id = ? AND seq <= ? AND report_id NOT IN "
+                "(SELECT report_id FROM excluded WHERE task_id = ?)", (task_id, self.frozen(task_id)[0], task_id))]
+
+    def exclude(self, task_id: str, ids: list[bytes], set_hash) -> tuple[int, int, str]:
+        """Drops reports from the closed set (they stay stored), before any answer: after one, a
+        smaller set would let two answers differ by the dropped reports' exact contribution."""
+        with self.lock:
+            if self.answered(task_id):
+                raise AlreadyAnswered(task_id)
+            seq = self.frozen(task_id)[0]
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                self.db.executemany("INSERT OR IGNORE INTO excluded VALUES (?, ?)", ((task_id, i) for i in ids))
+                kept = [bytes(r[0]) for r in self.db.execute(
+                    "SELECT report_id FROM reports WHERE task_id = ? AND seq <= ? AND report_id NOT IN "
+                    "(SELECT report_id FROM excluded WHERE task_id = ?)", (task_id, seq, task_id))]
+                params = f"{seq}:{len(kept)}:{set_hash(kept)}"
+                self.db.execute("UPDATE releases SET params = ? WHERE task_id = ? AND kind = 'frozen'", (params, task_id))
+                self.db.execute("COMMIT")
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            return seq, len(kept), params.split(":")[2]
+
+    def answered(self, task_id: str) -> bool:
+        return self.db.execute("SELECT 1 FROM releases WHERE task_id = ? AND kind = 'answered'", (task_id,)).fetchone() is not None
+
+    def mark_answered(self, task_id: str) -> None:
+        with self.lock:
+            self.db.execute("INSERT OR IGNORE INTO releases VALUES (?, 'answered', '')", (task_id,))
 
     def add_reports(self, task_id: str, items: list[tuple[bytes, bytes]]) -> list[bool]:
         """Inserts (report id, key share) pairs in one committed transaction; False where the id
@@ -117,8 +157,9 @@ class Store:
 
     def shares_since(self, task_id: str, seq: int, upto: int) -> tuple[list[bytes], int]:
         with self.lock:
-            rows = self.db.execute("SELECT seq, key_share FROM reports WHERE task_id = ? AND seq > ? AND seq <= ? ORDER BY seq",
-                                   (task_id, seq, upto)).fetchall()
+            rows = self.db.execute("SELECT seq, key_share FROM reports WHERE task_id = ? AND seq > ? AND seq <= ? AND report_id "
+                                   "NOT IN (SELECT report_id FROM excluded WHERE task_id = ?) ORDER BY seq",
+                                   (task_id, seq, upto, task_id)).fetchall()
         return [bytes(r[1]) for r in rows], (rows[-1][0] if rows else seq)
 
     def fix_release(self, task_id: str, kind: str, params: str) -> str:

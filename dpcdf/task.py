@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import hashlib
 import json
+import re
 import secrets
 from dataclasses import asdict, dataclass, field
 
@@ -14,11 +15,14 @@ from fss import DCF
 
 from .errors import ParameterError
 from .grid import Grid
+from .hosmer_lemeshow import group_scales
 from .hpke import check_kem
 from .mechanisms import PathMechanism, TreeMechanism, check_epsilon, check_relation
 
 FORMAT = "dpcdf-task/v1"
 OUT_BITS = 64
+MAX_TREE_SIZE = 1 << 20
+MAX_QUERY_POINTS = 1 << 16  # prefix indices per query (the analyst splits larger requests)
 
 
 @dataclass(frozen=True)
@@ -47,6 +51,12 @@ class TaskConfig:
     format: str = FORMAT
 
     def __post_init__(self) -> None:
+        if not isinstance(self.task_id, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.task_id):
+            raise ParameterError(f"task_id must be 1 to 64 letters, digits, '-' or '_', got {self.task_id!r}")
+        if not all(isinstance(v, str) for v in (*self.servers, *self.hpke_keys, self.token_hash, self.kem)):
+            raise ParameterError("servers, hpke_keys, token_hash and kem are strings")
+        if not isinstance(self.grid, dict):
+            raise ParameterError(f"grid must be an object, got {self.grid!r:.80}")
         check_epsilon(self.epsilon)
         check_relation(self.relation)
         if self.mechanism not in ("path", "tree"):
@@ -66,18 +76,28 @@ class TaskConfig:
         if self.relation == "add-remove" and self.min_batch != 1:
             raise ParameterError("under add/remove the number of reports is private, and a minimum-batch gate would "
                                  "reveal it (uploads can probe it): use min_batch=1")
-        self.make_mechanism()  # validates the grid and that the mechanism can be built
+        if self.mechanism == "tree" and self.make_grid().size > MAX_TREE_SIZE:
+            raise ParameterError(f"the tree mechanism takes grids of up to {MAX_TREE_SIZE} points in a task "
+                                 "(its planning would stall the server): use the path mechanism")
+        self.make_mechanism()  # validates the grid, the noise scales and that the mechanism can be built
+        if self.payload == "calibration":
+            group_scales(self.epsilon, self.split)  # the group sums' noise scales are in range
 
     # --- derived ------------------------------------------------------------------------------
     def make_grid(self) -> Grid:
         g = self.grid
         kind = g.get("kind")
-        if kind == "uniform":
-            return Grid.uniform(float(g["lo"]), float(g["hi"]), int(g["bits"]))
-        if kind == "log":
-            return Grid.log(float(g["lo"]), float(g["hi"]), int(g["bits"]))
-        if kind == "thresholds":
-            return Grid.from_thresholds(np.asarray(g["values"], dtype=np.float64))
+        try:
+            if kind == "uniform":
+                return Grid.uniform(float(g["lo"]), float(g["hi"]), int(g["bits"]))
+            if kind == "log":
+                return Grid.log(float(g["lo"]), float(g["hi"]), int(g["bits"]))
+            if kind == "thresholds":
+                return Grid.from_thresholds(np.asarray(g["values"], dtype=np.float64))
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            if isinstance(exc, ParameterError):
+                raise
+            raise ParameterError(f"not a {kind} grid: {exc!r:.120}") from None
         raise ParameterError(f"unknown grid kind {kind!r}")
 
     @property
@@ -118,8 +138,10 @@ class TaskConfig:
             d = json.loads(text)
             d["servers"], d["hpke_keys"] = tuple(d["servers"]), tuple(d["hpke_keys"])
             return cls(**d)
-        except (ValueError, TypeError, KeyError) as exc:
-            raise ParameterError(f"not a task configuration: {exc}") from None
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+            if isinstance(exc, ParameterError):
+                raise
+            raise ParameterError(f"not a task configuration: {exc!r:.200}") from None
 
     @property
     def fingerprint(self) -> bytes:

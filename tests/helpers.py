@@ -54,3 +54,16 @@ def miscalibrated(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
     rng = np.random.default_rng(seed)  # the test's data only
     p = rng.beta(2, 2, n)
     return p, (rng.random(n) < np.sqrt(p)).astype(int)
+
+
+# --- the two-server system tests -----------------------------------------------------------------
+GRID = {"kind": "uniform", "lo": 0.0, "hi": 100.0, "bits": 6}
+TESTING = {"DPCDF_TESTING": "1"}
+
+
+def values(n: int, seed: int) -> np.ndarray:
+    return np.random.default_rng(seed).uniform(0, 100, n)  # the simulated data only
+
+
+def urls(pair) -> list[str]:
+    return [url for _, url, _ in pair]

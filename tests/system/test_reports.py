@@ -1,4 +1,6 @@
 """Reports: the wire format, and standard RFC 9180 sealing (another implementation opens them)."""
+import json
+
 import numpy as np
 import pytest
 from Crypto.Protocol import HPKE
@@ -73,3 +75,27 @@ def test_batch_codec_and_its_errors():
     for bad in (b"", b"\x05\x00\x00\x00", encode_batch(raws)[:-1], encode_batch(raws) + b"x"):
         with pytest.raises(ReportError):
             decode_batch(bad)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"grid": [1, 2]}, "grid must be an object"),
+        ({"grid": {"kind": "uniform", "lo": 0, "hi": 1, "bits": "x"}}, "not a uniform grid"),
+        ({"grid": {"kind": "uniform", "lo": 0, "hi": 1, "bits": 24}}, "up to 1048576 points"),
+        ({"task_id": ["a"]}, "task_id must be"),
+        ({"task_id": "../x"}, "task_id must be"),
+        ({"token_hash": 5}, "strings"),
+        ({"epsilon": 1e13}, "out of range"),
+        ({"payload": "calibration", "split": 1e-9}, "epsilon must be at least"),
+    ],
+)
+def test_task_configs_that_cannot_work_are_refused_when_made(change, message):
+    """A server answers 400 to these at registration instead of failing at the first query."""
+    from dpcdf.errors import ParameterError
+
+    base = json.loads(_config()[0].to_json()) | {"mechanism": "tree"}
+    with pytest.raises(ParameterError, match=message):
+        TaskConfig.from_json(json.dumps(base | change))
+    with pytest.raises(ParameterError, match="not a task configuration"):
+        TaskConfig.from_json("[" * 100000)
