@@ -28,6 +28,12 @@ def parse_grid(spec: str) -> dict:
     raise DpcdfError(f"grid must be uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,..., got {spec!r}")
 
 
+def _min_batch(args) -> int:
+    if args.min_batch is not None:
+        return args.min_batch
+    return 100 if args.relation == "substitution" else 0
+
+
 def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, relation: str, min_batch: int,
                 kem: str = "x25519", payload: str = "count", split: float = 0.5) -> tuple[TaskConfig, str]:
     """Fetches both servers' HPKE keys, registers the task with both, returns it and the analyst token."""
@@ -93,7 +99,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--epsilon", type=float, required=True)
     t.add_argument("--mechanism", default="tree", choices=["tree", "path"])
     t.add_argument("--relation", default="substitution", choices=["substitution", "add-remove"])
-    t.add_argument("--min-batch", type=int, default=100)
+    t.add_argument("--min-batch", type=int, default=None, help="queries wait for this many reports "
+                   "(default 100 under substitution; under add/remove it must be 0)")
     t.add_argument("--kem", default="x25519", choices=["x25519", "mlkem768-x25519"], help="HPKE KEM of the sealed shares")
     t.add_argument("--out", default="task.json")
     u = sub.add_parser("submit", help="report values (arguments or a CSV column) to both servers")
@@ -122,7 +129,7 @@ def main(argv: list[str] | None = None) -> int:
             serve(args.party, args.port, args.data, args.host, noise=not args.no_noise)
         elif args.cmd == "task":
             config, token = create_task(args.servers, parse_grid(args.grid), args.epsilon, args.mechanism,
-                                        args.relation, args.min_batch, args.kem)
+                                        args.relation, _min_batch(args), args.kem)
             Path(args.out).write_text(config.to_json())
             fd = os.open(args.out + ".token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:

@@ -141,12 +141,13 @@ class TreeMechanism:
             self.budgets = _plan(self.size, self.branching, self.epsilon, self.relation)[0]
         if len(self.budgets) != len(noised) or min(self.budgets) <= 0:
             raise ParameterError(f"need {len(noised)} positive level budgets, got {self.budgets}")
-        if sum(self.budgets) > self.epsilon * (1 + 1e-12):
-            raise ParameterError(f"level budgets {self.budgets} exceed epsilon {self.epsilon}")
         delta = self.level_sensitivity(self.relation)
         self.scales = [None] * (self.shape.height + 1)
         for level, eps_l in zip(noised, self.budgets):
             self.scales[level] = scale_fraction(delta, eps_l)
+        # exactly, with the budgets as the sampler uses them (each rounded down to a rational)
+        if sum(delta / self.scales[level] for level in noised) > Fraction(self.epsilon):
+            raise ParameterError(f"level budgets {self.budgets} exceed epsilon {self.epsilon}")
 
     def noised_levels(self) -> list[int]:
         """Levels with noisy counts: all below the root; the root too under add/remove, but only when
@@ -281,7 +282,7 @@ def _plan(size: int, b: int, epsilon: float, relation: str) -> tuple[tuple[float
     top = shape.height + (1 if root_noised else 0)
     n_l = shape.covering_counts()[:top].astype(np.float64)
     weights = np.cbrt(np.maximum(n_l, 1e-9))
-    budgets = epsilon * weights / weights.sum()
+    budgets = epsilon * (1 - 1e-12) * weights / weights.sum()  # the margin keeps the exact float sum <= epsilon
     delta = 2 if relation == "substitution" else 1
     mse = float((n_l * 2 * (delta / budgets) ** 2).sum() / size)
     return tuple(float(e) for e in budgets), mse

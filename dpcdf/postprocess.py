@@ -30,7 +30,7 @@ def monotone(y: np.ndarray, lo: float = 0.0, hi: float = np.inf, p: int = 2, las
             weights[-1] = 1e12 * y.size  # pools ending at the fixed point take its value
         x = isotonic_regression(y, weights=weights, increasing=True).x
     elif p == 1:
-        x = _isotonic_l1(y, fixed_last=last is not None)
+        x = np.maximum.accumulate(_isotonic_l1(y, fixed_last=last is not None))  # exact where the LP is within tolerance
     else:
         raise ParameterError(f"p must be 1 or 2, got {p!r}")
     x = np.clip(x, lo, hi)

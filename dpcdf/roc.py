@@ -4,10 +4,12 @@ the negatives' scores.
 Convention (scikit-learn's): a score at or above the threshold predicts positive. On the grid, the
 threshold t_i predicts positive for index(score) >= i, so TPR_i = #{positives with index >= i} / P.
 
-Privacy: each person is in exactly one of the two ECDFs. A substitution (one person's score and label
-change) removes one unit from one ECDF and adds one to one ECDF, so each curve sees at most one
-addition or removal: each curve is released epsilon/2-DP under add/remove, and together they are
+Privacy: each person is in exactly one of the two ECDFs, and each curve is released epsilon/2-DP
+under add/remove. A substitution (one person's score and label change) is one removal and one
+addition, either both in one curve (2 x epsilon/2) or one in each (epsilon/2 + epsilon/2): together
 epsilon-DP under substitution (n public; P and N are not, so they are estimated from the curves).
+The two curves draw their node noise from separate id domains, so a deterministic noise function
+(like the servers' PRF) never gives both the same noise, which would cancel in their difference.
 """
 from __future__ import annotations
 
@@ -62,9 +64,14 @@ def roc(scores, labels, grid: Grid, epsilon: float, mechanism: str = "auto", noi
         raise ParameterError("labels must be 0 or 1")
     if y.min() == y.max():
         raise ParameterError("a ROC curve needs both classes in the data")
-    pos = release_ecdf(s[y == 1], grid, epsilon / 2, mechanism, "add-remove", noise=noise)
-    neg = release_ecdf(s[y == 0], grid, epsilon / 2, mechanism, "add-remove", noise=noise)
+    pos = release_ecdf(s[y == 1], grid, epsilon / 2, mechanism, "add-remove", noise=_domain(noise, 1))
+    neg = release_ecdf(s[y == 0], grid, epsilon / 2, mechanism, "add-remove", noise=_domain(noise, 2))
     return RocRelease(np.concatenate([grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg, float(epsilon))
+
+
+def _domain(noise, k: int):
+    """`noise` on node ids with k in their top two bits (node ids stay below 2^62)."""
+    return lambda ids, scale: noise(np.asarray(ids).astype(np.uint64) | np.uint64(k << 62), scale)
 
 
 def l1_area(fpr_a, tpr_a, fpr_b, tpr_b, points: int = 2001) -> float:

@@ -61,8 +61,8 @@ class TaskConfig:
         check_relation(self.relation)
         if self.mechanism not in ("path", "tree"):
             raise ParameterError(f"a task's mechanism is 'path' or 'tree', got {self.mechanism!r}")
-        if not isinstance(self.min_batch, int) or self.min_batch < 1:
-            raise ParameterError(f"min_batch must be an int >= 1, got {self.min_batch!r}")
+        if isinstance(self.min_batch, bool) or not isinstance(self.min_batch, int) or self.min_batch < 0:
+            raise ParameterError(f"min_batch must be an int >= 0, got {self.min_batch!r}")
         if self.payload not in ("count", "label", "calibration"):
             raise ParameterError(f"payload must be 'count' (an ECDF), 'label' (a ROC curve) or 'calibration' "
                                  f"(Hosmer-Lemeshow), got {self.payload!r}")
@@ -73,9 +73,9 @@ class TaskConfig:
         check_kem(self.kem)
         if self.format != FORMAT:
             raise ParameterError(f"unknown task format {self.format!r}")
-        if self.relation == "add-remove" and self.min_batch != 1:
+        if self.relation == "add-remove" and self.min_batch != 0:
             raise ParameterError("under add/remove the number of reports is private, and a minimum-batch gate would "
-                                 "reveal it (uploads can probe it): use min_batch=1")
+                                 "reveal whether it reached the gate (even 1: no report against one): use min_batch=0")
         if self.mechanism == "tree" and self.make_grid().size > MAX_TREE_SIZE:
             raise ParameterError(f"the tree mechanism takes grids of up to {MAX_TREE_SIZE} points in a task "
                                  "(its planning would stall the server): use the path mechanism")
@@ -103,7 +103,7 @@ class TaskConfig:
     @property
     def n_public(self) -> bool:
         """Whether the number of reports may be revealed: under substitution it is public; under
-        add/remove it is not (only whether it reached min_batch is, by the gate on queries)."""
+        add/remove it is not (and there is no minimum batch: min_batch is 0)."""
         return self.relation == "substitution"
 
     @property

@@ -132,3 +132,20 @@ def test_histogram_and_quantiles_from_the_release():
                                   np.quantile(v, [0.5], method="inverted_cdf"))
     with pytest.raises(ParameterError, match="increasing"):
         rel.histogram([3, 1])
+
+
+def test_roc_curves_draw_noise_from_separate_domains():
+    """With a deterministic per-node noise function (like the servers' PRF), the two curves must not
+    get the same node noise: it would cancel in their difference and reveal the exact difference of
+    the positives' and negatives' counts."""
+    p, y = _calibrated(500, 14)
+    g = Grid.uniform(0, 1, bits=6)
+
+    def keyed(ids, scale):
+        return (np.asarray(ids).astype(np.uint64) * np.uint64(0x9E3779B97F4A7C15) >> np.uint64(40)).astype(np.int64)
+
+    r = dpcdf.roc(p, y, g, 1.0, mechanism="path", noise=keyed)
+    exact = dpcdf.roc(p, y, g, 1.0, mechanism="path", noise=zero_noise)
+    noisy_gap = r.positives.raw - r.negatives.raw
+    exact_gap = exact.positives.raw - exact.negatives.raw
+    assert not np.allclose(noisy_gap, exact_gap)

@@ -80,7 +80,7 @@ def test_under_add_remove_the_analyst_learns_nothing_about_the_report_set(server
     procs, _ = servers
     lengths = set()
     for n in (5, 40):
-        config, token = create_task(urls(procs["exact"]), GRID, 1.0, "tree", "add-remove", min_batch=1)
+        config, token = create_task(urls(procs["exact"]), GRID, 1.0, "tree", "add-remove", min_batch=0)
         reports = make_reports(config, values(n, 17))
         for r in reports:
             for party in (0, 1):

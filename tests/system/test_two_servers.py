@@ -314,9 +314,13 @@ def test_two_server_hosmer_lemeshow_matches_the_central_one_and_spends_its_budge
 
 def test_add_remove_tasks_do_not_reveal_the_number_of_reports(servers):
     procs, _ = servers
-    with pytest.raises(Exception, match="min_batch=1"):
-        create_task(urls(procs["noisy"]), GRID, 1.0, "tree", "add-remove", min_batch=30)
-    config, token = create_task(urls(procs["noisy"]), GRID, 0.01, "tree", "add-remove", min_batch=1)
+    for gate in (30, 1):
+        with pytest.raises(Exception, match="min_batch=0"):
+            create_task(urls(procs["noisy"]), GRID, 1.0, "tree", "add-remove", min_batch=gate)
+    empty, empty_token = create_task(urls(procs["noisy"]), GRID, 1.0, "tree", "add-remove", min_batch=0)
+    counts, _ = Analyst(empty, empty_token).prefix_counts([5, 63])  # no gate: no reports is answered like any count
+    assert counts.shape == (2,)
+    config, token = create_task(urls(procs["noisy"]), GRID, 0.01, "tree", "add-remove", min_batch=0)
     submit(config, values(60, 12))
     answer = http("POST", f"{config.servers[0]}/tasks/{config.task_id}/query", b'{"kind": "prefix", "indices": [1]}', token)
     assert answer["n"] is None
