@@ -67,18 +67,19 @@ def main() -> None:
             ingest = time.perf_counter() - t
             print(f"client: {args.ingest / seal:.0f} reports/s made and sealed (both shares), one core")
             print(f"server ingest: {args.ingest / ingest:.0f} reports/s (parse, HPKE open, key check, SQLite commit)\n")
-            print(f"{'n':>9} {'load keys s':>11} {'1 threshold s':>13} {'1024 thresholds s':>17}")
+            print(f"{'n':>9} {'close s':>8} {'load keys s':>11} {'1 threshold s':>13} {'1024 thresholds s':>17}")
             for n in args.sizes:
                 cfg, tok = create_task(urls, GRID, 1.0, "path", "substitution", min_batch=1)
                 direct_insert(cfg, dirs, n)
                 analyst = Analyst(cfg, tok)
+                close = _timed(analyst.close)  # the close and the servers' reconciliation
                 t = time.perf_counter()
                 analyst.prefix_counts([123])
                 load = time.perf_counter() - t
                 one = min(_timed(lambda: analyst.prefix_counts([40000])) for _ in range(3))
                 grid = np.linspace(0, (1 << 16) - 1, 1024).astype(int)
                 many = min(_timed(lambda: analyst.prefix_counts(grid)) for _ in range(2))
-                print(f"{n:>9} {load:>11.2f} {one:>13.3f} {many:>17.3f}")
+                print(f"{n:>9} {close:>8.2f} {load:>11.2f} {one:>13.3f} {many:>17.3f}")
         finally:
             for proc, _ in procs:
                 stop(proc)

@@ -53,18 +53,19 @@ class Analyst:
         self._closed = False
 
     def close(self) -> int | None:
-        """Closes the collection on both servers and has them agree on one report set (see
-        `dpcdf.reconcile`): server 0's sealed bucket digests go to server 1, whose sealed list of
-        differing buckets goes back to server 0; both drop those buckets. Idempotent; the first
-        query calls it. Returns the number of reports (None under add/remove)."""
+        """Closes the collection on both servers and relays their reconciliation (`dpcdf.reconcile`:
+        four sealed, fixed-length messages after which both hold the same report set, any report that
+        reached one server only dropped). Idempotent; the first query calls it. Returns the number of
+        reports (None under add/remove)."""
         url = [f"{u}/tasks/{self.config.task_id}/close" for u in self.config.servers]
-        first = http("POST", url[0], b"{}", self.token)
-        second = http("POST", url[1], json.dumps({"sync": first["sync"]}).encode(), self.token)
-        third = http("POST", url[0], json.dumps({"sync": second["sync"]}).encode(), self.token)
-        if third["reports_hash"] != second["reports_hash"]:
+        sync, last = None, {}
+        for party in (0, 1, 0, 1):
+            last[party] = http("POST", url[party], json.dumps({"sync": sync}).encode(), self.token)
+            sync = last[party]["sync"]
+        if last[0]["reports_hash"] != last[1]["reports_hash"]:
             raise ServerError("the servers could not agree on one report set")
         self._closed = True
-        return third["n"]
+        return last[1]["n"]
 
     def _ask(self, question: dict) -> tuple[np.ndarray, int]:
         if not self._closed:

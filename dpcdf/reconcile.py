@@ -2,20 +2,27 @@
 
 A report whose upload reached one server only (a client that crashed between its two uploads, or a
 malicious one) would make the servers' sums differ for good: the shares no longer cancel. At the
-close, the servers compare their sets in 2^16 buckets, through the analyst, in messages the analyst
-can neither read nor forge, and both drop the buckets that differ (losing about n / 65536 reports per
-one-sided report, all of which stay stored). Every message has a fixed length, so the analyst learns
-nothing about the number of reports (under add/remove it is not public).
+close, the servers find and drop exactly those reports, through the analyst, in messages the analyst
+can neither read nor forge, all of fixed length, so it learns nothing about the set (under add/remove
+not even its size, which is private).
 
 The key: both servers' X25519 keys are in the task config, and each server checked its own at
 registration, so they share K = HKDF(X25519(own, peer), salt = the task fingerprint), which the analyst
 cannot compute.
-- The report-set hash in every answer is HMAC(K, sorted report ids): the analyst can compare the two
-  servers' hashes but not test a guessed set against them (a plain hash let an analyst who knows
-  everyone else's report ids tell whether one more person had reported).
-- A report's bucket: the first two bytes of HMAC(K, "bucket" || id).
-- Server 0's message: AES-GCM under K of its 2^16 bucket digests; server 1's reply: AES-GCM under K of
-  the bitmap of buckets that differ. The direction and the fingerprint are the associated data.
+- Each report id gets a pseudorandom value: AES-128 under a key derived from K (a PRF).
+- The report-set hash in every answer is an HMAC under K of the count and the XOR of the ids' values:
+  the analyst can compare the two servers' hashes but not test a guessed set against them (a plain
+  hash let an analyst who knows everyone else's report ids tell whether one more person had reported).
+- A report's bucket (of 2^16): the first two bytes of its value.
+The four messages, each AES-GCM under K with its round and the fingerprint as associated data:
+1. server 0 -> 1: its bucket digests (the XOR of its ids' values under a second PRF key, 16 bytes each);
+2. server 1 -> 0: the buckets that differ, and its report ids in the first LISTED of them (up to SLOT
+   ids each, padded); server 1 drops the reports of any further or overfull differing bucket;
+3. server 0 -> 1: server 1's listed ids that server 0 lacks (padded); server 0 drops its own reports in
+   the listed buckets that server 1 lacks, and those of the further or overfull buckets;
+4. server 1 drops the ids of message 3.
+So a one-sided report costs exactly itself, unless more than LISTED buckets differ or one holds more
+than SLOT reports (then whole buckets go: about n / 65,536 reports each, all still stored).
 """
 from __future__ import annotations
 
@@ -24,6 +31,7 @@ import hmac
 import secrets
 
 import numpy as np
+from Crypto.Cipher import AES
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import x25519
@@ -35,7 +43,12 @@ from .errors import DpcdfError
 BUCKET_BYTES = 2
 BUCKETS = 1 << (8 * BUCKET_BYTES)
 DIGEST = 16
+ID_BYTES = 16
+LISTED = 64  # differing buckets whose ids message 2 lists
+SLOT = 64  # ids per listed bucket
 _NONCE = 12
+_OVERFULL = 0xFFFF
+ROUND_LENGTHS = {1: BUCKETS * DIGEST, 2: BUCKETS // 8 + LISTED * (2 + SLOT * ID_BYTES), 3: 4 + LISTED * SLOT * ID_BYTES}
 
 
 class SyncError(DpcdfError):
@@ -48,28 +61,43 @@ def pair_key(own: x25519.X25519PrivateKey, peer_public: bytes, fingerprint: byte
     return HKDF(hashes.SHA256(), 32, salt=fingerprint, info=b"dpcdf reconcile v1").derive(shared)
 
 
+def _prf(key: bytes, ids: list[bytes]) -> np.ndarray:
+    """AES-128 under a key derived from K, on each 16-byte id: (n, 16) pseudorandom bytes per id
+    (one ECB call for all of them: the close of 10^6 reports takes well under a second)."""
+    aes = AES.new(hmac.new(key, b"prf", hashlib.sha256).digest()[:16], AES.MODE_ECB)
+    return np.frombuffer(aes.encrypt(b"".join(ids)), np.uint8).reshape(len(ids), ID_BYTES)
+
+
 def set_hash(key: bytes, ids: list[bytes]) -> str:
-    """HMAC(K, sorted report ids), hex."""
-    return hmac.new(key, b"".join(sorted(ids)), hashlib.sha256).hexdigest()
+    """HMAC(K, count || XOR of the ids' PRF values), hex: equal for equal sets, and no one without K
+    can compute it for a guessed set."""
+    xor = np.bitwise_xor.reduce(_prf(key, ids), axis=0) if ids else np.zeros(ID_BYTES, np.uint8)
+    return hmac.new(key, len(ids).to_bytes(8, "big") + xor.tobytes(), hashlib.sha256).hexdigest()
 
 
 def buckets(key: bytes, ids: list[bytes]) -> np.ndarray:
-    """Each report id's bucket in [0, BUCKETS)."""
-    return np.array([int.from_bytes(hmac.new(key, b"bucket" + i, hashlib.sha256).digest()[:BUCKET_BYTES], "big")
-                     for i in ids], dtype=np.int64)
+    """Each report id's bucket in [0, BUCKETS): the first two bytes of its PRF value."""
+    if not ids:
+        return np.zeros(0, np.int64)
+    block = _prf(key, ids)
+    return block[:, 0].astype(np.int64) << 8 | block[:, 1]
+
+
+def members(ids: list[bytes], which: np.ndarray, wanted) -> dict[int, list[bytes]]:
+    """The ids in each wanted bucket (`which` holds each id's bucket)."""
+    out: dict[int, list[bytes]] = {int(b): [] for b in wanted}
+    for k in np.flatnonzero(np.isin(which, np.asarray(list(out), dtype=np.int64))):
+        out[int(which[k])].append(ids[k])
+    return out
 
 
 def bucket_digests(key: bytes, ids: list[bytes]) -> bytes:
-    """BUCKETS digests of DIGEST bytes: HMAC(K, bucket || its sorted ids), one per bucket."""
-    which = buckets(key, ids)
-    members: dict[int, list[bytes]] = {}
-    for b, i in zip(which.tolist(), ids):
-        members.setdefault(b, []).append(i)
-    out = bytearray()
-    for b in range(BUCKETS):
-        data = b.to_bytes(BUCKET_BYTES, "big") + b"".join(sorted(members.get(b, [])))
-        out += hmac.new(key, data, hashlib.sha256).digest()[:DIGEST]
-    return bytes(out)
+    """BUCKETS digests of DIGEST bytes: per bucket, the XOR of its ids' values under a second PRF key."""
+    out = np.zeros((BUCKETS, DIGEST), np.uint8)
+    if ids:
+        values = _prf(hmac.new(key, b"digest", hashlib.sha256).digest(), ids)
+        np.bitwise_xor.at(out, buckets(key, ids), values)
+    return out.tobytes()
 
 
 def differing(mine: bytes, theirs: bytes) -> np.ndarray:
@@ -89,28 +117,65 @@ def from_bitmap(data: bytes) -> np.ndarray:
     return np.flatnonzero(np.unpackbits(np.frombuffer(data, np.uint8)))
 
 
-def seal(key: bytes, sender: int, fingerprint: bytes, payload: bytes) -> str:
+def id_table(differ: np.ndarray, grouped: dict[int, list[bytes]]) -> bytes:
+    """Per bucket of `differ` (LISTED at most): a u16 count and its ids, padded to SLOT ids; the
+    count is 0xFFFF and no id is listed where the bucket holds more than SLOT."""
+    out = bytearray()
+    for b in differ[:LISTED].tolist():
+        ids = grouped[b]
+        if len(ids) > SLOT:
+            out += _OVERFULL.to_bytes(2, "big") + bytes(SLOT * ID_BYTES)
+        else:
+            out += len(ids).to_bytes(2, "big") + b"".join(ids) + bytes((SLOT - len(ids)) * ID_BYTES)
+    return bytes(out) + bytes((LISTED - min(differ.size, LISTED)) * (2 + SLOT * ID_BYTES))
+
+
+def read_id_table(data: bytes, which: np.ndarray) -> dict[int, set[bytes] | None]:
+    """The inverse of id_table: bucket -> its ids, or None where it was overfull."""
+    out, size = {}, 2 + SLOT * ID_BYTES
+    for k, b in enumerate(which[:LISTED]):
+        cell = data[k * size:(k + 1) * size]
+        count = int.from_bytes(cell[:2], "big")
+        out[int(b)] = None if count == _OVERFULL else {cell[2 + j * ID_BYTES:2 + (j + 1) * ID_BYTES] for j in range(min(count, SLOT))}
+    return out
+
+
+def id_list(ids: list[bytes]) -> bytes:
+    """A u32 count and the ids, padded to LISTED * SLOT ids (message 3)."""
+    return len(ids).to_bytes(4, "big") + b"".join(ids) + bytes((LISTED * SLOT - len(ids)) * ID_BYTES)
+
+
+def read_id_list(data: bytes) -> list[bytes]:
+    count = min(int.from_bytes(data[:4], "big"), LISTED * SLOT)
+    return [data[4 + j * ID_BYTES:4 + (j + 1) * ID_BYTES] for j in range(count)]
+
+
+def seal(key: bytes, rnd: int, fingerprint: bytes, payload: bytes) -> str:
+    """Message `rnd` (1, 2 or 3): its round byte, then nonce and AES-GCM ciphertext, hex."""
     nonce = secrets.token_bytes(_NONCE)
-    return (nonce + AESGCM(key).encrypt(nonce, payload, _aad(sender, fingerprint))).hex()
+    return (bytes([rnd]) + nonce + AESGCM(key).encrypt(nonce, payload, _aad(rnd, fingerprint))).hex()
 
 
-def open_sealed(key: bytes, sender: int, fingerprint: bytes, message: object, length: int) -> bytes:
-    """The payload of a message from server `sender`, or SyncError (not hex, forged, wrong task or
-    direction, or not `length` bytes long)."""
+def open_sealed(key: bytes, fingerprint: bytes, message: object, expected: tuple[int, ...]) -> tuple[int, bytes]:
+    """(round, payload) of a message of one of the `expected` rounds, or SyncError (not hex, forged,
+    another task's or round's, or of the wrong length)."""
     try:
         raw = bytes.fromhex(message) if isinstance(message, str) else None
     except ValueError:
         raw = None
-    if raw is None or len(raw) < _NONCE:
+    if raw is None or len(raw) < 1 + _NONCE:
         raise SyncError("the sync message must be the hex string the other server sent")
+    rnd = raw[0]
+    if rnd not in expected:
+        raise SyncError(f"this server takes sync messages of round {' or '.join(map(str, expected))} here, not {rnd}")
     try:
-        payload = AESGCM(key).decrypt(raw[:_NONCE], raw[_NONCE:], _aad(sender, fingerprint))
+        payload = AESGCM(key).decrypt(raw[1:1 + _NONCE], raw[1 + _NONCE:], _aad(rnd, fingerprint))
     except InvalidTag:
-        raise SyncError(f"the sync message is not server {sender}'s for this task") from None
-    if len(payload) != length:
+        raise SyncError("the sync message is not the other server's for this task") from None
+    if len(payload) != ROUND_LENGTHS[rnd]:
         raise SyncError("the sync message has the wrong length")
-    return payload
+    return rnd, payload
 
 
-def _aad(sender: int, fingerprint: bytes) -> bytes:
-    return b"dpcdf sync from %d:" % sender + fingerprint
+def _aad(rnd: int, fingerprint: bytes) -> bytes:
+    return b"dpcdf sync round %d:" % rnd + fingerprint

@@ -230,44 +230,59 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             raise HttpError(403, f"the task has {store.count(task_id)} reports; queries need at least {st.config.min_batch}")
         return store.freeze(task_id, st.set_hash)
 
-    def drop_buckets(st: TaskState, which: np.ndarray) -> tuple[int, int, str]:
-        task_id = st.config.task_id
-        ids = store.frozen_ids(task_id)
-        gone = np.isin(reconcile.buckets(st.pair_key, ids), which) if ids else np.zeros(0, bool)
+    def exclude(st: TaskState, ids) -> tuple[int, int, str]:
         try:
-            return store.exclude(task_id, [i for i, g in zip(ids, gone) if g], st.set_hash)
+            return store.exclude(st.config.task_id, sorted(ids), st.set_hash)
         except AlreadyAnswered:
             raise HttpError(409, "the servers' report sets differ and this server has already answered: "
                                  "the task cannot be reconciled") from None
 
     @app.post("/tasks/{task_id}/close")
     async def close(task_id: str, request: Request):
-        """Server 0 without a message: closes, returns its sealed bucket digests. Server 1 with them:
-        closes, drops the buckets that differ, returns the sealed list. Server 0 with that: drops them."""
+        """The close and the four reconciliation messages of `reconcile`, relayed by the analyst:
+        server 0 without a message sends 1; server 1 answers 1 with 2; server 0 answers 2 with 3;
+        server 1 takes 3. Each server drops its one-sided reports on the way."""
         st = state(task_id)
         authorize(request, st)
         msg = json_body(await body(request))
         sync = msg.get("sync") if isinstance(msg, dict) else None
-        fp = st.config.fingerprint
+        key, fp = st.pair_key, st.config.fingerprint
         _, n, digest = freeze(st)
+        ids = store.frozen_ids(task_id)
+        which = reconcile.buckets(key, ids) if ids else np.zeros(0, np.int64)
+        drop: set[bytes] = set()
         reply = None
         try:
-            if party == 0 and sync is None:
-                reply = reconcile.seal(st.pair_key, 0, fp, reconcile.bucket_digests(st.pair_key, store.frozen_ids(task_id)))
-            elif party == 1 and sync is not None:
-                theirs = reconcile.open_sealed(st.pair_key, 0, fp, sync, reconcile.BUCKETS * reconcile.DIGEST)
-                differ = reconcile.differing(reconcile.bucket_digests(st.pair_key, store.frozen_ids(task_id)), theirs)
-                if differ.size:
-                    _, n, digest = drop_buckets(st, differ)
-                reply = reconcile.seal(st.pair_key, 1, fp, reconcile.bitmap(differ))
-            elif party == 0:
-                differ = reconcile.from_bitmap(reconcile.open_sealed(st.pair_key, 1, fp, sync, reconcile.BUCKETS // 8))
-                if differ.size:
-                    _, n, digest = drop_buckets(st, differ)
+            if sync is None:
+                if party != 0:
+                    raise HttpError(400, "server 1 closes with server 0's sync message")
+                reply = reconcile.seal(key, 1, fp, reconcile.bucket_digests(key, ids))
+            elif party == 1:
+                rnd, payload = reconcile.open_sealed(key, fp, sync, (1, 3))
+                if rnd == 1:
+                    differ = reconcile.differing(reconcile.bucket_digests(key, ids), payload)
+                    grouped = reconcile.members(ids, which, differ)
+                    for b in differ.tolist():  # the buckets message 2 cannot list go whole
+                        if b not in differ[:reconcile.LISTED] or len(grouped[b]) > reconcile.SLOT:
+                            drop |= set(grouped[b])
+                    reply = reconcile.seal(key, 2, fp, reconcile.bitmap(differ) + reconcile.id_table(differ, grouped))
+                else:
+                    drop = set(reconcile.read_id_list(payload)) & set(ids)
             else:
-                raise HttpError(400, "server 1 closes with server 0's sync message")
+                _, payload = reconcile.open_sealed(key, fp, sync, (2,))
+                differ = reconcile.from_bitmap(payload[:reconcile.BUCKETS // 8])
+                theirs = reconcile.read_id_table(payload[reconcile.BUCKETS // 8:], differ)
+                grouped = reconcile.members(ids, which, differ)
+                they_drop = set()
+                for b in differ.tolist():
+                    mine, other = set(grouped[b]), theirs.get(b)
+                    drop |= mine if other is None else mine - other
+                    they_drop |= set() if other is None else other - mine
+                reply = reconcile.seal(key, 3, fp, reconcile.id_list(sorted(they_drop)))
         except reconcile.SyncError as exc:
             raise HttpError(400, str(exc)) from None
+        if drop:
+            _, n, digest = exclude(st, drop)
         return {"party": party, "closed": True, "n": n if st.config.n_public else None, "reports_hash": digest, "sync": reply}
 
     def parse_query(st: TaskState, q: object) -> tuple[str, object]:
