@@ -26,6 +26,7 @@ from .task import TaskConfig
 
 MAGIC = b"DPR1"
 ID_BYTES = 16
+MAX_BATCH = 1 << 16  # reports per batch upload
 
 
 class ReportError(DpcdfError, ValueError):
@@ -132,6 +133,8 @@ def encode_batch(reports: list[bytes]) -> bytes:
 def decode_batch(data: bytes) -> list[bytes]:
     try:
         (count,) = struct.unpack_from("<I", data, 0)
+        if count > MAX_BATCH:
+            raise ReportError(f"at most {MAX_BATCH} reports per batch, got {count}")
         pos, out = 4, []
         for _ in range(count):
             (n,) = struct.unpack_from("<I", data, pos)

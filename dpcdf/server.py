@@ -5,7 +5,8 @@
 Endpoints: GET /health, GET /hpke (this server's HPKE public key), POST /tasks (register a task),
 POST /tasks/{id}/reports (one report) and /tasks/{id}/reports/batch, and for the analyst, with its
 bearer token: POST /tasks/{id}/close (close the collection; relays the servers' reconciliation, see
-`reconcile`), POST /tasks/{id}/query, GET /tasks/{id} (status). A report is acknowledged only once its
+`reconcile`), POST /tasks/{id}/query, GET /tasks/{id} (status). Handlers do their work in a thread
+pool, so a large request does not hold up the others. A report is acknowledged only once its
 key share is committed to disk; a malformed, truncated, wrongly sealed, foreign or duplicate report
 gets a 4xx with a message and is not stored. Secrets (noise seeds, key shares, the HPKE private key)
 never appear in responses or logs.
@@ -21,6 +22,7 @@ from pathlib import Path
 import numpy as np
 from fastapi import FastAPI, Request
 from fastapi.responses import JSONResponse
+from starlette.concurrency import run_in_threadpool
 
 from fss import FssError, KeyBatch
 
@@ -114,6 +116,13 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             chunks.append(chunk)
         return b"".join(chunks)
 
+    answer_lock = threading.Lock()
+
+    def answering(fn, *args):
+        """Closes and queries one at a time (each uses every core); uploads and /health go on."""
+        with answer_lock:
+            return fn(*args)
+
     def state(task_id: str) -> TaskState:
         with tasks_lock:
             if task_id not in tasks:
@@ -168,10 +177,9 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
     def hpke():
         return {"kdf": "HKDF-SHA256", "aead": "AES-128-GCM", "keys": {kem: keys.public_hex(kem) for kem in KEMS}}
 
-    @app.post("/tasks", status_code=201)
-    async def create_task(request: Request):
+    def _create_task(request: Request, raw: bytes):
         try:
-            config = TaskConfig.from_json(await body(request))
+            config = TaskConfig.from_json(raw)
         except DpcdfError as exc:
             raise HttpError(400, str(exc)) from None
         if config.hpke_keys[party] != keys.public_hex(config.kem):
@@ -181,10 +189,13 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             raise HttpError(409, f"task {config.task_id} exists with another configuration")
         return {"task_id": config.task_id, "fingerprint": config.fingerprint.hex()}
 
-    @app.post("/tasks/{task_id}/reports", status_code=201)
-    async def upload(task_id: str, request: Request):
+    @app.post("/tasks", status_code=201)
+    async def create_task(request: Request):
+        return await run_in_threadpool(_create_task, request, await body(request))
+
+    def _upload(task_id: str, request: Request, raw: bytes):
         st = state(task_id)
-        good, rejected = accept(st, [await body(request)])
+        good, rejected = accept(st, [raw])
         if rejected:
             raise HttpError(400, rejected[0]["error"])
         try:
@@ -195,11 +206,14 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             raise HttpError(409, "duplicate report id: already stored and counted once")
         return {"accepted": 1}
 
-    @app.post("/tasks/{task_id}/reports/batch")
-    async def upload_batch(task_id: str, request: Request):
+    @app.post("/tasks/{task_id}/reports", status_code=201)
+    async def upload(task_id: str, request: Request):
+        return await run_in_threadpool(_upload, task_id, request, await body(request))
+
+    def _upload_batch(task_id: str, request: Request, raw: bytes):
         st = state(task_id)
         try:
-            raw = decode_batch(await body(request))
+            raw = decode_batch(raw)
         except ReportError as exc:
             raise HttpError(400, str(exc)) from None
         good, rejected = accept(st, raw)
@@ -209,6 +223,9 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             raise HttpError(409, "collection is closed: the task has been queried") from None
         return {"accepted": added, "duplicates": len(good) - added, "rejected": rejected}
 
+    @app.post("/tasks/{task_id}/reports/batch")
+    async def upload_batch(task_id: str, request: Request):
+        return await run_in_threadpool(_upload_batch, task_id, request, await body(request))
     @app.get("/tasks/{task_id}")
     def status(task_id: str, request: Request):
         st = state(task_id)
@@ -237,14 +254,13 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             raise HttpError(409, "the servers' report sets differ and this server has already answered: "
                                  "the task cannot be reconciled") from None
 
-    @app.post("/tasks/{task_id}/close")
-    async def close(task_id: str, request: Request):
+    def _close(task_id: str, request: Request, raw: bytes):
         """The close and the four reconciliation messages of `reconcile`, relayed by the analyst:
         server 0 without a message sends 1; server 1 answers 1 with 2; server 0 answers 2 with 3;
         server 1 takes 3. Each server drops its one-sided reports on the way."""
         st = state(task_id)
         authorize(request, st)
-        msg = json_body(await body(request))
+        msg = json_body(raw)
         sync = msg.get("sync") if isinstance(msg, dict) else None
         key, fp = st.pair_key, st.config.fingerprint
         _, n, digest = freeze(st)
@@ -285,6 +301,9 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             _, n, digest = exclude(st, drop)
         return {"party": party, "closed": True, "n": n if st.config.n_public else None, "reports_hash": digest, "sync": reply}
 
+    @app.post("/tasks/{task_id}/close")
+    async def close(task_id: str, request: Request):
+        return await run_in_threadpool(answering, _close, task_id, request, await body(request))
     def parse_query(st: TaskState, q: object) -> tuple[str, object]:
         """The query's kind and argument, checked before anything is frozen or answered."""
         size = st.aggregator.mechanism.size
@@ -309,11 +328,10 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             return kind, level
         raise HttpError(400, "kind must be 'prefix', 'nodes' or (calibration tasks) 'groups'")
 
-    @app.post("/tasks/{task_id}/query")
-    async def query(task_id: str, request: Request):
+    def _query(task_id: str, request: Request, raw: bytes):
         st = state(task_id)
         authorize(request, st)
-        kind, arg = parse_query(st, json_body(await body(request)))
+        kind, arg = parse_query(st, json_body(raw))
         upto, n, digest = freeze(st)  # the first query closes the collection, if no close did
         if kind == "groups" and store.fix_release(task_id, "groups", json.dumps(arg)) != json.dumps(arg):
             raise HttpError(403, "this task's groups are already released with other boundaries: the budget is spent")
@@ -332,6 +350,9 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         return {"party": party, "n": n if st.config.n_public else None, "reports_hash": digest, "width": width,
                 "shares": [str(int(v)) for v in shares.reshape(-1)]}
 
+    @app.post("/tasks/{task_id}/query")
+    async def query(task_id: str, request: Request):
+        return await run_in_threadpool(answering, _query, task_id, request, await body(request))
     return app
 
 

@@ -39,7 +39,7 @@ class Store:
         self.db.execute("PRAGMA journal_mode=WAL")
         self.db.execute("PRAGMA synchronous=FULL")
         self.db.executescript(SCHEMA)
-        self.lock = threading.Lock()
+        self.lock = threading.RLock()  # handlers run in a thread pool; one connection, one writer at a time
 
     def add_task(self, task_id: str, config: str, fingerprint: bytes, seed: bytes) -> str | None:
         """Stores a task; returns None if new or identical, else the existing config (a conflict)."""
@@ -57,7 +57,8 @@ class Store:
 
     def frozen(self, task_id: str) -> tuple[int, int, str] | None:
         """(last report seq, count, hash of the report ids) once the task's collection is closed."""
-        row = self.db.execute("SELECT params FROM releases WHERE task_id = ? AND kind = 'frozen'", (task_id,)).fetchone()
+        with self.lock:
+            row = self.db.execute("SELECT params FROM releases WHERE task_id = ? AND kind = 'frozen'", (task_id,)).fetchone()
         if row is None:
             return None
         seq, count, digest = row[0].split(":")
@@ -107,7 +108,8 @@ class Store:
             return seq, len(kept), params.split(":")[2]
 
     def answered(self, task_id: str) -> bool:
-        return self.db.execute("SELECT 1 FROM releases WHERE task_id = ? AND kind = 'answered'", (task_id,)).fetchone() is not None
+        with self.lock:
+            return self.db.execute("SELECT 1 FROM releases WHERE task_id = ? AND kind = 'answered'", (task_id,)).fetchone() is not None
 
     def mark_answered(self, task_id: str) -> None:
         with self.lock:

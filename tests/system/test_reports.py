@@ -8,7 +8,7 @@ from Crypto.PublicKey import ECC
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
-from dpcdf.client import Report, ReportError, decode_batch, encode_batch, hpke_info, make_reports, open_share
+from dpcdf.client import MAX_BATCH, Report, ReportError, decode_batch, encode_batch, hpke_info, make_reports, open_share
 from dpcdf.task import TaskConfig
 
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 8}
@@ -75,6 +75,9 @@ def test_batch_codec_and_its_errors():
     for bad in (b"", b"\x05\x00\x00\x00", encode_batch(raws)[:-1], encode_batch(raws) + b"x"):
         with pytest.raises(ReportError):
             decode_batch(bad)
+    huge = (MAX_BATCH + 1).to_bytes(4, "little") + b"\0\0\0\0" * (MAX_BATCH + 1)  # a million empty items took 10 s
+    with pytest.raises(ReportError, match=f"at most {MAX_BATCH} reports per batch"):
+        decode_batch(huge)
 
 
 @pytest.mark.parametrize(
