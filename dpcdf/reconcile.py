@@ -1,28 +1,33 @@
 """How the two servers agree on one report set without the analyst learning anything about it.
 
-A report whose upload reached one server only (a client that crashed between its two uploads, or a
-malicious one) would make the servers' sums differ for good: the shares no longer cancel. At the
-close, the servers find and drop exactly those reports, through the analyst, in messages the analyst
-can neither read nor forge, all of fixed length, so it learns nothing about the set (under add/remove
-not even its size, which is private).
+A report whose upload reached one server only (a client that crashed between its two uploads) would
+make the servers' sums differ for good: the shares no longer cancel. At the close, the servers find
+and drop exactly those reports, through the analyst, in messages the analyst can neither read nor
+forge, all of fixed length. A server answers queries, and shows its report-set hash and count, only
+once its part is done, so the analyst sees no intermediate state either. (This repairs crashes, not
+malicious clients: a well-formed report with mismatched shares is not detected; see the README.)
 
-The key: both servers' X25519 keys are in the task config, and each server checked its own at
-registration, so they share K = HKDF(X25519(own, peer), salt = the task fingerprint), which the analyst
-cannot compute.
+The key: both servers' X25519 keys are in the task config (each server checks its own, and that the
+other's is a valid key, at registration), so they share K = HKDF(X25519(own, peer), salt = the task
+fingerprint), which the analyst cannot compute.
 - Each report id gets a pseudorandom value: AES-128 under a key derived from K (a PRF).
-- The report-set hash in every answer is an HMAC under K of the count and the XOR of the ids' values:
-  the analyst can compare the two servers' hashes but not test a guessed set against them (a plain
-  hash let an analyst who knows everyone else's report ids tell whether one more person had reported).
+- The report-set hash is an HMAC under K of the count and the XOR of the ids' values: the analyst can
+  compare the two servers' hashes but not test a guessed set against them (a plain hash let an analyst
+  who knows everyone else's report ids tell whether one more person had reported).
 - A report's bucket (of 2^16): the first two bytes of its value.
 The four messages, each AES-GCM under K with its round and the fingerprint as associated data:
 1. server 0 -> 1: its bucket digests (the XOR of its ids' values under a second PRF key, 16 bytes each);
-2. server 1 -> 0: the buckets that differ, and its report ids in the first LISTED of them (up to SLOT
-   ids each, padded); server 1 drops the reports of any further or overfull differing bucket;
-3. server 0 -> 1: server 1's listed ids that server 0 lacks (padded); server 0 drops its own reports in
-   the listed buckets that server 1 lacks, and those of the further or overfull buckets;
-4. server 1 drops the ids of message 3.
-So a one-sided report costs exactly itself, unless more than LISTED buckets differ or one holds more
-than SLOT reports (then whole buckets go: about n / 65,536 reports each, all still stored).
+2. server 1 -> 0: the buckets that differ and its report ids in each (up to SLOT ids, padded); if more
+   than LISTED buckets differ, or one holds more than SLOT ids, server 1 refuses and the task stays
+   closed and unanswered (dropping whole buckets instead would drop honest reports, and whether it
+   did would depend on them: a review showed it telling an empty set from a non-empty one);
+3. server 0 -> 1: server 1's listed ids that server 0 lacks (padded); server 0 drops its own reports
+   in the listed buckets that server 1 lacks, and is done;
+4. server 1 drops the ids of message 3, and is done.
+So each one-sided report costs exactly itself; whether the close succeeds depends on the one-sided
+reports alone (up to 64 of them always succeed; honest reports matter only if one of the differing
+buckets also holds more than 64 - k of them, which at n = 10^6, 15 per bucket on average, does not
+happen).
 """
 from __future__ import annotations
 

@@ -30,7 +30,7 @@ from .aggregate import Aggregator
 from .client import Report, ReportError, decode_batch, open_share
 from .errors import DpcdfError
 from .hosmer_lemeshow import group_scales
-from .hpke import KEMS, ServerKeys
+from .hpke import KEMS, ServerKeys, public_key
 from . import reconcile
 from .store import AlreadyAnswered, CollectionClosed, Store
 from .task import MAX_QUERY_POINTS, TaskConfig, token_hash
@@ -184,6 +184,11 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             raise HttpError(400, str(exc)) from None
         if config.hpke_keys[party] != keys.public_hex(config.kem):
             raise HttpError(400, f"the task does not name this server's {config.kem} HPKE key as server {party}'s")
+        try:  # the other server's key: clients seal to it, and the servers' shared key comes from it
+            public_key(config.kem, config.hpke_keys[1 - party])
+            reconcile.pair_key(keys.x25519, bytes.fromhex(config.hpke_keys[1 - party])[-32:], config.fingerprint)
+        except (DpcdfError, ValueError) as exc:
+            raise HttpError(400, f"server {1 - party}'s HPKE key in the task is not a {config.kem} key: {exc}") from None
         conflict = store.add_task(config.task_id, config.to_json(), config.fingerprint, secrets.token_bytes(32))
         if conflict is not None:
             raise HttpError(409, f"task {config.task_id} exists with another configuration")
@@ -256,18 +261,19 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
 
     def _close(task_id: str, request: Request, raw: bytes):
         """The close and the four reconciliation messages of `reconcile`, relayed by the analyst:
-        server 0 without a message sends 1; server 1 answers 1 with 2; server 0 answers 2 with 3;
-        server 1 takes 3. Each server drops its one-sided reports on the way."""
+        server 0 without a message sends 1; server 1 answers 1 with 2 (or refuses: more differences
+        than message 2 can list); server 0 answers 2 with 3; server 1 takes 3. Each server drops
+        its one-sided reports on the way, and is reconciled (answers queries, shows its report-set
+        hash) after its last message."""
         st = state(task_id)
         authorize(request, st)
         msg = json_body(raw)
         sync = msg.get("sync") if isinstance(msg, dict) else None
         key, fp = st.pair_key, st.config.fingerprint
-        _, n, digest = freeze(st)
+        freeze(st)
         ids = store.frozen_ids(task_id)
-        which = reconcile.buckets(key, ids) if ids else np.zeros(0, np.int64)
         drop: set[bytes] = set()
-        reply = None
+        reply, done = None, False
         try:
             if sync is None:
                 if party != 0:
@@ -277,33 +283,45 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
                 rnd, payload = reconcile.open_sealed(key, fp, sync, (1, 3))
                 if rnd == 1:
                     differ = reconcile.differing(reconcile.bucket_digests(key, ids), payload)
-                    grouped = reconcile.members(ids, which, differ)
-                    for b in differ.tolist():  # the buckets message 2 cannot list go whole
-                        if b not in differ[:reconcile.LISTED] or len(grouped[b]) > reconcile.SLOT:
-                            drop |= set(grouped[b])
+                    grouped = reconcile.members(ids, reconcile.buckets(key, ids), differ)
+                    if differ.size > reconcile.LISTED or any(len(v) > reconcile.SLOT for v in grouped.values()):
+                        raise HttpError(409, f"the servers' report sets differ in more than {reconcile.LISTED} places "
+                                             "(reports that reached one server only): the task cannot be reconciled")
                     reply = reconcile.seal(key, 2, fp, reconcile.bitmap(differ) + reconcile.id_table(differ, grouped))
                 else:
-                    drop = set(reconcile.read_id_list(payload)) & set(ids)
+                    drop, done = set(reconcile.read_id_list(payload)) & set(ids), True
             else:
                 _, payload = reconcile.open_sealed(key, fp, sync, (2,))
                 differ = reconcile.from_bitmap(payload[:reconcile.BUCKETS // 8])
                 theirs = reconcile.read_id_table(payload[reconcile.BUCKETS // 8:], differ)
-                grouped = reconcile.members(ids, which, differ)
+                grouped = reconcile.members(ids, reconcile.buckets(key, ids), differ)
+                if any(theirs.get(b) is None for b in differ.tolist()):
+                    raise reconcile.SyncError("the sync message lists too few buckets")
                 they_drop = set()
                 for b in differ.tolist():
-                    mine, other = set(grouped[b]), theirs.get(b)
-                    drop |= mine if other is None else mine - other
-                    they_drop |= set() if other is None else other - mine
-                reply = reconcile.seal(key, 3, fp, reconcile.id_list(sorted(they_drop)))
+                    drop |= set(grouped[b]) - theirs[b]
+                    they_drop |= theirs[b] - set(grouped[b])
+                reply, done = reconcile.seal(key, 3, fp, reconcile.id_list(sorted(they_drop))), True
         except reconcile.SyncError as exc:
             raise HttpError(400, str(exc)) from None
         if drop:
-            _, n, digest = exclude(st, drop)
-        return {"party": party, "closed": True, "n": n if st.config.n_public else None, "reports_hash": digest, "sync": reply}
+            exclude(st, drop)
+        if done:
+            store.mark_reconciled(task_id)
+        return {"party": party, "closed": True, **reconciled_view(st), "sync": reply}
+
+    def reconciled_view(st: TaskState) -> dict:
+        """n (when public) and the report-set hash, once this server is reconciled; before, nothing
+        (an intermediate hash would show whether reconciliation dropped anything)."""
+        frozen = store.frozen(st.config.task_id)
+        if frozen is None or not store.reconciled(st.config.task_id):
+            return {"n": None, "reports_hash": None, "reconciled": False}
+        return {"n": frozen[1] if st.config.n_public else None, "reports_hash": frozen[2], "reconciled": True}
 
     @app.post("/tasks/{task_id}/close")
     async def close(task_id: str, request: Request):
         return await run_in_threadpool(answering, _close, task_id, request, await body(request))
+
     def parse_query(st: TaskState, q: object) -> tuple[str, object]:
         """The query's kind and argument, checked before anything is frozen or answered."""
         size = st.aggregator.mechanism.size
@@ -332,7 +350,11 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         st = state(task_id)
         authorize(request, st)
         kind, arg = parse_query(st, json_body(raw))
-        upto, n, digest = freeze(st)  # the first query closes the collection, if no close did
+        if not store.reconciled(task_id):
+            raise HttpError(409, "the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
+        upto, n, digest = store.frozen(task_id)
+        if n < st.config.min_batch:
+            raise HttpError(403, f"the task has {n} reports after reconciliation; queries need at least {st.config.min_batch}")
         if kind == "groups" and store.fix_release(task_id, "groups", json.dumps(arg)) != json.dumps(arg):
             raise HttpError(403, "this task's groups are already released with other boundaries: the budget is spent")
         store.mark_answered(task_id)

@@ -111,6 +111,14 @@ class Store:
         with self.lock:
             return self.db.execute("SELECT 1 FROM releases WHERE task_id = ? AND kind = 'answered'", (task_id,)).fetchone() is not None
 
+    def reconciled(self, task_id: str) -> bool:
+        with self.lock:
+            return self.db.execute("SELECT 1 FROM releases WHERE task_id = ? AND kind = 'reconciled'", (task_id,)).fetchone() is not None
+
+    def mark_reconciled(self, task_id: str) -> None:
+        with self.lock:
+            self.db.execute("INSERT OR IGNORE INTO releases VALUES (?, 'reconciled', '')", (task_id,))
+
     def mark_answered(self, task_id: str) -> None:
         with self.lock:
             self.db.execute("INSERT OR IGNORE INTO releases VALUES (?, 'answered', '')", (task_id,))

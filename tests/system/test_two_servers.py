@@ -121,6 +121,8 @@ def test_queries_need_the_token_the_task_and_enough_reports(servers):
     with pytest.raises(ServerError, match="401"):
         http("POST", base, q, token="wrong")
     with pytest.raises(ServerError, match="403 the task has 20 reports; queries need at least 50"):
+        http("POST", f"{pair[0]}/tasks/{config.task_id}/close", b"{}", token=token)
+    with pytest.raises(ServerError, match="409 the task is not closed"):
         http("POST", base, q, token=token)
     with pytest.raises(ServerError, match="404 unknown task"):
         http("POST", f"{pair[0]}/tasks/{'0' * 32}/query", q, token=token)
@@ -150,6 +152,7 @@ def test_secrets_never_reach_logs_or_responses(servers):
     pair = procs["noisy"]
     config, token = create_task(urls(pair), GRID, 1.0, "tree", "substitution", min_batch=1)
     submit(config, values(30, 5))
+    Analyst(config, token).close()
     answers = [str(http("POST", f"{u}/tasks/{config.task_id}/query", b'{"kind": "nodes", "level": 0}', token)) for u in urls(pair)]
     answers += [str(http("GET", f"{u}/hpke")) for u in urls(pair)]
     for party, (_, _, data_dir) in enumerate(pair):
@@ -322,6 +325,7 @@ def test_add_remove_tasks_do_not_reveal_the_number_of_reports(servers):
     assert counts.shape == (2,)
     config, token = create_task(urls(procs["noisy"]), GRID, 0.01, "tree", "add-remove", min_batch=0)
     submit(config, values(60, 12))
+    Analyst(config, token).close()
     answer = http("POST", f"{config.servers[0]}/tasks/{config.task_id}/query", b'{"kind": "prefix", "indices": [1]}', token)
     assert answer["n"] is None
     status = http("GET", f"{config.servers[0]}/tasks/{config.task_id}", token=token)
