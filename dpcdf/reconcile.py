@@ -69,7 +69,7 @@ def pair_key(own: x25519.X25519PrivateKey, peer_public: bytes, fingerprint: byte
 def _prf(key: bytes, ids: list[bytes]) -> np.ndarray:
     """AES-128 under a key derived from K, on each 16-byte id: (n, 16) pseudorandom bytes per id
     (one ECB call for all of them: the close of 10^6 reports takes well under a second)."""
-    aes = AES.new(hmac.new(key, b"prf", hashlib.sha256).digest()[:16], AES.MODE_ECB)
+    aes = AES.new(_subkey(key, b"prf")[:16], AES.MODE_ECB)
     return np.frombuffer(aes.encrypt(b"".join(ids)), np.uint8).reshape(len(ids), ID_BYTES)
 
 
@@ -77,7 +77,7 @@ def set_hash(key: bytes, ids: list[bytes]) -> str:
     """HMAC(K, count || XOR of the ids' PRF values), hex: equal for equal sets, and no one without K
     can compute it for a guessed set."""
     xor = np.bitwise_xor.reduce(_prf(key, ids), axis=0) if ids else np.zeros(ID_BYTES, np.uint8)
-    return hmac.new(key, len(ids).to_bytes(8, "big") + xor.tobytes(), hashlib.sha256).hexdigest()
+    return hmac.new(_subkey(key, b"set hash"), len(ids).to_bytes(8, "big") + xor.tobytes(), hashlib.sha256).hexdigest()
 
 
 def buckets(key: bytes, ids: list[bytes]) -> np.ndarray:
@@ -100,7 +100,7 @@ def bucket_digests(key: bytes, ids: list[bytes]) -> bytes:
     """BUCKETS digests of DIGEST bytes: per bucket, the XOR of its ids' values under a second PRF key."""
     out = np.zeros((BUCKETS, DIGEST), np.uint8)
     if ids:
-        values = _prf(hmac.new(key, b"digest", hashlib.sha256).digest(), ids)
+        values = _prf(_subkey(key, b"digest"), ids)
         np.bitwise_xor.at(out, buckets(key, ids), values)
     return out.tobytes()
 
@@ -158,7 +158,7 @@ def read_id_list(data: bytes) -> list[bytes]:
 def seal(key: bytes, rnd: int, fingerprint: bytes, payload: bytes) -> str:
     """Message `rnd` (1, 2 or 3): its round byte, then nonce and AES-GCM ciphertext, hex."""
     nonce = secrets.token_bytes(_NONCE)
-    return (bytes([rnd]) + nonce + AESGCM(key).encrypt(nonce, payload, _aad(rnd, fingerprint))).hex()
+    return (bytes([rnd]) + nonce + AESGCM(_subkey(key, b"aead")).encrypt(nonce, payload, _aad(rnd, fingerprint))).hex()
 
 
 def open_sealed(key: bytes, fingerprint: bytes, message: object, expected: tuple[int, ...]) -> tuple[int, bytes]:
@@ -174,12 +174,17 @@ def open_sealed(key: bytes, fingerprint: bytes, message: object, expected: tuple
     if rnd not in expected:
         raise SyncError(f"this server takes sync messages of round {' or '.join(map(str, expected))} here, not {rnd}")
     try:
-        payload = AESGCM(key).decrypt(raw[1:1 + _NONCE], raw[1 + _NONCE:], _aad(rnd, fingerprint))
+        payload = AESGCM(_subkey(key, b"aead")).decrypt(raw[1:1 + _NONCE], raw[1 + _NONCE:], _aad(rnd, fingerprint))
     except InvalidTag:
         raise SyncError("the sync message is not the other server's for this task") from None
     if len(payload) != ROUND_LENGTHS[rnd]:
         raise SyncError("the sync message has the wrong length")
     return rnd, payload
+
+
+def _subkey(key: bytes, label: bytes) -> bytes:
+    """One key per use of K (PRF, set hash, digests, AEAD): HMAC(K, label)."""
+    return hmac.new(key, label, hashlib.sha256).digest()
 
 
 def _aad(rnd: int, fingerprint: bytes) -> bytes:
