@@ -73,8 +73,8 @@ class Analyst:
         body = json.dumps(question).encode()
         answers = [http("POST", f"{url}/tasks/{self.config.task_id}/query", body, self.token) for url in self.config.servers]
         if answers[0]["reports_hash"] != answers[1]["reports_hash"]:
-            raise ServerError("the servers answer from different report sets (a query reached a server before "
-                              "the close reconciled them); their answers do not add up")
+            raise ServerError("the servers answer from different report sets (one of them does not follow the "
+                              "protocol); their answers do not add up")
         s0 = np.array([int(v) for v in answers[0]["shares"]], np.uint64)
         s1 = np.array([int(v) for v in answers[1]["shares"]], np.uint64)
         total = (s0 + s1).view(np.int64)

@@ -52,12 +52,15 @@ ID_BYTES = 16
 LISTED = 64  # differing buckets whose ids message 2 lists
 SLOT = 64  # ids per listed bucket
 _NONCE = 12
-_OVERFULL = 0xFFFF
 ROUND_LENGTHS = {1: BUCKETS * DIGEST, 2: BUCKETS // 8 + LISTED * (2 + SLOT * ID_BYTES), 3: 4 + LISTED * SLOT * ID_BYTES}
 
 
 class SyncError(DpcdfError):
     """A reconciliation message that does not open under the servers' shared key."""
+
+
+class TooManyDifferences(DpcdfError):
+    """More differing buckets than message 2 lists, or a differing bucket with more than SLOT ids."""
 
 
 def pair_key(own: x25519.X25519PrivateKey, peer_public: bytes, fingerprint: bytes) -> bytes:
@@ -123,25 +126,28 @@ def from_bitmap(data: bytes) -> np.ndarray:
 
 
 def id_table(differ: np.ndarray, grouped: dict[int, list[bytes]]) -> bytes:
-    """Per bucket of `differ` (LISTED at most): a u16 count and its ids, padded to SLOT ids; the
-    count is 0xFFFF and no id is listed where the bucket holds more than SLOT."""
+    """Per differing bucket: a u16 count and its ids, padded to SLOT ids, LISTED buckets in all.
+    Raises TooManyDifferences where that does not fit (dropping whole buckets instead would drop
+    honest reports, see the module docstring)."""
+    if differ.size > LISTED or any(len(grouped[b]) > SLOT for b in differ.tolist()):
+        raise TooManyDifferences(f"the servers' report sets differ in more than {LISTED} places (reports that "
+                                 "reached one server only): the task cannot be reconciled")
     out = bytearray()
-    for b in differ[:LISTED].tolist():
+    for b in differ.tolist():
         ids = grouped[b]
-        if len(ids) > SLOT:
-            out += _OVERFULL.to_bytes(2, "big") + bytes(SLOT * ID_BYTES)
-        else:
-            out += len(ids).to_bytes(2, "big") + b"".join(ids) + bytes((SLOT - len(ids)) * ID_BYTES)
-    return bytes(out) + bytes((LISTED - min(differ.size, LISTED)) * (2 + SLOT * ID_BYTES))
+        out += len(ids).to_bytes(2, "big") + b"".join(ids) + bytes((SLOT - len(ids)) * ID_BYTES)
+    return bytes(out) + bytes((LISTED - differ.size) * (2 + SLOT * ID_BYTES))
 
 
-def read_id_table(data: bytes, which: np.ndarray) -> dict[int, set[bytes] | None]:
-    """The inverse of id_table: bucket -> its ids, or None where it was overfull."""
+def read_id_table(data: bytes, differ: np.ndarray) -> dict[int, set[bytes]]:
+    """The inverse of id_table: bucket -> its ids (SyncError if more buckets differ than it lists)."""
+    if differ.size > LISTED:
+        raise SyncError("the sync message lists too few buckets")
     out, size = {}, 2 + SLOT * ID_BYTES
-    for k, b in enumerate(which[:LISTED]):
+    for k, b in enumerate(differ.tolist()):
         cell = data[k * size:(k + 1) * size]
-        count = int.from_bytes(cell[:2], "big")
-        out[int(b)] = None if count == _OVERFULL else {cell[2 + j * ID_BYTES:2 + (j + 1) * ID_BYTES] for j in range(min(count, SLOT))}
+        count = min(int.from_bytes(cell[:2], "big"), SLOT)
+        out[b] = {cell[2 + j * ID_BYTES:2 + (j + 1) * ID_BYTES] for j in range(count)}
     return out
 
 

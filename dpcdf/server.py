@@ -50,8 +50,7 @@ class TaskState:
 
     def __init__(self, config: TaskConfig, party: int, seed: bytes, noise: bool, keys: ServerKeys):
         self.config = config
-        peer = bytes.fromhex(config.hpke_keys[1 - party])[-32:]  # X25519's part, for either KEM
-        self.pair_key = reconcile.pair_key(keys.x25519, peer, config.fingerprint)
+        self.pair_key = pair_key(config, party, keys)
         self.dcf = config.dcf()
         self.aggregator = Aggregator(self.dcf, config.make_mechanism(), seed, config.task_id, noise)
         self.shards: list[KeyBatch] = []
@@ -71,6 +70,12 @@ class TaskState:
 
     def set_hash(self, ids: list[bytes]) -> str:
         return reconcile.set_hash(self.pair_key, ids)
+
+
+def pair_key(config: TaskConfig, party: int, keys: ServerKeys) -> bytes:
+    """The key this server shares with the other one for the task (`reconcile`), from the X25519
+    part of the other's key in the config (the last 32 bytes, for either KEM)."""
+    return reconcile.pair_key(keys.x25519, bytes.fromhex(config.hpke_keys[1 - party])[-32:], config.fingerprint)
 
 
 def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
@@ -186,7 +191,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
             raise HttpError(400, f"the task does not name this server's {config.kem} HPKE key as server {party}'s")
         try:  # the other server's key: clients seal to it, and the servers' shared key comes from it
             public_key(config.kem, config.hpke_keys[1 - party])
-            reconcile.pair_key(keys.x25519, bytes.fromhex(config.hpke_keys[1 - party])[-32:], config.fingerprint)
+            pair_key(config, party, keys)
         except (DpcdfError, ValueError) as exc:
             raise HttpError(400, f"server {1 - party}'s HPKE key in the task is not a {config.kem} key: {exc}") from None
         conflict = store.add_task(config.task_id, config.to_json(), config.fingerprint, secrets.token_bytes(32))
@@ -206,7 +211,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         try:
             added = store.add_reports(task_id, good)[0]
         except CollectionClosed:
-            raise HttpError(409, "collection is closed: the task has been queried") from None
+            raise HttpError(409, "collection is closed: the analyst has closed the task") from None
         if not added:
             raise HttpError(409, "duplicate report id: already stored and counted once")
         return {"accepted": 1}
@@ -225,12 +230,13 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         try:
             added = store.add_many(task_id, good) if good else 0
         except CollectionClosed:
-            raise HttpError(409, "collection is closed: the task has been queried") from None
+            raise HttpError(409, "collection is closed: the analyst has closed the task") from None
         return {"accepted": added, "duplicates": len(good) - added, "rejected": rejected}
 
     @app.post("/tasks/{task_id}/reports/batch")
     async def upload_batch(task_id: str, request: Request):
         return await run_in_threadpool(_upload_batch, task_id, request, await body(request))
+
     @app.get("/tasks/{task_id}")
     def status(task_id: str, request: Request):
         st = state(task_id)
@@ -284,9 +290,6 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
                 if rnd == 1:
                     differ = reconcile.differing(reconcile.bucket_digests(key, ids), payload)
                     grouped = reconcile.members(ids, reconcile.buckets(key, ids), differ)
-                    if differ.size > reconcile.LISTED or any(len(v) > reconcile.SLOT for v in grouped.values()):
-                        raise HttpError(409, f"the servers' report sets differ in more than {reconcile.LISTED} places "
-                                             "(reports that reached one server only): the task cannot be reconciled")
                     reply = reconcile.seal(key, 2, fp, reconcile.bitmap(differ) + reconcile.id_table(differ, grouped))
                 else:
                     drop, done = set(reconcile.read_id_list(payload)) & set(ids), True
@@ -295,8 +298,6 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
                 differ = reconcile.from_bitmap(payload[:reconcile.BUCKETS // 8])
                 theirs = reconcile.read_id_table(payload[reconcile.BUCKETS // 8:], differ)
                 grouped = reconcile.members(ids, reconcile.buckets(key, ids), differ)
-                if any(theirs.get(b) is None for b in differ.tolist()):
-                    raise reconcile.SyncError("the sync message lists too few buckets")
                 they_drop = set()
                 for b in differ.tolist():
                     drop |= set(grouped[b]) - theirs[b]
@@ -304,19 +305,21 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
                 reply, done = reconcile.seal(key, 3, fp, reconcile.id_list(sorted(they_drop))), True
         except reconcile.SyncError as exc:
             raise HttpError(400, str(exc)) from None
+        except reconcile.TooManyDifferences as exc:
+            raise HttpError(409, str(exc)) from None
         if drop:
             exclude(st, drop)
         if done:
-            store.mark_reconciled(task_id)
+            store.mark(task_id, "reconciled")
         return {"party": party, "closed": True, **reconciled_view(st), "sync": reply}
 
     def reconciled_view(st: TaskState) -> dict:
         """n (when public) and the report-set hash, once this server is reconciled; before, nothing
         (an intermediate hash would show whether reconciliation dropped anything)."""
-        frozen = store.frozen(st.config.task_id)
-        if frozen is None or not store.reconciled(st.config.task_id):
+        if not store.marked(st.config.task_id, "reconciled"):
             return {"n": None, "reports_hash": None, "reconciled": False}
-        return {"n": frozen[1] if st.config.n_public else None, "reports_hash": frozen[2], "reconciled": True}
+        _, n, digest = store.frozen(st.config.task_id)
+        return {"n": n if st.config.n_public else None, "reports_hash": digest, "reconciled": True}
 
     @app.post("/tasks/{task_id}/close")
     async def close(task_id: str, request: Request):
@@ -350,14 +353,14 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
         st = state(task_id)
         authorize(request, st)
         kind, arg = parse_query(st, json_body(raw))
-        if not store.reconciled(task_id):
+        if not store.marked(task_id, "reconciled"):
             raise HttpError(409, "the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
         upto, n, digest = store.frozen(task_id)
         if n < st.config.min_batch:
             raise HttpError(403, f"the task has {n} reports after reconciliation; queries need at least {st.config.min_batch}")
         if kind == "groups" and store.fix_release(task_id, "groups", json.dumps(arg)) != json.dumps(arg):
             raise HttpError(403, "this task's groups are already released with other boundaries: the budget is spent")
-        store.mark_answered(task_id)
+        store.mark(task_id, "answered")
         shards = st.refresh(store, upto)
         if kind == "groups":
             shares = st.aggregator.group_shares(shards, np.array(arg, np.int64), group_scales(st.config.epsilon, st.config.split))
@@ -375,6 +378,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True) -> FastAPI:
     @app.post("/tasks/{task_id}/query")
     async def query(task_id: str, request: Request):
         return await run_in_threadpool(answering, _query, task_id, request, await body(request))
+
     return app
 
 

@@ -10,7 +10,7 @@ import time
 from pathlib import Path
 
 class CollectionClosed(Exception):
-    """The task has been queried: its report set is fixed."""
+    """The task's collection is closed: its report set is fixed."""
 
 
 class AlreadyAnswered(Exception):
@@ -65,8 +65,8 @@ class Store:
         return int(seq), int(count), digest
 
     def freeze(self, task_id: str, set_hash) -> tuple[int, int, str]:
-        """Closes the task's collection (at its close or first query): later uploads are refused and
-        every answer comes from this set. Fixed per-node noise is only safe on a fixed data set: on a
+        """Closes the task's collection (at the analyst's close): later uploads are refused and every
+        answer comes from this set. Fixed per-node noise is only safe on a fixed data set: on a
         growing one, two answers' difference would be a new report's exact contribution.
         `set_hash(ids)` names the set (keyed: see reconcile)."""
         with self.lock:
@@ -90,15 +90,13 @@ class Store:
         """Drops reports from the closed set (they stay stored), before any answer: after one, a
         smaller set would let two answers differ by the dropped reports' exact contribution."""
         with self.lock:
-            if self.answered(task_id):
+            if self.marked(task_id, "answered"):
                 raise AlreadyAnswered(task_id)
             seq = self.frozen(task_id)[0]
             self.db.execute("BEGIN IMMEDIATE")
             try:
                 self.db.executemany("INSERT OR IGNORE INTO excluded VALUES (?, ?)", ((task_id, i) for i in ids))
-                kept = [bytes(r[0]) for r in self.db.execute(
-                    "SELECT report_id FROM reports WHERE task_id = ? AND seq <= ? AND report_id NOT IN "
-                    "(SELECT report_id FROM excluded WHERE task_id = ?)", (task_id, seq, task_id))]
+                kept = self.frozen_ids(task_id)
                 params = f"{seq}:{len(kept)}:{set_hash(kept)}"
                 self.db.execute("UPDATE releases SET params = ? WHERE task_id = ? AND kind = 'frozen'", (params, task_id))
                 self.db.execute("COMMIT")
@@ -107,26 +105,19 @@ class Store:
                 raise
             return seq, len(kept), params.split(":")[2]
 
-    def answered(self, task_id: str) -> bool:
+    def marked(self, task_id: str, mark: str) -> bool:
+        """Whether the task reached a milestone: 'reconciled' (its close is done), 'answered'."""
         with self.lock:
-            return self.db.execute("SELECT 1 FROM releases WHERE task_id = ? AND kind = 'answered'", (task_id,)).fetchone() is not None
+            return self.db.execute("SELECT 1 FROM releases WHERE task_id = ? AND kind = ?", (task_id, mark)).fetchone() is not None
 
-    def reconciled(self, task_id: str) -> bool:
+    def mark(self, task_id: str, mark: str) -> None:
         with self.lock:
-            return self.db.execute("SELECT 1 FROM releases WHERE task_id = ? AND kind = 'reconciled'", (task_id,)).fetchone() is not None
-
-    def mark_reconciled(self, task_id: str) -> None:
-        with self.lock:
-            self.db.execute("INSERT OR IGNORE INTO releases VALUES (?, 'reconciled', '')", (task_id,))
-
-    def mark_answered(self, task_id: str) -> None:
-        with self.lock:
-            self.db.execute("INSERT OR IGNORE INTO releases VALUES (?, 'answered', '')", (task_id,))
+            self.db.execute("INSERT OR IGNORE INTO releases VALUES (?, ?, '')", (task_id, mark))
 
     def add_reports(self, task_id: str, items: list[tuple[bytes, bytes]]) -> list[bool]:
         """Inserts (report id, key share) pairs in one committed transaction; False where the id
         was already there (a replay: stored once, counted once). Raises CollectionClosed once the
-        task has been queried."""
+        task's collection is closed."""
         now = time.time()
         with self.lock:
             if self.frozen(task_id) is not None:

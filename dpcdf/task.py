@@ -94,9 +94,9 @@ class TaskConfig:
                 return Grid.log(float(g["lo"]), float(g["hi"]), int(g["bits"]))
             if kind == "thresholds":
                 return Grid.from_thresholds(np.asarray(g["values"], dtype=np.float64))
+        except ParameterError:
+            raise
         except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            if isinstance(exc, ParameterError):
-                raise
             raise ParameterError(f"not a {kind} grid: {exc!r:.120}") from None
         raise ParameterError(f"unknown grid kind {kind!r}")
 
@@ -138,9 +138,9 @@ class TaskConfig:
             d = json.loads(text)
             d["servers"], d["hpke_keys"] = tuple(d["servers"]), tuple(d["hpke_keys"])
             return cls(**d)
+        except ParameterError:
+            raise
         except (ValueError, TypeError, KeyError, RecursionError) as exc:
-            if isinstance(exc, ParameterError):
-                raise
             raise ParameterError(f"not a task configuration: {exc!r:.200}") from None
 
     @property

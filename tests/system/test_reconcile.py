@@ -148,14 +148,20 @@ def test_message_tables_round_trip_at_their_fixed_lengths():
     key = secrets.token_bytes(32)
     ids = [secrets.token_bytes(16) for _ in range(500)]
     which = reconcile.buckets(key, ids)
-    differ = np.unique(which)[:70]  # more than LISTED
-    grouped = reconcile.members(ids, which, differ)
-    grouped[int(differ[0])] = [secrets.token_bytes(16) for _ in range(reconcile.SLOT + 1)]  # overfull
+    many = np.unique(which)[:70]  # more than LISTED
+    grouped = reconcile.members(ids, which, many)
+    with pytest.raises(reconcile.TooManyDifferences):
+        reconcile.id_table(many, grouped)
+    differ = many[:reconcile.LISTED]
     table = reconcile.id_table(differ, grouped)
     assert len(reconcile.bitmap(differ) + table) == reconcile.ROUND_LENGTHS[2]
     back = reconcile.read_id_table(table, differ)
-    assert len(back) == reconcile.LISTED and back[int(differ[0])] is None
-    assert all(back[int(b)] == set(grouped[int(b)]) for b in differ[1:reconcile.LISTED])
+    assert len(back) == reconcile.LISTED and all(back[int(b)] == set(grouped[int(b)]) for b in differ)
+    with pytest.raises(reconcile.SyncError, match="lists too few buckets"):
+        reconcile.read_id_table(table, many)
+    grouped[int(differ[0])] = [secrets.token_bytes(16) for _ in range(reconcile.SLOT + 1)]  # overfull
+    with pytest.raises(reconcile.TooManyDifferences):
+        reconcile.id_table(differ, grouped)
     np.testing.assert_array_equal(reconcile.from_bitmap(reconcile.bitmap(differ)), differ)
     listed = reconcile.id_list(ids[:10])
     assert len(listed) == reconcile.ROUND_LENGTHS[3] and reconcile.read_id_list(listed) == ids[:10]
