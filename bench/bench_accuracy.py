@@ -18,7 +18,7 @@ import numpy as np
 
 import dpcdf
 from dpcdf import Grid, metrics
-from dpcdf.noise import scale_fraction, secure_noise
+from dpcdf.release.noise import scale_fraction, secure_noise
 
 N = 1024
 PS = np.linspace(0.01, 0.99, 99)

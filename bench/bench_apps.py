@@ -28,11 +28,11 @@ from sklearn.preprocessing import StandardScaler
 
 import dpcdf
 from dpcdf import Grid, metrics
-from dpcdf.hosmer_lemeshow import exact_hosmer_lemeshow
-from dpcdf.mechanisms import TreeMechanism
-from dpcdf.noise import secure_noise
-from dpcdf.release import finish_release
-from dpcdf.roc import l1_area
+from dpcdf.apps.hosmer_lemeshow import exact_hosmer_lemeshow
+from dpcdf.release.mechanisms import TreeMechanism
+from dpcdf.release.noise import secure_noise
+from dpcdf.release.ecdf import finish_release
+from dpcdf.apps.roc import l1_area
 
 EPS = (0.1, 0.5, 1.0, 2.0, 5.0)
 

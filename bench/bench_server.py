@@ -18,11 +18,13 @@ import time
 
 import numpy as np
 
-from dpcdf.analyst import Analyst, http
-from dpcdf.cli import create_task
-from dpcdf.client import encode_batch, make_reports
-from dpcdf.processes import start_server, stop
-from dpcdf.task import TaskConfig
+from dpcdf.analyst import Analyst
+from dpcdf.service.http import http
+from dpcdf.service.client import create_task
+from dpcdf.service.client import make_reports
+from dpcdf.service.wire import encode_batch
+from dpcdf.service.processes import start_server, stop
+from dpcdf.service.task import TaskConfig
 
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 16}
 

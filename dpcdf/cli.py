@@ -5,16 +5,15 @@ import argparse
 import csv
 import json
 import os
-import secrets
 import sys
 from pathlib import Path
 
 import numpy as np
 
-from .analyst import Analyst, http
-from .client import encode_batch, make_reports
+from .analyst import Analyst
 from .errors import DpcdfError
-from .task import TaskConfig, token_hash
+from .service.client import create_task, submit
+from .service.task import TaskConfig
 
 
 def parse_grid(spec: str) -> dict:
@@ -32,43 +31,6 @@ def _min_batch(args) -> int:
     if args.min_batch is not None:
         return args.min_batch
     return 100 if args.relation == "substitution" else 0
-
-
-def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, relation: str, min_batch: int,
-                kem: str = "x25519", payload: str = "count", split: float = 0.5) -> tuple[TaskConfig, str]:
-    """Fetches both servers' HPKE keys, registers the task with both, returns it and the analyst token."""
-    keys = [http("GET", f"{url}/hpke")["keys"][kem] for url in servers]
-    token = secrets.token_urlsafe(24)
-    config = TaskConfig(grid, float(epsilon), mechanism, relation, int(min_batch), (servers[0], servers[1]),
-                        (keys[0], keys[1]), token_hash(token), payload=payload, split=split, kem=kem)
-    for url in servers:
-        http("POST", f"{url}/tasks", config.to_json().encode())
-    return config, token
-
-
-def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False, labels=None) -> dict:
-    """Makes and uploads the reports for `values` (and `labels`, for a label task) to both servers
-    (each opens only its share)."""
-    values = np.asarray(values, dtype=np.float64).reshape(-1)
-    labels = None if labels is None else np.asarray(labels).reshape(-1)
-    totals = {"accepted": 0, "duplicates": 0, "rejected": 0}
-    for start in range(0, values.size, batch):
-        part = None if labels is None else labels[start : start + batch]
-        reports = [r.to_bytes() for r in make_reports(config, values[start : start + batch], part)]
-        body = encode_batch(reports)
-        for url in config.servers:
-            res = http("POST", f"{url}/tasks/{config.task_id}/reports/batch", body, content_type="application/octet-stream")
-            if url == config.servers[0]:
-                totals["accepted"] += res["accepted"]
-                totals["duplicates"] += res["duplicates"]
-                totals["rejected"] += len(res["rejected"])
-        if progress:
-            done = min(values.size, start + batch)
-            bar = "#" * (30 * done // values.size)
-            print(f"\r[{bar:<30}] {done}/{values.size} reports", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
-    return totals
 
 
 def read_values(args) -> np.ndarray:
@@ -124,7 +86,7 @@ def main(argv: list[str] | None = None) -> int:
     args = ap.parse_args(argv)
     try:
         if args.cmd == "serve":
-            from .server import serve
+            from .service.server import serve
 
             serve(args.party, args.port, args.data, args.host, noise=not args.no_noise)
         elif args.cmd == "task":

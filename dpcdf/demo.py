@@ -7,11 +7,11 @@ import time
 
 import numpy as np
 
-from . import metrics
 from .analyst import Analyst
-from .cli import create_task, submit
-from .processes import start_server, stop
-from .release import prefix_counts
+from .release import metrics
+from .release.ecdf import prefix_counts
+from .service.client import create_task, submit
+from .service.processes import start_server, stop
 
 
 def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "tree", plot: str | None = "dpcdf_demo.png") -> dict:

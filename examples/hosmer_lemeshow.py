@@ -15,7 +15,7 @@ import numpy as np
 from sklearn.linear_model import LogisticRegression
 
 import dpcdf
-from dpcdf.hosmer_lemeshow import exact_hosmer_lemeshow
+from dpcdf.apps.hosmer_lemeshow import exact_hosmer_lemeshow
 
 EPSILONS = (0.1, 0.3, 1.0, 3.0, 10.0)
 

@@ -16,8 +16,8 @@ from sklearn.pipeline import make_pipeline
 from sklearn.preprocessing import StandardScaler
 
 import dpcdf
-from dpcdf.plots import save_roc
-from dpcdf.roc import l1_area
+from dpcdf.apps.plots import save_roc
+from dpcdf.apps.roc import l1_area
 
 EPSILONS = (0.5, 1.0, 4.0)
 

@@ -14,9 +14,9 @@ from sklearn.linear_model import LogisticRegression
 from sklearn.metrics import roc_auc_score, roc_curve
 
 from dpcdf.analyst import Analyst
-from dpcdf.cli import create_task, submit
-from dpcdf.plots import save_roc
-from dpcdf.processes import start_server, stop
+from dpcdf.service.client import create_task, submit
+from dpcdf.apps.plots import save_roc
+from dpcdf.service.processes import start_server, stop
 
 
 def main() -> None:

@@ -21,7 +21,7 @@ from typing import Iterator
 import numba
 import numpy as np
 
-from . import _aes, tree
+from . import _aes, portable
 from .errors import FssError, ParameterError
 from .keys import KeyBatch
 from .params import TreeParams
@@ -85,12 +85,12 @@ def _self_test(name: str) -> bool:
         alphas = np.arange(n, dtype=np.uint64) * np.uint64(97) % np.uint64(1 << p.bits)
         betas = np.full((p.width, n), 5, np.uint64)
         roots = (np.arange(4 * n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)).reshape(2, 2, n)
-        want0, _ = tree.gen_batch(p, alphas, betas, roots)
+        want0, _ = portable.gen_batch(p, alphas, betas, roots)
         got0, _ = fast.gen_batch(p, alphas, betas, roots, vaes)
         if got0.to_bytes() != want0.to_bytes():
             return False
         xs = alphas[::-1].copy()
-        if not np.array_equal(fast.eval_batch(got0, xs, vaes), tree.eval_batch(want0, xs)):
+        if not np.array_equal(fast.eval_batch(got0, xs, vaes), portable.eval_batch(want0, xs)):
             return False
     return True
 
@@ -122,7 +122,7 @@ def eval_batch(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
     """(width, n) shares of key k at internal point xs[k]."""
     name = _fast_for(batch.params)
     if name is None:
-        return tree.eval_batch(batch, xs)
+        return portable.eval_batch(batch, xs)
     from . import fast
 
     return fast.eval_batch(batch, xs, name == "vaes")
@@ -132,7 +132,7 @@ def eval_sum(batch: KeyBatch, points: np.ndarray) -> np.ndarray:
     """(m, width) sums over all keys at each internal point."""
     name = _fast_for(batch.params)
     if name is None:
-        return tree.eval_sum(batch, points)
+        return portable.eval_sum(batch, points)
     from . import fast
 
     return fast.eval_sum(batch, points, name == "vaes", threads())
@@ -142,24 +142,26 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
     """Key pairs for internal alphas (n,), payloads (width, n) and root seeds (2, 2, n)."""
     name = _fast_for(p)
     if name is None:
-        return tree.gen_batch(p, alphas, betas, roots)
+        return portable.gen_batch(p, alphas, betas, roots)
     from . import fast
 
     return fast.gen_batch(p, alphas, betas, roots, name == "vaes")
 
 
 def eval_full(batch: KeyBatch) -> np.ndarray:
-    return tree.eval_full(batch)
+    return portable.eval_full(batch)
 
 
 def warm_up(width: int = 1, out_bits: int = 64) -> None:
     """Compiles the kernels a workload of this payload width will use (gen, eval, eval_sum at one
     and at many points), so that the first real call does not pay numba's compile time. Their types
     do not depend on `bits`, so a small domain serves every task."""
-    from .dcf import DCF
+    from .params import KIND_DCF
 
-    fn = DCF(4, out_bits, width)
-    k0, _ = fn.gen_batch(np.arange(20) % 16, 1)
-    fn.eval_batch(k0, np.arange(20) % 16)
-    fn.eval_sum(k0, [3])
-    fn.eval_sum(k0, [1, 5, 9])
+    p = TreeParams.make(KIND_DCF, 4, out_bits, width, "lt", False)
+    xs = np.arange(20, dtype=np.uint64) % np.uint64(16)
+    roots = np.arange(80, dtype=np.uint64).reshape(2, 2, 20)
+    k0, _ = gen_batch(p, xs, np.ones((width, 20), np.uint64), roots)
+    eval_batch(k0, xs)
+    eval_sum(k0, np.array([3], np.uint64))
+    eval_sum(k0, np.array([1, 5, 9], np.uint64))

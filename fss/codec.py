@@ -20,7 +20,6 @@ from __future__ import annotations
 import numpy as np
 
 from .errors import KeyFormatError
-from .keys import Key, KeyBatch
 from .params import BATCH_FLAG, BATCH_HEADER_LEN, FORMAT_VERSION, HEADER_LEN, LAMBDA_BYTES, TreeParams
 
 _CHUNK = 8192  # keys per chunk in the bit (un)packing, to bound temporary memory
@@ -45,17 +44,18 @@ def _bodies(p: TreeParams, fields: tuple, lo: int, hi: int) -> np.ndarray:
     return np.concatenate([seeds, cws, tbytes, vbytes], axis=1)
 
 
-def encode_batch(batch: KeyBatch) -> bytes:
-    p, n = batch.params, len(batch)
-    fields = batch.logical()
-    parts = [p.header(batch.party, batch=True), n.to_bytes(8, "little")]
+def encode_batch(p: TreeParams, party: int, fields: tuple) -> bytes:
+    """A batch's bytes from its logical arrays (`KeyBatch.logical()`)."""
+    n = fields[0].shape[-1]
+    parts = [p.header(party, batch=True), n.to_bytes(8, "little")]
     for lo in range(0, n, _CHUNK):
         parts.append(_bodies(p, fields, lo, min(n, lo + _CHUNK)).tobytes())
     return b"".join(parts)
 
 
-def encode_key(key: Key) -> bytes:
-    return key.params.header(key.party) + _bodies(key.params, key.batch.logical(), 0, 1).tobytes()
+def encode_key(p: TreeParams, party: int, fields: tuple) -> bytes:
+    """One key's bytes from the logical arrays of a batch of one."""
+    return p.header(party) + _bodies(p, fields, 0, 1).tobytes()
 
 
 def _check_header(p: TreeParams, data: bytes, batch: bool, party: int | None) -> int:
@@ -125,8 +125,9 @@ def _as_bytes(data: object) -> bytes:
     return bytes(data)
 
 
-def decode_key(p: TreeParams, data: object, party: int | None = None) -> Key:
-    """Parses one key of parameters `p` (and of `party`, if given); anything else: KeyFormatError."""
+def decode_key(p: TreeParams, data: object, party: int | None = None) -> tuple:
+    """Parses one key of parameters `p` (and of `party`, if given) into (party, seeds, cw_seed, cw_t,
+    cw_v): the arguments of `KeyBatch.from_logical`; anything else: KeyFormatError."""
     data = _as_bytes(data)
     if len(data) < HEADER_LEN:
         raise KeyFormatError(f"a key is at least {HEADER_LEN} bytes, got {len(data)}")
@@ -135,11 +136,12 @@ def decode_key(p: TreeParams, data: object, party: int | None = None) -> Key:
         raise KeyFormatError(f"a key of {p.describe()} is {p.key_size} bytes, got {len(data)}")
     arrays = _empty_arrays(p, 1)
     _parse_bodies(p, np.frombuffer(data, np.uint8, offset=HEADER_LEN).reshape(1, -1), arrays, 0)
-    return Key(KeyBatch.from_logical(p, got_party, **arrays))
+    return (got_party, *arrays.values())  # the order of KeyBatch.from_logical's arguments
 
 
-def decode_batch(p: TreeParams, data: object, party: int | None = None) -> KeyBatch:
-    """Parses a key batch of parameters `p`; anything else: KeyFormatError."""
+def decode_batch(p: TreeParams, data: object, party: int | None = None) -> tuple:
+    """Parses a key batch of parameters `p` into (party, seeds, cw_seed, cw_t,
+    cw_v); anything else: KeyFormatError."""
     data = _as_bytes(data)
     if len(data) < BATCH_HEADER_LEN:
         raise KeyFormatError(f"a key batch is at least {BATCH_HEADER_LEN} bytes, got {len(data)}")
@@ -153,4 +155,4 @@ def decode_batch(p: TreeParams, data: object, party: int | None = None) -> KeyBa
     bodies = np.frombuffer(data, np.uint8, offset=BATCH_HEADER_LEN).reshape(n, p.body_len)
     for lo in range(0, n, _CHUNK):
         _parse_bodies(p, bodies[lo : lo + _CHUNK], arrays, lo)
-    return KeyBatch.from_logical(p, got_party, **arrays)
+    return (got_party, *arrays.values())  # the order of KeyBatch.from_logical's arguments

@@ -41,11 +41,11 @@ class TreeFunction:
 
     def key_from_bytes(self, data: bytes, party: int | None = None) -> Key:
         """Strictly parses one key of this function; raises `KeyFormatError` on anything else."""
-        return codec.decode_key(self.params, data, party)
+        return Key(KeyBatch.from_logical(self.params, *codec.decode_key(self.params, data, party)))
 
     def batch_from_bytes(self, data: bytes, party: int | None = None) -> KeyBatch:
         """Strictly parses a `KeyBatch` of this function; raises `KeyFormatError` on anything else."""
-        return codec.decode_batch(self.params, data, party)
+        return KeyBatch.from_logical(self.params, *codec.decode_batch(self.params, data, party))
 
     def batch_from_keys(self, keys: Sequence[bytes], party: int) -> KeyBatch:
         """One `KeyBatch` from many single-key encodings of `party` (as `Key.to_bytes()` makes
@@ -56,7 +56,7 @@ class TreeFunction:
             if not isinstance(k, (bytes, bytearray)) or len(k) != p.key_size or bytes(k[: len(header)]) != header:
                 raise KeyFormatError(f"not a single key of {p.describe()} for party {party}")
         blob = p.header(party, batch=True) + len(keys).to_bytes(8, "little") + b"".join(bytes(k[len(header):]) for k in keys)
-        return codec.decode_batch(p, blob, party)
+        return KeyBatch.from_logical(p, *codec.decode_batch(p, blob, party))
 
     # --- gen -------------------------------------------------------------------------------
     def gen(self, alpha: int, beta: Payload = 1) -> tuple[Key, Key]:

@@ -6,6 +6,7 @@ from typing import Sequence
 
 import numpy as np
 
+from . import codec
 from .errors import KeyMismatchError, ParameterError
 from .params import TreeParams
 
@@ -102,9 +103,7 @@ class KeyBatch:
 
     def to_bytes(self) -> bytes:
         """The batch wire format: a 16-byte header (with the key count), then each key's body."""
-        from .codec import encode_batch
-
-        return encode_batch(self)
+        return codec.encode_batch(self.params, self.party, self.logical())
 
     @classmethod
     def concatenate(cls, batches: Sequence["KeyBatch"]) -> "KeyBatch":
@@ -141,9 +140,7 @@ class Key:
 
     def to_bytes(self) -> bytes:
         """The single-key wire format: an 8-byte header, then the key's body."""
-        from .codec import encode_key
-
-        return encode_key(self)
+        return codec.encode_key(self.params, self.party, self.batch.logical())
 
     def __eq__(self, other: object) -> bool:
         return isinstance(other, Key) and self.to_bytes() == other.to_bytes()

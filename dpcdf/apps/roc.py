@@ -1,0 +1,101 @@
+"""DP ROC curves and AUC (the paper's section 5.1) from two DP ECDFs: of the positives' scores and of
+the negatives' scores.
+
+Convention (scikit-learn's): a score at or above the threshold predicts positive. On the grid, the
+threshold t_i predicts positive for index(score) >= i, so TPR_i = #{positives with index >= i} / P.
+
+Privacy: each person is in exactly one of the two ECDFs, and each curve is released epsilon/2-DP
+under add/remove. A substitution (one person's score and label change) is one removal and one
+addition, either both in one curve (2 x epsilon/2) or one in each (epsilon/2 + epsilon/2): together
+epsilon-DP under substitution (n public; P and N are not, so they are estimated from the curves).
+The two curves draw their node noise from separate id domains, so a deterministic noise function
+(like the servers' PRF) never gives both the same noise, which would cancel in their difference.
+"""
+from __future__ import annotations
+
+from typing import TYPE_CHECKING
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from ..errors import ParameterError
+from ..release.grid import Grid
+from ..release.ecdf import Release, release_ecdf, secure_node_noise
+
+if TYPE_CHECKING:
+    from ..service.analyst import Analyst
+
+
+@dataclass(frozen=True)
+class RocRelease:
+    thresholds: np.ndarray  # grid thresholds, then +inf (nothing predicted positive)
+    fpr: np.ndarray
+    tpr: np.ndarray
+    positives: Release
+    negatives: Release
+    epsilon: float
+
+    @property
+    def auc(self) -> float:
+        """Area under the (monotone) curve by the trapezoid rule."""
+        order = np.lexsort((self.tpr, self.fpr))  # by FPR, and up the vertical steps
+        return float(np.trapezoid(self.tpr[order], self.fpr[order]))
+
+    @property
+    def statement(self) -> str:
+        return (f"{self.epsilon:g}-DP under substitution (n public): two ECDFs (positives, negatives), each "
+                f"{self.epsilon / 2:g}-DP under add/remove")
+
+
+def rates(release: Release) -> np.ndarray:
+    """#{index >= i} / total for i = 0..N (the last one, N, is 0): from the released prefix counts."""
+    total = release.total
+    c = np.concatenate([[0.0], release.counts])
+    return np.clip((total - c) / total, 0.0, 1.0) if total > 0 else np.zeros(c.size)
+
+
+def roc(scores, labels, grid: Grid, epsilon: float, mechanism: str = "auto", noise=secure_node_noise) -> RocRelease:
+    """The epsilon-DP ROC curve of classifier scores against binary labels, on `grid` (see the module
+    docstring for the privacy statement). Raises ParameterError for NaN scores, labels other than 0/1,
+    or data without both classes."""
+    s = np.asarray(scores, dtype=np.float64).reshape(-1)
+    y = np.asarray(labels).reshape(-1)
+    if s.size != y.size or s.size == 0:
+        raise ParameterError(f"need as many labels as scores, and some: got {s.size} scores, {y.size} labels")
+    if np.isnan(s).any():
+        raise ParameterError("scores must not be NaN")
+    if not np.isin(y, [0, 1]).all():
+        raise ParameterError("labels must be 0 or 1")
+    if y.min() == y.max():
+        raise ParameterError("a ROC curve needs both classes in the data")
+    pos = release_ecdf(s[y == 1], grid, epsilon / 2, mechanism, "add-remove", noise=_domain(noise, 1))
+    neg = release_ecdf(s[y == 0], grid, epsilon / 2, mechanism, "add-remove", noise=_domain(noise, 2))
+    return RocRelease(np.concatenate([grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg, float(epsilon))
+
+
+def roc_from_servers(analyst: Analyst) -> RocRelease:
+    """The DP ROC curve of a two-server label task: element 0 of each key counts positives, element 1
+    negatives; both curves are post-processed full-grid releases carrying both servers' noise."""
+    if analyst.config.payload != "label":
+        raise ParameterError("this task releases an ECDF: use release()")
+    pos, neg = analyst.releases()
+    return RocRelease(np.concatenate([analyst.grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg,
+                      analyst.config.epsilon)
+
+
+def _domain(noise, k: int):
+    """`noise` on node ids with k in their top two bits (node ids stay below 2^62)."""
+    return lambda ids, scale: noise(np.asarray(ids).astype(np.uint64) | np.uint64(k << 62), scale)
+
+
+def l1_area(fpr_a, tpr_a, fpr_b, tpr_b, points: int = 2001) -> float:
+    """The paper's ROC error: the area between two ROC curves, integral over FPR of |TPR_a - TPR_b|
+    (each curve linearly interpolated, in FPR order)."""
+    f = np.linspace(0, 1, points)
+
+    def curve(fpr, tpr):
+        order = np.lexsort((tpr, fpr))
+        return np.interp(f, np.asarray(fpr)[order], np.asarray(tpr)[order])
+
+    return float(np.trapezoid(np.abs(curve(fpr_a, tpr_a) - curve(fpr_b, tpr_b)), f))

@@ -1,0 +1,172 @@
+"""The central (trusted-curator) DP ECDF release: the mechanisms on plain counts, then
+post-processing. The two-server protocol produces the same kind of `Release` from key shares."""
+from __future__ import annotations
+
+from dataclasses import dataclass, replace
+from fractions import Fraction
+
+import numpy as np
+
+from . import postprocess
+from ..errors import ParameterError
+from .grid import Grid
+from .mechanisms import PathMechanism, TreeMechanism, check_epsilon, check_relation
+from .noise import secure_noise
+
+MECHANISMS = ("auto", "path", "tree")
+POSTPROCESS = ("auto", "none", "monotone", "monotone-l1")
+
+
+def secure_node_noise(node_ids: np.ndarray, scale: Fraction) -> np.ndarray:
+    """Fresh CSPRNG noise for each node id (each id must be asked for once per release)."""
+    return secure_noise(np.asarray(node_ids).size, scale)
+
+
+@dataclass(frozen=True)
+class Release:
+    """A DP ECDF over a grid: `raw` are the noisy prefix counts the mechanism released (for a
+    tree, the covering estimator), `counts` the post-processed ones (non-decreasing, within
+    [0, total]); `total` is n (public under substitution) or its noisy estimate (add/remove).
+    Everything here is post-processing of one release, so it costs no further privacy."""
+
+    grid: Grid
+    mechanism: PathMechanism | TreeMechanism
+    raw: np.ndarray
+    counts: np.ndarray
+    total: float
+
+    @property
+    def statement(self) -> str:
+        return self.mechanism.statement()
+
+    def cdf(self) -> np.ndarray:
+        """F at every threshold (post-processed)."""
+        return self.counts / self.total if self.total > 0 else np.zeros_like(self.counts)
+
+    def ecdf(self, ts) -> np.ndarray:
+        """F(t) for any values t: the released F at the largest threshold <= t (0 below t_0)."""
+        t = np.asarray(ts, dtype=np.float64)
+        if np.isnan(t).any():
+            raise ParameterError("ecdf points must not be NaN")
+        i = np.searchsorted(self.grid.thresholds, t, side="right") - 1
+        f = self.cdf()
+        return np.where(i >= 0, f[np.clip(i, 0, None)], 0.0)
+
+    def quantile(self, ps, method: str = "exact") -> np.ndarray:
+        """The smallest threshold t with F(t) >= p, per p in [0, 1]. "exact" inverts the monotone
+        release; "bisect" is the paper's Algorithm 1 (binary search) on the raw release."""
+        p = np.asarray(ps, dtype=np.float64)
+        if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
+            raise ParameterError("quantile levels must lie in [0, 1]")
+        if method == "exact":
+            idx = np.searchsorted(self.cdf(), p, side="left")
+        elif method == "bisect":
+            raw = self.raw / self.total if self.total > 0 else self.raw
+            idx = np.array([_bisect(raw, q) for q in p.reshape(-1)]).reshape(p.shape)
+        else:
+            raise ParameterError(f"method must be 'exact' or 'bisect', got {method!r}")
+        return self.grid.thresholds[np.minimum(idx, self.grid.size - 1)]
+
+    def histogram(self, edges) -> np.ndarray:
+        """DP counts of the bins between consecutive `edges` (values t with a < t <= b), as
+        differences of the released ECDF: noise grows with log(bins), not with their number (the
+        paper's section 7). Post-processing: no extra privacy cost."""
+        e = np.asarray(edges, dtype=np.float64)
+        if e.ndim != 1 or e.size < 2 or not np.all(np.diff(e) > 0):
+            raise ParameterError("edges must be an increasing 1-D array of at least 2 values")
+        return np.diff(self.ecdf(e)) * self.total
+
+    def smooth(self, p: int = 2) -> "Release":
+        """The paper's eq. 3: the smallest node-noise adjustments (L1 or L2) that make the raw path
+        release non-decreasing within [0, n]. Path mechanism only (its node sets are paths)."""
+        if not isinstance(self.mechanism, PathMechanism):
+            raise ParameterError("eq. 3 smoothing is defined for the path mechanism; trees are made consistent instead")
+        nodes = self.mechanism.nodes_for(np.arange(self.grid.size))
+        counts = postprocess.smooth_eq3(self.raw, nodes, self.total, p)
+        return replace(self, counts=counts)
+
+
+def _bisect(raw: np.ndarray, p: float) -> int:
+    lo, hi = 0, raw.size - 1
+    while lo < hi:
+        mid = (lo + hi) // 2
+        if raw[mid] < p:
+            lo = mid + 1
+        else:
+            hi = mid
+    return lo
+
+
+def quantiles(values, grid: Grid, epsilon: float, ps=(0.1, 0.25, 0.5, 0.75, 0.9), **release_args) -> np.ndarray:
+    """A DP quantile summary: the release's exact inverse at levels `ps` (epsilon-DP as the release)."""
+    return release_ecdf(values, grid, epsilon, **release_args).quantile(ps)
+
+
+def prefix_counts(values, grid: Grid) -> np.ndarray:
+    """Exact counts #{v : index(v) <= i} at every grid index."""
+    idx = grid.index(values)
+    return np.cumsum(np.bincount(idx.reshape(-1), minlength=grid.size)).astype(np.int64)
+
+
+def release_ecdf(
+    values,
+    grid: Grid,
+    epsilon: float,
+    mechanism: str | PathMechanism | TreeMechanism = "auto",
+    relation: str = "substitution",
+    postprocess_with: str = "auto",
+    noise=secure_node_noise,
+) -> Release:
+    """An epsilon-DP ECDF of `values` on `grid` (trusted curator: the caller holds the data).
+
+    mechanism: "path" (the paper's eq. 2 with exact calibration), "tree" / "auto" (the b-ary tree
+    with the least expected error for this grid, made consistent), or a mechanism object.
+    relation: which neighbouring datasets the guarantee covers ("substitution": one value changes
+    and n is public; "add-remove": one person joins or leaves). The returned `Release.statement`
+    says the guarantee. Raises ParameterError for bad epsilon, no data, or unknown names."""
+    epsilon = check_epsilon(epsilon)
+    relation = check_relation(relation)
+    if not isinstance(grid, Grid):
+        raise ParameterError(f"grid must be a dpcdf.Grid, got {type(grid).__name__}")
+    v = np.asarray(values, dtype=np.float64).reshape(-1)
+    if v.size == 0:
+        raise ParameterError("need at least one value")
+    if postprocess_with not in POSTPROCESS:
+        raise ParameterError(f"postprocess_with must be one of {POSTPROCESS}, got {postprocess_with!r}")
+    prefix = prefix_counts(v, grid)
+    mech = _mechanism(mechanism, grid.size, epsilon, relation)
+    noisy = mech.noisy_prefix(prefix, noise) if isinstance(mech, PathMechanism) else mech.noisy_nodes(prefix, noise)
+    return finish_release(grid, mech, noisy, v.size, postprocess_with)
+
+
+def finish_release(grid: Grid, mech, noisy, n: int, postprocess_with: str = "auto", copies: int = 1) -> Release:
+    """The post-processing every release shares (central, or the analyst's over two servers):
+    `noisy` is the path mechanism's noisy prefix counts or the tree's noisy node counts per level,
+    each value carrying `copies` independent noises; n is public under substitution."""
+    if isinstance(mech, PathMechanism):
+        raw = np.asarray(noisy, dtype=np.float64)
+        fitted = raw
+    else:
+        raw = mech.covering_prefix(noisy)
+        fitted = mech.consistent(noisy, copies)
+    substitution = mech.relation == "substitution"
+    total = float(n) if substitution else float(max(fitted[-1], 1.0))
+    if postprocess_with == "none":
+        return Release(grid, mech, raw, raw, total)
+    known_last = total if substitution else None  # every value is <= t_max (clamped or refused)
+    counts = postprocess.monotone(fitted, 0.0, total, 1 if postprocess_with == "monotone-l1" else 2, known_last)
+    return Release(grid, mech, raw, counts, total)
+
+
+def _mechanism(mechanism, size: int, epsilon: float, relation: str):
+    if isinstance(mechanism, (PathMechanism, TreeMechanism)):
+        if mechanism.size != size:
+            raise ParameterError(f"mechanism is for {mechanism.size} grid points, the grid has {size}")
+        if mechanism.relation != relation or mechanism.epsilon != epsilon:
+            raise ParameterError("the mechanism's epsilon and relation must be the release's")
+        return mechanism
+    if mechanism == "path":
+        return PathMechanism(size, epsilon, relation)
+    if mechanism in ("auto", "tree"):
+        return TreeMechanism(size, epsilon, relation)
+    raise ParameterError(f"mechanism must be one of {MECHANISMS} or a mechanism object, got {mechanism!r}")

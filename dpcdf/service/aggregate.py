@@ -1,0 +1,96 @@
+"""What a server computes for the analyst, free of HTTP: shares of prefix and node counts from its
+key shares, plus its own full tree noise derived from its secret seed.
+
+Evaluation is a map over key shards and a sum (`partial_sums`), so a server can spread it over a
+distributed engine later without touching the protocol.
+"""
+from __future__ import annotations
+
+from fractions import Fraction
+
+import numpy as np
+
+from fss import DCF, KeyBatch
+
+from ..release.mechanisms import PathMechanism, TreeMechanism
+from ..release.noise import prf_key, prf_noise
+
+
+def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.ndarray:
+    """sum over shards of dcf.eval_sum(shard, points), mod 2^64: uint64 (m,), or (m, width)."""
+    total = np.zeros((points.size,) + ((dcf.width,) if dcf.width > 1 else ()), np.uint64)
+    for shard in shards:
+        if len(shard):
+            total += dcf.eval_sum(shard, points)
+    return total
+
+
+class Aggregator:
+    """One server's view of one task: the mechanism, its DCF, and its noise (PRF of its seed)."""
+
+    def __init__(self, dcf: DCF, mechanism: PathMechanism | TreeMechanism, seed: bytes, task_id: str, noise: bool = True):
+        self.dcf, self.mechanism = dcf, mechanism
+        label = f"{task_id}/{mechanism.name}"
+        # one noise stream per payload element: each element is its own released ECDF
+        self.keys = [prf_key(seed, label if dcf.width == 1 else f"{label}/{e}") for e in range(dcf.width)]
+        self.group_key = prf_key(seed, f"{task_id}/groups")  # the once-only group sums (calibration tasks)
+        self.noise_on = noise
+
+    def noise_fn(self, element: int):
+        def noise(ids: np.ndarray, scale: Fraction) -> np.ndarray:
+            if not self.noise_on:
+                return np.zeros(np.asarray(ids).size, np.int64)
+            return prf_noise(self.keys[element], ids, scale)
+
+        return noise
+
+    def noise(self, ids: np.ndarray, scale: Fraction) -> np.ndarray:
+        return self.noise_fn(0)(ids, scale)
+
+    def _add(self, shares: np.ndarray, noise_of) -> np.ndarray:
+        """shares + each element's noise (int64 noise, added mod 2^64)."""
+        if self.dcf.width == 1:
+            return shares + noise_of(self.noise_fn(0)).astype(np.int64).view(np.uint64)
+        out = shares.copy()
+        for e in range(self.dcf.width):
+            out[:, e] += noise_of(self.noise_fn(e)).astype(np.int64).view(np.uint64)
+        return out
+
+    def prefix_shares(self, shards: list[KeyBatch], indices: np.ndarray) -> np.ndarray:
+        """Share of (count(index <= i) + this server's noise on the nodes S(i)) for each index i."""
+        idx = np.asarray(indices, np.int64)
+        mech = self.mechanism
+        if isinstance(mech, PathMechanism):
+            eta = lambda fn: mech.prefix_noise(idx, fn)  # noqa: E731
+        else:
+            eta = lambda fn: np.array([sum(int(mech.node_noise(lv, np.array([j]), fn)[0])  # noqa: E731
+                                           for lv, j in mech.shape.covering(int(i))) for i in idx], np.int64)
+        return self._add(partial_sums(self.dcf, shards, idx), eta)
+
+    def node_shares(self, shards: list[KeyBatch], level: int) -> np.ndarray:
+        """Share of (count + this server's noise) for every data-holding node of a tree level."""
+        mech = self.mechanism
+        if not isinstance(mech, TreeMechanism):
+            raise TypeError("node counts belong to the tree mechanism")
+        starts, ends = mech.node_bounds(level)
+        points = np.unique(np.concatenate([ends, starts[starts > 0] - 1]))
+        sums = partial_sums(self.dcf, shards, points)
+        where = {int(p): k for k, p in enumerate(points)}
+        hi = sums[[where[int(e)] for e in ends]]
+        lo = np.zeros_like(hi)
+        has_lo = starts > 0
+        lo[has_lo] = sums[[where[int(s) - 1] for s in starts[has_lo]]]
+        return self._add(hi - lo, lambda fn: mech.node_noise(level, np.arange(starts.size), fn))
+
+    def group_shares(self, shards: list[KeyBatch], edges: np.ndarray, scales: list) -> np.ndarray:
+        """Shares of every payload element summed over the index groups (.., e_1], (e_1, e_2], ...,
+        (e_last, size-1], plus this server's noise: one scale per element, its own PRF domain."""
+        size = self.mechanism.size
+        points = np.concatenate([np.asarray(edges, np.int64), [size - 1]])
+        sums = partial_sums(self.dcf, shards, points).reshape(points.size, -1)
+        groups = sums - np.concatenate([np.zeros((1, sums.shape[1]), np.uint64), sums[:-1]])
+        ids = np.arange(points.size, dtype=np.uint64)
+        for e, scale in enumerate(scales):
+            eta = np.zeros(ids.size, np.int64) if not self.noise_on else prf_noise(self.group_key, ids + np.uint64((e + 1) << 32), scale)
+            groups[:, e] += eta.view(np.uint64)
+        return groups

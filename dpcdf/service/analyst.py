@@ -1,0 +1,128 @@
+"""The analyst: asks both servers the same question, adds the shares mod 2^64, reads the sums as
+signed noisy counts, and post-processes them exactly like the central release. Each server adds its
+own full noise, so the answers are epsilon-DP even if the analyst colludes with one server; the
+price is twice the noise variance (the consistency step knows it)."""
+from __future__ import annotations
+
+import json
+
+import numpy as np
+
+from ..errors import DpcdfError
+from ..release.mechanisms import PathMechanism
+from ..release.ecdf import Release, finish_release
+from .http import ServerError, http
+from .task import MAX_QUERY_POINTS, TaskConfig
+
+
+class Analyst:
+    def __init__(self, config: TaskConfig, token: str):
+        self.config, self.token = config, token
+        self.grid = config.make_grid()
+        self.mechanism = config.make_mechanism()
+        self._closed = False
+
+    def close(self) -> int | None:
+        """Closes the collection on both servers and relays their reconciliation (`dpcdf.reconcile`:
+        four sealed, fixed-length messages after which both hold the same report set, any report that
+        reached one server only dropped). Idempotent; the first query calls it. Returns the number of
+        reports (None under add/remove)."""
+        url = [f"{u}/tasks/{self.config.task_id}/close" for u in self.config.servers]
+        sync, last = None, {}
+        for party in (0, 1, 0, 1):
+            last[party] = http("POST", url[party], json.dumps({"sync": sync}).encode(), self.token)
+            sync = last[party]["sync"]
+        if last[0]["reports_hash"] != last[1]["reports_hash"]:
+            raise ServerError("the servers could not agree on one report set")
+        self._closed = True
+        return last[1]["n"]
+
+    def _ask(self, question: dict) -> tuple[np.ndarray, int]:
+        if not self._closed:
+            self.close()
+        body = json.dumps(question).encode()
+        answers = [http("POST", f"{url}/tasks/{self.config.task_id}/query", body, self.token) for url in self.config.servers]
+        if answers[0]["reports_hash"] != answers[1]["reports_hash"]:
+            raise ServerError("the servers answer from different report sets (one of them does not follow the "
+                              "protocol); their answers do not add up")
+        s0 = np.array([int(v) for v in answers[0]["shares"]], np.uint64)
+        s1 = np.array([int(v) for v in answers[1]["shares"]], np.uint64)
+        total = (s0 + s1).view(np.int64)
+        width = int(answers[0].get("width", 1))
+        n = answers[0]["n"]  # None under add/remove: the count is not public, the release estimates it
+        return (total if width == 1 else total.reshape(-1, width)), (0 if n is None else int(n))
+
+    def prefix_counts(self, indices) -> tuple[np.ndarray, int]:
+        """Noisy counts #{v : index(v) <= i} (int64) at grid indices, and n."""
+        idx = [int(i) for i in indices]
+        parts = [self._ask({"kind": "prefix", "indices": idx[k:k + MAX_QUERY_POINTS]})
+                 for k in range(0, max(len(idx), 1), MAX_QUERY_POINTS)]
+        return np.concatenate([p[0] for p in parts]), parts[0][1]
+
+    def _total(self, n: int) -> float:
+        """n when public (substitution); else the noisy count at the last grid index."""
+        if self.config.n_public:
+            return float(n)
+        last, _ = self.prefix_counts([self.grid.size - 1])
+        return float(max(last[0], 1))
+
+    def ecdf(self, ts) -> np.ndarray:
+        """The raw DP ECDF at values t (the noisy prefix count at the largest threshold <= t over the
+        total), from prefix queries only: no full-grid release needed, so it works on any grid size."""
+        t = np.asarray(ts, dtype=np.float64).reshape(-1)
+        if t.size == 0:
+            return np.zeros(0)
+        idx = np.searchsorted(self.grid.thresholds, t, side="right") - 1
+        counts, n = self.prefix_counts(np.maximum(idx, 0))
+        return np.where(idx >= 0, counts / self._total(n), 0.0)
+
+    def quantile(self, ps) -> np.ndarray:
+        """The paper's Algorithm 1 over the grid: per level p, binary search for the smallest threshold
+        whose noisy ECDF reaches p; all levels step together (log2(N) rounds of prefix queries). Every
+        answer is post-processing of the same fixed node noise, so the search costs no extra budget."""
+        p = np.asarray(ps, dtype=np.float64).reshape(-1)
+        if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
+            raise DpcdfError("quantile levels must lie in [0, 1]")
+        lo, hi = np.zeros(p.size, np.int64), np.full(p.size, self.grid.size - 1, np.int64)
+        total = None
+        while (lo < hi).any():
+            mid = (lo + hi) // 2
+            counts, n = self.prefix_counts(mid)
+            total = self._total(n) if total is None else total
+            below = counts / total < p
+            lo, hi = np.where(below & (lo < hi), mid + 1, lo), np.where(~below & (lo < hi), mid, hi)
+        return self.grid.thresholds[lo]
+
+    def releases(self) -> list[Release]:
+        """One full-grid release per payload element, post-processed like the central one, knowing
+        that every value carries both servers' noise."""
+        mech = self.mechanism
+        if isinstance(mech, PathMechanism):
+            noisy, n = self.prefix_counts(range(self.grid.size))
+            per = [noisy] if noisy.ndim == 1 else [noisy[:, e] for e in range(noisy.shape[1])]
+        else:
+            levels, n = [], 0
+            for level in range(mech.shape.height + 1):
+                if level in mech.released_levels():
+                    counts, n = self._ask({"kind": "nodes", "level": level})
+                    levels.append(counts.astype(np.float64))
+                else:  # an unreleased root: consistency does without it
+                    levels.append(np.full((1,) + levels[-1].shape[1:], np.nan))
+            width = 1 if levels[0].ndim == 1 else levels[0].shape[1]
+            per = [levels] if width == 1 else [[lv[:, e] for lv in levels] for e in range(width)]
+        return [finish_release(self.grid, mech, noisy_e, n, copies=2) for noisy_e in per]
+
+    def release(self) -> Release:
+        """The full-grid ECDF release (path: monotone; tree: consistent, then monotone); for a
+        calibration task, the ECDF of the probabilities."""
+        if self.config.payload == "label":
+            raise DpcdfError("this task releases a ROC curve: use roc() (dpcdf.Analyst)")
+        return self.releases()[0]
+
+    def group_sums(self, edges) -> np.ndarray:
+        """A calibration task's noisy per-group sums (n, labels, probabilities in fixed point), one row
+        per group (.., e_1], (e_1, e_2], ...; released once per task: the servers refuse other edges."""
+        if self.config.payload != "calibration":
+            raise DpcdfError("group sums need a calibration task")
+        sums, _ = self._ask({"kind": "groups", "edges": [int(e) for e in edges]})
+        return sums

@@ -1,0 +1,36 @@
+"""The HTTP client that the analyst, the clients and the process helpers share: JSON in and out,
+every failure (an error status, a refused or broken connection) as one `ServerError`."""
+from __future__ import annotations
+
+import http.client as http_client
+import json
+import urllib.error
+import urllib.request
+
+from ..errors import DpcdfError
+
+
+class ServerError(DpcdfError):
+    """A server refused or failed a request (the message carries its status and reason)."""
+
+
+def http(method: str, url: str, body: bytes | None = None, token: str | None = None,
+         content_type: str = "application/json", timeout: float = 600) -> dict:
+    req = urllib.request.Request(url, data=body, method=method)
+    if body is not None:
+        req.add_header("Content-Type", content_type)
+    if token:
+        req.add_header("Authorization", f"Bearer {token}")
+    try:
+        with urllib.request.urlopen(req, timeout=timeout) as resp:
+            return json.loads(resp.read() or b"{}")
+    except urllib.error.HTTPError as exc:
+        try:
+            reason = json.loads(exc.read()).get("error", "")
+        except ValueError:
+            reason = ""
+        raise ServerError(f"{url}: HTTP {exc.code} {reason}".strip()) from None
+    except urllib.error.URLError as exc:
+        raise ServerError(f"{url}: {exc.reason}") from None
+    except (http_client.HTTPException, OSError) as exc:  # the connection broke mid-request
+        raise ServerError(f"{url}: {exc.__class__.__name__}: {exc}") from None

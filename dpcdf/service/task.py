@@ -1,0 +1,152 @@
+"""A task: everything both servers, the clients and the analyst agree on, serialized as canonical
+JSON and fingerprinted. The fingerprint is bound into every sealed share (HPKE info and associated
+data), so a report made for one task cannot be counted in another."""
+from __future__ import annotations
+
+import hashlib
+import json
+import re
+import secrets
+from dataclasses import asdict, dataclass, field
+
+import numpy as np
+
+from fss import DCF
+
+from ..errors import ParameterError
+from ..release.grid import Grid
+from ..release.calibration import group_scales
+from .hpke import check_kem
+from ..release.mechanisms import PathMechanism, TreeMechanism, check_epsilon, check_relation
+
+FORMAT = "dpcdf-task/v1"
+OUT_BITS = 64
+MAX_TREE_SIZE = 1 << 20
+MAX_QUERY_POINTS = 1 << 16  # prefix indices per query (the analyst splits larger requests)
+
+
+@dataclass(frozen=True)
+class TaskConfig:
+    """grid: {"kind": "uniform"|"log", "lo", "hi", "bits"} or {"kind": "thresholds", "values": [...]}.
+    servers: both servers' base URLs; hpke_keys: their public keys for `kem` (hex, see `dpcdf.hpke`);
+    token_hash: SHA-256 of the analyst's bearer token (hex). payload "count": each report counts 1
+    (an ECDF); "label": each report carries (label, 1 - label), two ECDFs in one key (a ROC curve:
+    each curve epsilon/2 under add/remove, epsilon under substitution, as in `dpcdf.roc`);
+    "calibration": each report carries (1, label, probability in units of 2^-16) for the
+    Hosmer-Lemeshow statistic (split * epsilon for the ECDF of the probabilities, the rest for the
+    group sums, as in `dpcdf.hosmer_lemeshow`)."""
+
+    grid: dict
+    epsilon: float
+    mechanism: str
+    relation: str
+    min_batch: int
+    servers: tuple[str, str]
+    hpke_keys: tuple[str, str]
+    token_hash: str
+    payload: str = "count"
+    split: float = 0.5
+    kem: str = "x25519"
+    task_id: str = field(default_factory=lambda: secrets.token_hex(16))
+    format: str = FORMAT
+
+    def __post_init__(self) -> None:
+        if not isinstance(self.task_id, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.task_id):
+            raise ParameterError(f"task_id must be 1 to 64 letters, digits, '-' or '_', got {self.task_id!r}")
+        if not all(isinstance(v, str) for v in (*self.servers, *self.hpke_keys, self.token_hash, self.kem)):
+            raise ParameterError("servers, hpke_keys, token_hash and kem are strings")
+        if not isinstance(self.grid, dict):
+            raise ParameterError(f"grid must be an object, got {self.grid!r:.80}")
+        check_epsilon(self.epsilon)
+        check_relation(self.relation)
+        if self.mechanism not in ("path", "tree"):
+            raise ParameterError(f"a task's mechanism is 'path' or 'tree', got {self.mechanism!r}")
+        if isinstance(self.min_batch, bool) or not isinstance(self.min_batch, int) or self.min_batch < 0:
+            raise ParameterError(f"min_batch must be an int >= 0, got {self.min_batch!r}")
+        if self.payload not in ("count", "label", "calibration"):
+            raise ParameterError(f"payload must be 'count' (an ECDF), 'label' (a ROC curve) or 'calibration' "
+                                 f"(Hosmer-Lemeshow), got {self.payload!r}")
+        if self.payload == "calibration" and (self.relation != "substitution" or not 0 < self.split < 1):
+            raise ParameterError("a calibration task needs relation 'substitution' and a split in (0, 1)")
+        if len(self.servers) != 2 or len(self.hpke_keys) != 2:
+            raise ParameterError("a task has exactly two servers and two HPKE keys")
+        check_kem(self.kem)
+        if self.format != FORMAT:
+            raise ParameterError(f"unknown task format {self.format!r}")
+        if self.relation == "add-remove" and self.min_batch != 0:
+            raise ParameterError("under add/remove the number of reports is private, and a minimum-batch gate would "
+                                 "reveal whether it reached the gate (even 1: no report against one): use min_batch=0")
+        if self.mechanism == "tree" and self.make_grid().size > MAX_TREE_SIZE:
+            raise ParameterError(f"the tree mechanism takes grids of up to {MAX_TREE_SIZE} points in a task "
+                                 "(its planning would stall the server): use the path mechanism")
+        self.make_mechanism()  # validates the grid, the noise scales and that the mechanism can be built
+        if self.payload == "calibration":
+            group_scales(self.epsilon, self.split)  # the group sums' noise scales are in range
+
+    # --- derived ------------------------------------------------------------------------------
+    def make_grid(self) -> Grid:
+        g = self.grid
+        kind = g.get("kind")
+        try:
+            if kind == "uniform":
+                return Grid.uniform(float(g["lo"]), float(g["hi"]), int(g["bits"]))
+            if kind == "log":
+                return Grid.log(float(g["lo"]), float(g["hi"]), int(g["bits"]))
+            if kind == "thresholds":
+                return Grid.from_thresholds(np.asarray(g["values"], dtype=np.float64))
+        except ParameterError:
+            raise
+        except (KeyError, TypeError, ValueError, OverflowError) as exc:
+            raise ParameterError(f"not a {kind} grid: {exc!r:.120}") from None
+        raise ParameterError(f"unknown grid kind {kind!r}")
+
+    @property
+    def n_public(self) -> bool:
+        """Whether the number of reports may be revealed: under substitution it is public; under
+        add/remove it is not (and there is no minimum batch: min_batch is 0)."""
+        return self.relation == "substitution"
+
+    @property
+    def width(self) -> int:
+        return {"count": 1, "label": 2, "calibration": 3}[self.payload]
+
+    def make_mechanism(self) -> PathMechanism | TreeMechanism:
+        """The mechanism of each released ECDF (for a label payload: of each of the two curves)."""
+        size = self.make_grid().size
+        eps, relation = self.epsilon, self.relation
+        if self.payload == "label":
+            eps, relation = self.epsilon / 2, "add-remove"
+        elif self.payload == "calibration":
+            eps = self.epsilon * self.split
+        if self.mechanism == "path":
+            return PathMechanism(size, eps, relation)
+        return TreeMechanism(size, eps, relation)
+
+    def dcf(self) -> DCF:
+        """The comparison every report shares: f_a(t) = beta if t >= a, so sum_a f_a(i) counts values
+        <= t_i (beta = 1, or (label, 1 - label))."""
+        return DCF(self.make_grid().bits, OUT_BITS, self.width, cmp="ge")
+
+    def to_json(self) -> str:
+        d = asdict(self)
+        d["servers"], d["hpke_keys"] = list(self.servers), list(self.hpke_keys)
+        return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_json(cls, text: str | bytes) -> "TaskConfig":
+        try:
+            d = json.loads(text)
+            d["servers"], d["hpke_keys"] = tuple(d["servers"]), tuple(d["hpke_keys"])
+            return cls(**d)
+        except ParameterError:
+            raise
+        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+            raise ParameterError(f"not a task configuration: {exc!r:.200}") from None
+
+    @property
+    def fingerprint(self) -> bytes:
+        return hashlib.sha256(self.to_json().encode()).digest()
+
+
+def token_hash(token: str) -> str:
+    return hashlib.sha256(token.encode()).hexdigest()

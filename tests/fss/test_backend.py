@@ -1,0 +1,63 @@
+"""The backends: selection, errors, and the fused kernels pinned bit for bit to the portable one."""
+import os
+
+import numpy as np
+import pytest
+
+from fss import DCF, DPF, FssError, ParameterError, backend, fast, portable
+
+
+def test_selection_and_errors():
+    assert backend.available()[0] == "portable"
+    with backend.using("portable"):
+        assert backend.current() == "portable"
+    with pytest.raises(ParameterError, match="backend must be one of"):
+        backend.set_backend("gpu")
+    with pytest.raises(ParameterError, match="threads must be in"):
+        backend.set_threads(0)
+    assert isinstance(FssError(), Exception)
+
+
+@pytest.mark.skipif("aesni" not in backend.available(), reason="the CPU has no AES-NI: only the portable backend exists")
+@pytest.mark.parametrize("fused", [n for n in ("aesni", "vaes") if n in backend.available()])
+@pytest.mark.parametrize(
+    "fn",
+    [DCF(32), DCF(1), DCF(8, 16, 2, cmp="ge"), DCF(13, 64, 3, cmp="le", signed=True), DCF(64, 7, 4, cmp="gt"),
+     DPF(10), DPF(9, 20, 4, signed=True), DCF(6, 64, 5)],
+    ids=repr,
+)
+@pytest.mark.parametrize("n", [1, 15, 16, 17, 100])
+def test_fused_equals_portable(fused, fn, n):
+    rng = np.random.default_rng(n)  # picks test points only
+    top = min(fn.bits, 63)
+    alphas = rng.integers(0, 1 << top, n, dtype=np.uint64)
+    xs = rng.integers(0, 1 << top, n, dtype=np.uint64)
+    xs[: n // 2] = alphas[: n // 2]  # on the path to alpha, all the way down
+    for k in fn._gen_batch_with_randomness(alphas, -1, os.urandom(32 * n), internal=True):
+        want = portable.eval_batch(k, xs)
+        np.testing.assert_array_equal(fast.eval_batch(k, xs, fused == "vaes"), want)
+        pts = np.unique(np.concatenate([xs[:3], [0, (1 << top) - 1]])).astype(np.uint64)
+        np.testing.assert_array_equal(fast.eval_sum(k, pts, fused == "vaes", 2), portable.eval_sum(k, pts))
+        with backend.using(fused):
+            np.testing.assert_array_equal(backend.eval_batch(k, xs), want)
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_thread_count_does_not_change_sums(threads):
+    fn = DCF(16)
+    k0, k1 = fn.gen_batch(np.arange(1000) * 61 % 65536, 1)
+    before = backend.threads()
+    backend.set_threads(min(threads, before))
+    try:
+        got = fn.reconstruct(fn.eval_sum(k0, [0, 100, 30000]), fn.eval_sum(k1, [0, 100, 30000]))
+    finally:
+        backend.set_threads(before)
+    want = [int(((np.arange(1000) * 61 % 65536) > x).sum()) for x in (0, 100, 30000)]
+    np.testing.assert_array_equal(got, want)
+
+
+@pytest.mark.parametrize("fn", [DCF(32, 64), DCF(32, 32), DCF(16, 64), DCF(64, 64), DCF(32, 64, 2)], ids=repr)
+def test_key_batch_memory_is_within_5_percent_of_the_wire_size(fn):
+    n = 1000
+    k0, _ = fn.gen_batch(np.arange(n), 1)
+    assert k0.nbytes <= 1.05 * n * fn.key_size

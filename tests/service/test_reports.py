@@ -1,0 +1,105 @@
+"""Reports: the wire format, and standard RFC 9180 sealing (another implementation opens them)."""
+import json
+
+import numpy as np
+import pytest
+from Crypto.Protocol import HPKE
+from Crypto.PublicKey import ECC
+from cryptography.hazmat.primitives import serialization
+from cryptography.hazmat.primitives.asymmetric import x25519
+
+from dpcdf.service.client import make_reports
+from dpcdf.service.wire import MAX_BATCH, Report, ReportError, decode_batch, encode_batch, hpke_info, open_share
+from dpcdf.service.task import TaskConfig
+
+GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 8}
+
+
+def _config():
+    keys = [x25519.X25519PrivateKey.generate() for _ in range(2)]
+    pubs = tuple(k.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex() for k in keys)
+    return TaskConfig(GRID, 1.0, "path", "substitution", 1, ("a", "b"), pubs, "00"), keys
+
+
+def test_shares_open_for_their_server_and_add_up_to_the_comparison():
+    config, keys = _config()
+    reports = make_reports(config, [0.3, 0.9])
+    dcf = config.dcf()
+    for r, v in zip(reports, (0.3, 0.9)):
+        back = Report.from_bytes(r.to_bytes())
+        k0 = dcf.key_from_bytes(open_share(back, 0, keys[0], config.fingerprint), party=0)
+        k1 = dcf.key_from_bytes(open_share(back, 1, keys[1], config.fingerprint), party=1)
+        a = config.make_grid().index([v])[0]
+        for t in (a - 1, a, a + 1):
+            assert dcf.reconstruct(dcf.eval(k0, t), dcf.eval(k1, t)) == int(t >= a)
+        with pytest.raises(ReportError, match="does not open"):
+            open_share(back, 0, keys[1], config.fingerprint)  # server 1's key cannot open server 0's share
+    other, _ = _config()
+    with pytest.raises(ReportError, match="another task"):
+        open_share(reports[0], 0, keys[0], other.fingerprint)
+
+
+def test_hybrid_kem_shares_open_and_x25519_keys_do_not_fit(tmp_path):
+    from dpcdf.service.hpke import ServerKeys
+
+    for p in (0, 1):
+        (tmp_path / f"s{p}").mkdir()
+    servers = [ServerKeys(tmp_path / f"s{p}") for p in (0, 1)]
+    pubs = tuple(k.public_hex("mlkem768-x25519") for k in servers)
+    config = TaskConfig(GRID, 1.0, "path", "substitution", 1, ("a", "b"), pubs, "00", kem="mlkem768-x25519")
+    report = Report.from_bytes(make_reports(config, [0.4])[0].to_bytes())
+    assert len(report.sealed[0][0]) == 1120  # ML-KEM-768 ciphertext + X25519 share
+    for party in (0, 1):
+        key = open_share(report, party, servers[party].private("mlkem768-x25519"), config.fingerprint, "mlkem768-x25519")
+        config.dcf().key_from_bytes(key, party=party)
+    with pytest.raises(ReportError, match="must be 32 bytes"):
+        open_share(report, 0, servers[0].private("x25519"), config.fingerprint, "x25519")
+    again = ServerKeys(tmp_path / "s0")  # the keys persist across restarts
+    assert again.public_hex("mlkem768-x25519") == pubs[0]
+
+
+def test_another_rfc_9180_implementation_opens_our_shares():
+    """pycryptodome's HPKE (DHKEM X25519, HKDF-SHA256, AES-128-GCM, base mode) opens what we seal."""
+    config, keys = _config()
+    report = make_reports(config, [0.5])[0]
+    pem = keys[0].private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
+    theirs = ECC.import_key(pem)
+    enc, ct = report.sealed[0]
+    ctx = HPKE.new(receiver_key=theirs, aead_id=HPKE.AEAD.AES128_GCM, enc=enc, info=hpke_info(config.fingerprint, report.report_id, 0))
+    assert ctx.unseal(ct, b"") == open_share(report, 0, keys[0], config.fingerprint)
+
+
+def test_batch_codec_and_its_errors():
+    config, _ = _config()
+    raws = [r.to_bytes() for r in make_reports(config, np.linspace(0, 1, 5))]
+    assert decode_batch(encode_batch(raws)) == raws
+    for bad in (b"", b"\x05\x00\x00\x00", encode_batch(raws)[:-1], encode_batch(raws) + b"x"):
+        with pytest.raises(ReportError):
+            decode_batch(bad)
+    huge = (MAX_BATCH + 1).to_bytes(4, "little") + b"\0\0\0\0" * (MAX_BATCH + 1)  # a million empty items took 10 s
+    with pytest.raises(ReportError, match=f"at most {MAX_BATCH} reports per batch"):
+        decode_batch(huge)
+
+
+@pytest.mark.parametrize(
+    "change,message",
+    [
+        ({"grid": [1, 2]}, "grid must be an object"),
+        ({"grid": {"kind": "uniform", "lo": 0, "hi": 1, "bits": "x"}}, "not a uniform grid"),
+        ({"grid": {"kind": "uniform", "lo": 0, "hi": 1, "bits": 24}}, "up to 1048576 points"),
+        ({"task_id": ["a"]}, "task_id must be"),
+        ({"task_id": "../x"}, "task_id must be"),
+        ({"token_hash": 5}, "strings"),
+        ({"epsilon": 1e13}, "out of range"),
+        ({"payload": "calibration", "split": 1e-9}, "epsilon must be at least"),
+    ],
+)
+def test_task_configs_that_cannot_work_are_refused_when_made(change, message):
+    """A server answers 400 to these at registration instead of failing at the first query."""
+    from dpcdf.errors import ParameterError
+
+    base = json.loads(_config()[0].to_json()) | {"mechanism": "tree"}
+    with pytest.raises(ParameterError, match=message):
+        TaskConfig.from_json(json.dumps(base | change))
+    with pytest.raises(ParameterError, match="not a task configuration"):
+        TaskConfig.from_json("[" * 100000)
