@@ -1,53 +1,184 @@
-"""A server's durable state in SQLite (WAL, synchronous=FULL): tasks with their secret noise seeds,
-key shares (acknowledged only after the transaction commits), report ids for replay protection, and
-the query log."""
+"""A server's durable state in SQLite (WAL, synchronous=FULL): tasks with their secret noise seeds
+and their state (open, closed on a fixed report set, reconciled, answered) in typed columns, key
+shares (acknowledged only after the transaction commits), report ids for replay protection, the
+parameters of one-off releases, and the query log.
+
+Every write runs in one `BEGIN IMMEDIATE` transaction (`Store._transaction`) under the store's
+re-entrant lock: the checks a write depends on (is the collection closed? has the task answered?)
+are read inside the same transaction, so they cannot go stale between the check and the write,
+and a failure anywhere rolls the whole write back."""
 from __future__ import annotations
 
 import os
 import sqlite3
 import threading
 import time
+from contextlib import contextmanager
+from enum import Enum
 from pathlib import Path
+from typing import Callable, Iterator, NamedTuple, Sequence
 
-class CollectionClosed(Exception):
+from ..errors import DpcdfError
+
+
+class StoreError(DpcdfError):
+    """Base class of the store's errors."""
+
+
+class CollectionClosed(StoreError):
     """The task's collection is closed: its report set is fixed."""
 
 
-class AlreadyAnswered(Exception):
+class CollectionOpen(StoreError):
+    """The task's collection is still open: it has no fixed report set yet."""
+
+
+class AlreadyAnswered(StoreError):
     """The task has answered a query: its report set can no longer shrink."""
 
 
+class UnknownTask(StoreError, KeyError):
+    """No task with this id is stored."""
+
+
+class Mark(str, Enum):
+    """A task's milestones, in the order they are reached. FROZEN is set by `Store.freeze` (it fixes
+    the report set); RECONCILED (its close is done) and ANSWERED (it answered a query) by `Store.mark`."""
+    FROZEN = "frozen"
+    RECONCILED = "reconciled"
+    ANSWERED = "answered"
+
+    @classmethod
+    def parse(cls, mark: Mark | str) -> Mark:
+        try:
+            return cls(mark)
+        except ValueError:
+            raise ValueError(f"unknown mark {mark!r}: one of {', '.join(repr(m.value) for m in cls)}") from None
+
+
+class Frozen(NamedTuple):
+    """A closed task's report set: the last report sequence number it includes, how many reports it
+    has (excluded ones left out) and its hash (keyed: see reconcile)."""
+    seq: int
+    count: int
+    digest: str
+
+
+SCHEMA_VERSION = 1
+
+# STRICT tables: SQLite refuses a value of the wrong type instead of storing it as given. A task's
+# closed set is all four of frozen_seq, report_count, set_hash, closed_at or none of them, and it
+# is reconciled or answered only once closed.
 SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (task_id TEXT PRIMARY KEY, config TEXT NOT NULL, fingerprint BLOB NOT NULL,
-                                  noise_seed BLOB NOT NULL, created REAL NOT NULL);
-CREATE TABLE IF NOT EXISTS reports (seq INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT NULL,
-                                    report_id BLOB NOT NULL, key_share BLOB NOT NULL, received REAL NOT NULL,
-                                    UNIQUE (task_id, report_id));
-CREATE TABLE IF NOT EXISTS releases (task_id TEXT NOT NULL, kind TEXT NOT NULL, params TEXT NOT NULL,
-                                     PRIMARY KEY (task_id, kind));
-CREATE TABLE IF NOT EXISTS excluded (task_id TEXT NOT NULL, report_id BLOB NOT NULL, PRIMARY KEY (task_id, report_id));
-CREATE TABLE IF NOT EXISTS queries (task_id TEXT NOT NULL, at REAL NOT NULL, kind TEXT NOT NULL, points INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY, config TEXT NOT NULL, fingerprint BLOB NOT NULL, noise_seed BLOB NOT NULL,
+    created REAL NOT NULL,
+    frozen_seq INTEGER, report_count INTEGER, set_hash TEXT, closed_at REAL,
+    reconciled_at REAL, answered_at REAL,
+    CHECK ((frozen_seq IS NULL) = (closed_at IS NULL) AND (report_count IS NULL) = (closed_at IS NULL)
+           AND (set_hash IS NULL) = (closed_at IS NULL)),
+    CHECK (frozen_seq IS NULL OR (frozen_seq >= 0 AND report_count >= 0)),
+    CHECK (reconciled_at IS NULL OR closed_at IS NOT NULL),
+    CHECK (answered_at IS NULL OR closed_at IS NOT NULL)
+) STRICT;
+CREATE TABLE IF NOT EXISTS reports (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT NULL REFERENCES tasks (task_id),
+    report_id BLOB NOT NULL, key_share BLOB NOT NULL, received REAL NOT NULL,
+    UNIQUE (task_id, report_id)
+) STRICT;
+CREATE TABLE IF NOT EXISTS excluded (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), report_id BLOB NOT NULL,
+    PRIMARY KEY (task_id, report_id)
+) STRICT;
+CREATE TABLE IF NOT EXISTS releases (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), kind TEXT NOT NULL, params TEXT NOT NULL,
+    fixed_at REAL NOT NULL,
+    PRIMARY KEY (task_id, kind)
+) STRICT;
+CREATE TABLE IF NOT EXISTS queries (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), at REAL NOT NULL, kind TEXT NOT NULL,
+    points INTEGER NOT NULL
+) STRICT;
 """
+
+_MARK_COLUMN = {Mark.FROZEN: "closed_at", Mark.RECONCILED: "reconciled_at", Mark.ANSWERED: "answered_at"}
+
+SetHash = Callable[[list[bytes]], str]
 
 
 class Store:
-    def __init__(self, path: Path):
-        new = not path.exists()
+    def __init__(self, path: Path | str):
+        path = Path(path)
+        try:  # created 0600 before SQLite opens it: it holds noise seeds and key shares
+            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
+        except FileExistsError:
+            pass
+        self.path = path
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
-        if new:
-            os.chmod(path, 0o600)  # it holds noise seeds and key shares
-        self.db.execute("PRAGMA journal_mode=WAL")
-        self.db.execute("PRAGMA synchronous=FULL")
-        self.db.executescript(SCHEMA)
         self.lock = threading.RLock()  # handlers run in a thread pool; one connection, one writer at a time
+        try:
+            self.db.execute("PRAGMA journal_mode=WAL")
+            self.db.execute("PRAGMA synchronous=FULL")
+            self.db.execute("PRAGMA foreign_keys=ON")
+            with self._transaction():
+                version = self.db.execute("PRAGMA user_version").fetchone()[0]
+                if version == 0:
+                    if self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'tasks'").fetchone():
+                        raise StoreError(f"{path} was written by an older version of dpcdf (no schema version)")
+                    for statement in SCHEMA.split(";"):
+                        if statement.strip():
+                            self.db.execute(statement)
+                    self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+                elif version != SCHEMA_VERSION:
+                    raise StoreError(f"{path} has store schema version {version}; this dpcdf reads {SCHEMA_VERSION}")
+        except BaseException:
+            self.db.close()
+            raise
+
+    def close(self) -> None:
+        with self.lock:
+            self.db.close()
+
+    @contextmanager
+    def _transaction(self) -> Iterator[sqlite3.Connection]:
+        """One write: BEGIN IMMEDIATE (the database's write lock, taken before the first read, so the
+        checks inside see what the write will change), COMMIT on success, ROLLBACK on any exception.
+        Holds the store's lock throughout. Nested use joins the outer transaction."""
+        with self.lock:
+            if self.db.in_transaction:
+                yield self.db
+                return
+            self.db.execute("BEGIN IMMEDIATE")
+            try:
+                yield self.db
+            except BaseException:
+                self.db.execute("ROLLBACK")
+                raise
+            self.db.execute("COMMIT")
+
+    def _state(self, task_id: str) -> tuple:
+        """(frozen_seq, report_count, set_hash, reconciled_at, answered_at) of a stored task; raises
+        UnknownTask."""
+        row = self.db.execute("SELECT frozen_seq, report_count, set_hash, reconciled_at, answered_at "
+                              "FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        if row is None:
+            raise UnknownTask(task_id)
+        return row
+
+    def _frozen_seq(self, task_id: str) -> int:
+        seq = self._state(task_id)[0]
+        if seq is None:
+            raise CollectionOpen(task_id)
+        return seq
 
     def add_task(self, task_id: str, config: str, fingerprint: bytes, seed: bytes) -> str | None:
         """Stores a task; returns None if new or identical, else the existing config (a conflict)."""
-        with self.lock:
+        with self._transaction():
             row = self.db.execute("SELECT config FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
             if row:
                 return None if row[0] == config else row[0]
-            self.db.execute("INSERT INTO tasks VALUES (?, ?, ?, ?, ?)", (task_id, config, fingerprint, seed, time.time()))
+            self.db.execute("INSERT INTO tasks (task_id, config, fingerprint, noise_seed, created) VALUES (?, ?, ?, ?, ?)",
+                            (task_id, config, bytes(fingerprint), bytes(seed), time.time()))
             return None
 
     def task(self, task_id: str) -> tuple[str, bytes] | None:
@@ -55,108 +186,107 @@ class Store:
             row = self.db.execute("SELECT config, noise_seed FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
         return None if row is None else (row[0], bytes(row[1]))
 
-    def frozen(self, task_id: str) -> tuple[int, int, str] | None:
-        """(last report seq, count, hash of the report ids) once the task's collection is closed."""
+    def frozen(self, task_id: str) -> Frozen | None:
+        """(last report seq, count, hash of the report ids) once the task's collection is closed;
+        None while it is open (or the task is unknown)."""
         with self.lock:
-            row = self.db.execute("SELECT params FROM releases WHERE task_id = ? AND kind = 'frozen'", (task_id,)).fetchone()
-        if row is None:
-            return None
-        seq, count, digest = row[0].split(":")
-        return int(seq), int(count), digest
+            row = self.db.execute("SELECT frozen_seq, report_count, set_hash FROM tasks WHERE task_id = ?",
+                                  (task_id,)).fetchone()
+        return None if row is None or row[0] is None else Frozen(*row)
 
-    def freeze(self, task_id: str, set_hash) -> tuple[int, int, str]:
+    def freeze(self, task_id: str, set_hash: SetHash) -> Frozen:
         """Closes the task's collection (at the analyst's close): later uploads are refused and every
         answer comes from this set. Fixed per-node noise is only safe on a fixed data set: on a
         growing one, two answers' difference would be a new report's exact contribution.
-        `set_hash(ids)` names the set (keyed: see reconcile)."""
-        with self.lock:
+        `set_hash(ids)` names the set (keyed: see reconcile). Idempotent: a second call returns the
+        set fixed by the first (after any exclusions)."""
+        with self._transaction():
             done = self.frozen(task_id)
             if done is not None:
                 return done
+            self._state(task_id)  # raises UnknownTask
             rows = self.db.execute("SELECT seq, report_id FROM reports WHERE task_id = ?", (task_id,)).fetchall()
-            seq = max((r[0] for r in rows), default=0)
-            digest = set_hash([bytes(r[1]) for r in rows])
-            self.db.execute("INSERT INTO releases VALUES (?, 'frozen', ?)", (task_id, f"{seq}:{len(rows)}:{digest}"))
-            return seq, len(rows), digest
+            fixed = Frozen(max((r[0] for r in rows), default=0), len(rows), set_hash([bytes(r[1]) for r in rows]))
+            self.db.execute("UPDATE tasks SET frozen_seq = ?, report_count = ?, set_hash = ?, closed_at = ? WHERE task_id = ?",
+                            (*fixed, time.time(), task_id))
+            return fixed
 
     def frozen_ids(self, task_id: str) -> list[bytes]:
-        """The report ids of the closed set (excluded ones left out)."""
+        """The report ids of the closed set (excluded ones left out), in upload order. Raises
+        CollectionOpen while the collection is open."""
         with self.lock:
+            seq = self._frozen_seq(task_id)
             return [bytes(r[0]) for r in self.db.execute(
                 "SELECT report_id FROM reports WHERE task_id = ? AND seq <= ? AND report_id NOT IN "
-                "(SELECT report_id FROM excluded WHERE task_id = ?)", (task_id, self.frozen(task_id)[0], task_id))]
+                "(SELECT report_id FROM excluded WHERE task_id = ?) ORDER BY seq", (task_id, seq, task_id))]
 
-    def exclude(self, task_id: str, ids: list[bytes], set_hash) -> tuple[int, int, str]:
+    def exclude(self, task_id: str, ids: Sequence[bytes], set_hash: SetHash) -> Frozen:
         """Drops reports from the closed set (they stay stored), before any answer: after one, a
-        smaller set would let two answers differ by the dropped reports' exact contribution."""
-        with self.lock:
-            if self.marked(task_id, "answered"):
+        smaller set would let two answers differ by the dropped reports' exact contribution.
+        Recomputes the set's count and hash in the same transaction; raises AlreadyAnswered after
+        an answer and CollectionOpen before the close."""
+        with self._transaction():
+            seq, _, _, _, answered = self._state(task_id)
+            if seq is None:
+                raise CollectionOpen(task_id)
+            if answered is not None:
                 raise AlreadyAnswered(task_id)
-            seq = self.frozen(task_id)[0]
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                self.db.executemany("INSERT OR IGNORE INTO excluded VALUES (?, ?)", ((task_id, i) for i in ids))
-                kept = self.frozen_ids(task_id)
-                params = f"{seq}:{len(kept)}:{set_hash(kept)}"
-                self.db.execute("UPDATE releases SET params = ? WHERE task_id = ? AND kind = 'frozen'", (params, task_id))
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-            return seq, len(kept), params.split(":")[2]
+            self.db.executemany("INSERT OR IGNORE INTO excluded VALUES (?, ?)", ((task_id, bytes(i)) for i in ids))
+            kept = self.frozen_ids(task_id)
+            fixed = Frozen(seq, len(kept), set_hash(kept))
+            self.db.execute("UPDATE tasks SET report_count = ?, set_hash = ? WHERE task_id = ?", (fixed.count, fixed.digest, task_id))
+            return fixed
 
-    def marked(self, task_id: str, mark: str) -> bool:
-        """Whether the task reached a milestone: 'reconciled' (its close is done), 'answered'."""
+    def marked(self, task_id: str, mark: Mark | str) -> bool:
+        """Whether the task reached a milestone (a `Mark` or its value): 'frozen' (its collection is
+        closed), 'reconciled' (its close is done), 'answered'. An unknown mark raises ValueError."""
+        column = _MARK_COLUMN[Mark.parse(mark)]
         with self.lock:
-            return self.db.execute("SELECT 1 FROM releases WHERE task_id = ? AND kind = ?", (task_id, mark)).fetchone() is not None
+            row = self.db.execute(f"SELECT {column} FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+        return row is not None and row[0] is not None
 
-    def mark(self, task_id: str, mark: str) -> None:
-        with self.lock:
-            self.db.execute("INSERT OR IGNORE INTO releases VALUES (?, ?, '')", (task_id, mark))
+    def mark(self, task_id: str, mark: Mark | str) -> None:
+        """Records that the closed task reached 'reconciled' or 'answered' (once; later calls keep
+        the first time). 'frozen' is set only by `freeze`; an unknown mark raises ValueError, an
+        open collection CollectionOpen."""
+        mark = Mark.parse(mark)
+        if mark is Mark.FROZEN:
+            raise ValueError("the 'frozen' mark is set by Store.freeze, which fixes the report set")
+        column = _MARK_COLUMN[mark]
+        with self._transaction():
+            self._frozen_seq(task_id)
+            self.db.execute(f"UPDATE tasks SET {column} = ? WHERE task_id = ? AND {column} IS NULL", (time.time(), task_id))
 
-    def add_reports(self, task_id: str, items: list[tuple[bytes, bytes]]) -> list[bool]:
+    def add_reports(self, task_id: str, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
         """Inserts (report id, key share) pairs in one committed transaction; False where the id
         was already there (a replay: stored once, counted once). Raises CollectionClosed once the
         task's collection is closed."""
-        now = time.time()
-        with self.lock:
-            if self.frozen(task_id) is not None:
+        with self._transaction():
+            if self._state(task_id)[0] is not None:
                 raise CollectionClosed(task_id)
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                added = []
-                for rid, share in items:
-                    cur = self.db.execute("INSERT OR IGNORE INTO reports (task_id, report_id, key_share, received) "
-                                          "VALUES (?, ?, ?, ?)", (task_id, rid, share, now))
-                    added.append(cur.rowcount == 1)
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
-        return added
+            now = time.time()
+            insert = "INSERT OR IGNORE INTO reports (task_id, report_id, key_share, received) VALUES (?, ?, ?, ?)"
+            return [self.db.execute(insert, (task_id, bytes(rid), bytes(share), now)).rowcount == 1 for rid, share in items]
 
-    def add_many(self, task_id: str, items: list[tuple[bytes, bytes]]) -> int:
+    def add_many(self, task_id: str, items: Sequence[tuple[bytes, bytes]]) -> int:
         """Like add_reports in one committed transaction; returns how many were new."""
-        now = time.time()
-        with self.lock:
-            if self.frozen(task_id) is not None:
+        with self._transaction():
+            if self._state(task_id)[0] is not None:
                 raise CollectionClosed(task_id)
+            now = time.time()
             before = self.db.total_changes
-            self.db.execute("BEGIN IMMEDIATE")
-            try:
-                self.db.executemany("INSERT OR IGNORE INTO reports (task_id, report_id, key_share, received) VALUES (?, ?, ?, ?)",
-                                    ((task_id, rid, share, now) for rid, share in items))
-                self.db.execute("COMMIT")
-            except BaseException:
-                self.db.execute("ROLLBACK")
-                raise
+            self.db.executemany("INSERT OR IGNORE INTO reports (task_id, report_id, key_share, received) VALUES (?, ?, ?, ?)",
+                                ((task_id, bytes(rid), bytes(share), now) for rid, share in items))
             return self.db.total_changes - before
 
     def count(self, task_id: str) -> int:
+        """How many distinct reports the task has stored (excluded ones included)."""
         with self.lock:
             return self.db.execute("SELECT COUNT(*) FROM reports WHERE task_id = ?", (task_id,)).fetchone()[0]
 
     def shares_since(self, task_id: str, seq: int, upto: int) -> tuple[list[bytes], int]:
+        """The key shares with seq in (seq, upto], excluded ones left out, in order, and the last
+        seq read (`seq` if none)."""
         with self.lock:
             rows = self.db.execute("SELECT seq, key_share FROM reports WHERE task_id = ? AND seq > ? AND seq <= ? AND report_id "
                                    "NOT IN (SELECT report_id FROM excluded WHERE task_id = ?) ORDER BY seq",
@@ -166,10 +296,10 @@ class Store:
     def fix_release(self, task_id: str, kind: str, params: str) -> str:
         """Records the parameters of a one-off release the first time; returns the recorded ones
         (so a different later request can be refused: it would spend budget again)."""
-        with self.lock:
-            self.db.execute("INSERT OR IGNORE INTO releases VALUES (?, ?, ?)", (task_id, kind, params))
+        with self._transaction():
+            self.db.execute("INSERT OR IGNORE INTO releases VALUES (?, ?, ?, ?)", (task_id, kind, params, time.time()))
             return self.db.execute("SELECT params FROM releases WHERE task_id = ? AND kind = ?", (task_id, kind)).fetchone()[0]
 
     def log_query(self, task_id: str, kind: str, points: int) -> None:
-        with self.lock:
-            self.db.execute("INSERT INTO queries VALUES (?, ?, ?, ?)", (task_id, time.time(), kind, points))
+        with self._transaction():
+            self.db.execute("INSERT INTO queries VALUES (?, ?, ?, ?)", (task_id, time.time(), kind, int(points)))
