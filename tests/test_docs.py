@@ -176,7 +176,7 @@ def test_pages_with_numbers_have_their_marked_table(name):
     scripts = {shlex.split(c)[1] for _, c, _ in marked_tables((ROOT / "docs" / name).read_text())}
     expected = {"fss.md": {"bench/bench_fss.py", "bench/key_sizes.py"}, "accuracy.md": {"bench/bench_accuracy.py"},
                 "applications.md": {"bench/bench_apps.py"}, "service.md": {"bench/bench_server.py"}}[name]
-    assert scripts == expected
+    assert expected <= scripts
 
 
 @pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
