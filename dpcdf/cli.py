@@ -2,6 +2,7 @@
 from __future__ import annotations
 
 import argparse
+import dataclasses
 import csv
 import json
 import os
@@ -12,7 +13,7 @@ import numpy as np
 
 from .analyst import Analyst
 from .errors import DpcdfError
-from .service.client import create_task, submit
+from .service.client import UploadIncomplete, create_task, submit
 from .service.task import TaskConfig
 
 
@@ -31,6 +32,11 @@ def _min_batch(args) -> int:
     if args.min_batch is not None:
         return args.min_batch
     return 100 if args.relation == "substitution" else 0
+
+
+def default_spool(args, config: TaskConfig) -> str:
+    """The spool beside the input: one per input file and task, so that a re-run finds it."""
+    return f"{args.csv if args.csv else args.task}.{config.task_id[:12]}.spool"
 
 
 def read_values(args) -> np.ndarray:
@@ -71,6 +77,9 @@ def main(argv: list[str] | None = None) -> int:
     u.add_argument("--csv")
     u.add_argument("--column")
     u.add_argument("--batch", type=int, default=500)
+    u.add_argument("--spool", help="where the sealed reports are kept until both servers acknowledge them "
+                   "(default: next to the CSV, or to the task file for --values); run the same command again to resume")
+    u.add_argument("--retry-for", type=float, default=30.0, help="seconds to keep retrying an unreachable server")
     q = sub.add_parser("query", help="the analyst: DP ECDF values and quantiles")
     q.add_argument("--task", required=True)
     q.add_argument("--token-file", help="default: TASK.token")
@@ -101,7 +110,14 @@ def main(argv: list[str] | None = None) -> int:
             config = TaskConfig.from_json(Path(args.task).read_text())
             if not args.values and not args.csv:
                 raise DpcdfError("give --values or --csv")
-            print(json.dumps(submit(config, read_values(args), args.batch, progress=True)))
+            spool = args.spool or default_spool(args, config)
+            print(f"spool: {spool} (every report is kept there until both servers acknowledge it)", file=sys.stderr)
+            try:
+                print(json.dumps(submit(config, read_values(args), args.batch, progress=True, spool=spool,
+                                        retry_for=args.retry_for)))
+            except UploadIncomplete as exc:
+                print(json.dumps(dataclasses.asdict(exc.status)))
+                raise
         elif args.cmd == "query":
             config = TaskConfig.from_json(Path(args.task).read_text())
             token = Path(args.token_file or args.task + ".token").read_text().strip()

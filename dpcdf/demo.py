@@ -29,9 +29,10 @@ def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "tree",
             config, token = create_task(urls, grid_spec, epsilon, mechanism, "substitution", min_batch=100)
             print(f"task {config.task_id}: grid of {config.make_grid().size} thresholds on [0, 100], epsilon {epsilon}, {mechanism} mechanism")
             t1 = time.perf_counter()
-            res = submit(config, values, batch=500, progress=True)
+            res = submit(config, values, batch=500, progress=True, spool=f"{tmp}/clients.spool")
             t2 = time.perf_counter()
-            print(f"{res['accepted']} reports accepted by both servers in {t2 - t1:.1f} s ({res['accepted'] / (t2 - t1):.0f} reports/s, sealing included)")
+            print(f"{res['complete']} reports acknowledged by both servers in {t2 - t1:.1f} s "
+                  f"({res['complete'] / (t2 - t1):.0f} reports/s, sealing and spooling included)")
             rel = Analyst(config, token).release()
             t3 = time.perf_counter()
             print(f"analyst: full-grid release in {t3 - t2:.2f} s\n")

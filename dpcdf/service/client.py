@@ -10,15 +10,18 @@ from __future__ import annotations
 
 import secrets
 import sys
+import time
+from pathlib import Path
 
 import numpy as np
 
 from . import hpke
-from ..errors import ParameterError
+from ..errors import DpcdfError, ParameterError
 from ..release.calibration import fixed_point
-from .http import http
+from .http import ServerError, http
+from .spool import Spool, SpoolStatus
 from .task import TaskConfig, token_hash
-from .wire import ID_BYTES, Report, encode_batch, hpke_info
+from .wire import ID_BYTES, MAX_BATCH, Report, encode_batch, hpke_info
 
 
 def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
@@ -70,26 +73,83 @@ def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, 
     return config, token
 
 
-def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False, labels=None) -> dict:
-    """Makes and uploads the reports for `values` (and `labels`, for a label task) to both servers
-    (each opens only its share)."""
+class UploadIncomplete(DpcdfError):
+    """Some reports were not acknowledged by both servers (a server unreachable or failing for the whole
+    retry window). They stay in the spool: running the same upload again sends exactly those."""
+
+    def __init__(self, message: str, status: SpoolStatus):
+        super().__init__(message)
+        self.status = status
+
+
+def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False, labels=None,
+           spool: str | Path | None = None, retry_for: float = 30.0) -> dict:
+    """Makes the reports for `values` (and `labels`, for label and calibration tasks) into the spool,
+    then uploads each server's share of them until both servers acknowledged every report.
+
+    Resumable and idempotent: with a spool file, a re-run (after any crash of a server, the network or
+    this process) makes no new report for a spooled row and sends each server only what it has not
+    acknowledged; a report a server already stored comes back as a duplicate, which acknowledges it.
+    Connection errors, timeouts, 5xx and 429 are retried with exponential backoff for `retry_for`
+    seconds per server; past that, `UploadIncomplete` (the rest stays pending in the spool). A refusal
+    of the whole batch (e.g. 409: the collection is closed) raises `ServerError` at once. Without a
+    spool path the spool is in memory: nothing survives this process.
+    Returns counts: reports, complete (both servers), pending, rejected, and the spool's path."""
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     labels = None if labels is None else np.asarray(labels).reshape(-1)
-    totals = {"accepted": 0, "duplicates": 0, "rejected": 0}
-    for start in range(0, values.size, batch):
-        part = None if labels is None else labels[start : start + batch]
-        reports = [r.to_bytes() for r in make_reports(config, values[start : start + batch], part)]
-        body = encode_batch(reports)
-        for url in config.servers:
-            res = http("POST", f"{url}/tasks/{config.task_id}/reports/batch", body, content_type="application/octet-stream")
-            if url == config.servers[0]:
-                totals["accepted"] += res["accepted"]
-                totals["duplicates"] += res["duplicates"]
-                totals["rejected"] += len(res["rejected"])
+    if not 1 <= batch <= MAX_BATCH:
+        raise ParameterError(f"batch must be in [1, {MAX_BATCH}], got {batch}")
+    store = Spool.open(":memory:" if spool is None else spool, config.fingerprint, values, labels)
+    try:
+        for start in range(store.spooled(), values.size, batch):  # make every report before sending any
+            part = None if labels is None else labels[start : start + batch]
+            made = make_reports(config, values[start : start + batch], part)
+            store.add(start, [(r.report_id, r.to_bytes()) for r in made])
+        _upload(config, store, batch, progress, retry_for)
+        status = store.status()
+    finally:
+        store.close()
+    summary = {"reports": status.rows, "complete": status.complete, "pending": status.pending,
+               "rejected": status.rejected, "spool": None if spool is None else str(spool)}
+    if status.pending:
+        raise UploadIncomplete(f"{status.pending} of {status.rows} reports are not yet acknowledged by both servers; "
+                               + (f"run the same command again to send them (spool {spool})" if spool else
+                                  "call submit again with a spool file to make uploads resumable"), status)
+    return summary
+
+
+def _upload(config: TaskConfig, store: Spool, batch: int, progress: bool, retry_for: float) -> None:
+    """Sends each server its unacknowledged reports, a batch at a time, taking turns; records every
+    answer in the spool before the next request."""
+    active = {0, 1}
+    waited, tries = {0: 0.0, 1: 0.0}, {0: 0, 1: 0}
+    while active:
+        for party in sorted(active):
+            rows = store.unacknowledged(party, batch)
+            if not rows:
+                active.discard(party)
+                continue
+            url = f"{config.servers[party]}/tasks/{config.task_id}/reports/batch"
+            try:
+                res = http("POST", url, encode_batch([b for _, b in rows]), content_type="application/octet-stream",
+                           timeout=60)
+            except ServerError as exc:
+                if not exc.retryable:
+                    raise
+                pause = min(5.0, 0.2 * 2 ** tries[party])
+                if waited[party] + pause > retry_for:
+                    active.discard(party)  # give up on this server for now; its reports stay pending
+                    continue
+                time.sleep(pause)
+                waited[party] += pause
+                tries[party] += 1
+                continue
+            waited[party], tries[party] = 0.0, 0
+            refused = {rows[r["index"]][0]: str(r["error"]) for r in res["rejected"]}
+            store.record(party, [row for row, _ in rows if row not in refused], refused)
         if progress:
-            done = min(values.size, start + batch)
-            bar = "#" * (30 * done // values.size)
-            print(f"\r[{bar:<30}] {done}/{values.size} reports", end="", file=sys.stderr, flush=True)
+            st = store.status()
+            bar = "#" * (30 * st.complete // max(st.rows, 1))
+            print(f"\r[{bar:<30}] {st.complete}/{st.rows} reports on both servers", end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)
-    return totals

@@ -11,7 +11,17 @@ from ..errors import DpcdfError
 
 
 class ServerError(DpcdfError):
-    """A server refused or failed a request (the message carries its status and reason)."""
+    """A server refused or failed a request (the message carries its status and reason). `status` is
+    the HTTP status, or None when no answer came (refused, reset or timed-out connection)."""
+
+    def __init__(self, message: str, status: int | None = None):
+        super().__init__(message)
+        self.status = status
+
+    @property
+    def retryable(self) -> bool:
+        """Worth sending again unchanged: no answer, a 5xx, or 429 (the server may recover)."""
+        return self.status is None or self.status >= 500 or self.status == 429
 
 
 def http(method: str, url: str, body: bytes | None = None, token: str | None = None,
@@ -29,7 +39,7 @@ def http(method: str, url: str, body: bytes | None = None, token: str | None = N
             reason = json.loads(exc.read()).get("error", "")
         except ValueError:
             reason = ""
-        raise ServerError(f"{url}: HTTP {exc.code} {reason}".strip()) from None
+        raise ServerError(f"{url}: HTTP {exc.code} {reason}".strip(), exc.code) from None
     except urllib.error.URLError as exc:
         raise ServerError(f"{url}: {exc.reason}") from None
     except (http_client.HTTPException, OSError) as exc:  # the connection broke mid-request

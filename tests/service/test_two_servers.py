@@ -29,7 +29,7 @@ def test_without_noise_answers_are_the_exact_counts(servers, mechanism, kem):
     procs, _ = servers
     config, token = create_task(urls(procs["exact"]), GRID, 1.0, mechanism, "substitution", min_batch=10, kem=kem)
     vals = values(150, 1)
-    assert submit(config, vals, batch=40)["accepted"] == 150
+    assert submit(config, vals, batch=40)["complete"] == 150
     analyst = Analyst(config, token)
     grid = config.make_grid()
     truth = prefix_counts(vals, grid)
