@@ -10,7 +10,7 @@ import numpy as np
 from . import postprocess
 from ..errors import ParameterError
 from .grid import Grid
-from .mechanisms import PathMechanism, TreeMechanism, check_epsilon, check_relation
+from .mechanisms import Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
 from .noise import secure_noise
 
 MECHANISMS = ("auto", "path", "tree")
@@ -30,7 +30,7 @@ class Release:
     Everything here is post-processing of one release, so it costs no further privacy."""
 
     grid: Grid
-    mechanism: PathMechanism | TreeMechanism
+    mechanism: Mechanism
     raw: np.ndarray
     counts: np.ndarray
     total: float
@@ -78,10 +78,9 @@ class Release:
 
     def smooth(self, p: int = 2) -> "Release":
         """The paper's eq. 3: the smallest node-noise adjustments (L1 or L2) that make the raw path
-        release non-decreasing within [0, n]. Path mechanism only (its node sets are paths)."""
-        if not isinstance(self.mechanism, PathMechanism):
-            raise ParameterError("eq. 3 smoothing is defined for the path mechanism; trees are made consistent instead")
-        nodes = self.mechanism.nodes_for(np.arange(self.grid.size))
+        release non-decreasing within [0, n]. Path mechanism only (its node sets are paths; trees are
+        made consistent instead): ParameterError for a tree."""
+        nodes = self.mechanism.smoothing_nodes()
         counts = postprocess.smooth_eq3(self.raw, nodes, self.total, p)
         return replace(self, counts=counts)
 
@@ -112,7 +111,7 @@ def release_ecdf(
     values,
     grid: Grid,
     epsilon: float,
-    mechanism: str | PathMechanism | TreeMechanism = "auto",
+    mechanism: str | Mechanism = "auto",
     relation: str = "substitution",
     postprocess_with: str = "auto",
     noise=secure_node_noise,
@@ -135,20 +134,15 @@ def release_ecdf(
         raise ParameterError(f"postprocess_with must be one of {POSTPROCESS}, got {postprocess_with!r}")
     prefix = prefix_counts(v, grid)
     mech = _mechanism(mechanism, grid.size, epsilon, relation)
-    noisy = mech.noisy_prefix(prefix, noise) if isinstance(mech, PathMechanism) else mech.noisy_nodes(prefix, noise)
-    return finish_release(grid, mech, noisy, v.size, postprocess_with)
+    return finish_release(grid, mech, mech.noisy(prefix, noise), v.size, postprocess_with)
 
 
-def finish_release(grid: Grid, mech, noisy, n: int, postprocess_with: str = "auto", copies: int = 1) -> Release:
+def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with: str = "auto", copies: int = 1) -> Release:
     """The post-processing every release shares (central, or the analyst's over two servers):
-    `noisy` is the path mechanism's noisy prefix counts or the tree's noisy node counts per level,
-    each value carrying `copies` independent noises; n is public under substitution."""
-    if isinstance(mech, PathMechanism):
-        raw = np.asarray(noisy, dtype=np.float64)
-        fitted = raw
-    else:
-        raw = mech.covering_prefix(noisy)
-        fitted = mech.consistent(noisy, copies)
+    `noisy` is the mechanism's release (`Mechanism.noisy` / `gather`: the path mechanism's noisy
+    prefix counts, the tree's noisy node counts per level), each value carrying `copies` independent
+    noises; n is public under substitution."""
+    raw, fitted = mech.estimate(noisy, copies)
     substitution = mech.relation == "substitution"
     total = float(n) if substitution else float(max(fitted[-1], 1.0))
     if postprocess_with == "none":
@@ -159,7 +153,7 @@ def finish_release(grid: Grid, mech, noisy, n: int, postprocess_with: str = "aut
 
 
 def _mechanism(mechanism, size: int, epsilon: float, relation: str):
-    if isinstance(mechanism, (PathMechanism, TreeMechanism)):
+    if isinstance(mechanism, Mechanism):
         if mechanism.size != size:
             raise ParameterError(f"mechanism is for {mechanism.size} grid points, the grid has {size}")
         if mechanism.relation != relation or mechanism.epsilon != epsilon:

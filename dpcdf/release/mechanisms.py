@@ -9,10 +9,14 @@ Both mechanisms add, to the exact prefix count at index i, a sum of per-node dis
 over a set of tree nodes S(i); the noise of a node is fixed (drawn once, or derived from a server's
 PRF seed), so answering any number of queries costs nothing more. `epsilon_for(relation)` is the
 guarantee the calibrated mechanism gives under either relation.
+
+Both implement `Mechanism`, so callers (the central release, a server's aggregation, the analyst)
+call methods instead of asking which mechanism they hold.
 """
 from __future__ import annotations
 
 import math
+from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from fractions import Fraction
 from typing import Callable
@@ -20,11 +24,13 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ParameterError
-from .noise import dlaplace_variance, scale_fraction
+from .noise import EPSILON_ROUNDING, dlaplace_variance, scale_fraction
 from .tree import TreeShape, path_sensitivity
 
 RELATIONS = ("substitution", "add-remove")
 NoiseFn = Callable[[np.ndarray, Fraction], np.ndarray]  # (node ids, scale) -> int64 noise
+Answers = Callable[[np.ndarray], np.ndarray]  # grid indices -> noisy prefix counts
+NodeAnswers = Callable[[int], np.ndarray]  # level -> noisy counts of its data-holding nodes
 
 
 def check_relation(relation: str) -> str:
@@ -47,15 +53,170 @@ def node_counts(prefix: np.ndarray, shape: TreeShape, level: int) -> np.ndarray:
     return np.diff(np.concatenate([[0], totals])).astype(np.int64)
 
 
+class Mechanism(ABC):
+    """What the path and tree mechanisms both offer. A mechanism adds to prefix counts the noise of
+    tree nodes, each node's noise drawn once (`noise(node ids, scale)`), and releases either noisy
+    prefix counts (path) or noisy node counts per level (tree): its *release*, which `estimate`
+    turns into prefix-count estimates. Everything after the release is post-processing.
+
+    Privacy accounting is exact: every noise scale is a rational, `exact_epsilon` sums what each
+    level spends as a Fraction, and that sum never exceeds the epsilon asked for. Rounding each
+    budget down to a rational scale (denominator <= 2^20, `noise.scale_fraction`) loses less than
+    2^-20 per rounded budget, so `statement` shows the requested epsilon when the exact sum lies
+    within `rounding()` below it, and the exact sum (rounded up) otherwise.
+    """
+
+    name: str
+    size: int
+    epsilon: float
+    relation: str
+    shape: TreeShape
+
+    # --- noise ---------------------------------------------------------------------------------
+    @abstractmethod
+    def node_noise(self, level: int, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
+        """The noise (int64) of the nodes (level, index), at the level's scale."""
+
+    @abstractmethod
+    def prefix_noise(self, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
+        """The noise (int64) the mechanism puts on the prefix count at each grid index."""
+
+    def _indices(self, indices) -> np.ndarray:
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        if idx.size and (idx.min() < 0 or idx.max() >= self.size):
+            raise ParameterError(f"grid indices must lie in [0, {self.size})")
+        return idx
+
+    # --- the release -------------------------------------------------------------------------
+    @abstractmethod
+    def released_levels(self) -> list[int]:
+        """Tree levels whose node counts are released (none for the path mechanism)."""
+
+    @abstractmethod
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers):
+        """The release, asked for through `prefix_at(indices)` (noisy prefix counts) and
+        `nodes_at(level)` (noisy node counts of a released level): the analyst's questions to the
+        servers. Arrays may carry a trailing payload axis (one column per released ECDF)."""
+
+    def noisy(self, prefix: np.ndarray, noise: NoiseFn):
+        """The central release of exact prefix counts (at every grid index) with `noise`."""
+        prefix = np.asarray(prefix).astype(np.int64)
+        return self.gather(lambda idx: prefix[idx] + self.prefix_noise(idx, noise),
+                           lambda level: (node_counts(prefix, self.shape, level)
+                                          + self.node_noise(level, np.arange(self.level_nodes(level)), noise)).astype(np.float64))
+
+    @abstractmethod
+    def elements(self, release) -> list:
+        """One release per payload element (column of the trailing axis), or [release] if none."""
+
+    @abstractmethod
+    def estimate(self, release, copies: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        """(raw, fitted) prefix-count estimates at every grid index from a release whose values carry
+        `copies` independent noises each: raw is what the mechanism itself gives (path: the noisy
+        prefixes; tree: the covering estimator), fitted the best linear estimate (tree: consistent)."""
+
+    def smoothing_nodes(self) -> np.ndarray:
+        """(size, k) node ids of each prefix, for the paper's eq. 3 smoothing (path mechanism only)."""
+        raise ParameterError(f"eq. 3 smoothing is defined for the path mechanism, not the {self.name} mechanism "
+                             "(a tree release is made consistent instead)")
+
+    def level_nodes(self, level: int) -> int:
+        """How many nodes of a level hold data."""
+        return -(-self.size // self.shape.branching**level)
+
+    def node_bounds(self, level: int) -> tuple[np.ndarray, np.ndarray]:
+        """First and last grid index of every data-holding node of a level."""
+        width = self.shape.branching**level
+        starts = np.arange(0, self.size, width)
+        return starts, np.minimum(starts + width, self.size) - 1
+
+    # --- privacy -----------------------------------------------------------------------------
+    @abstractmethod
+    def exact_epsilon(self, relation: str) -> Fraction | None:
+        """The guarantee under `relation` as an exact rational, None when there is none."""
+
+    @abstractmethod
+    def rounded_budgets(self) -> int:
+        """How many budgets were each rounded down to a rational noise scale."""
+
+    def rounding(self) -> Fraction:
+        """How far below epsilon the exact guarantee may lie and still be stated as epsilon: less than
+        2^-20 per rounded budget (`noise.EPSILON_ROUNDING`) plus a relative 1e-9 (the float budget
+        split's margin)."""
+        return self.rounded_budgets() * EPSILON_ROUNDING + Fraction(self.epsilon) * Fraction(1, 10**9)
+
+    def epsilon_for(self, relation: str) -> float:
+        """The guarantee under `relation` of the noise as calibrated (its scales are fixed); inf if none."""
+        exact = self.exact_epsilon(check_relation(relation))
+        return math.inf if exact is None else float(exact)
+
+    def stated_epsilon(self, relation: str | None = None) -> float:
+        """The epsilon a statement gives: the requested one when the exact guarantee is at most it and
+        within `rounding()` below it (under the calibrated relation), else the exact one rounded up
+        to 6 significant digits (inf when there is no guarantee)."""
+        relation = check_relation(self.relation if relation is None else relation)
+        exact = self.exact_epsilon(relation)
+        if exact is None:
+            return math.inf
+        requested = Fraction(self.epsilon)
+        if relation == self.relation and exact > requested:  # by construction; never state less than is spent
+            raise AssertionError(f"the {self.name} mechanism spends {exact} > epsilon {self.epsilon}")
+        if relation == self.relation and requested - exact <= self.rounding():
+            return self.epsilon
+        return _round_up(exact)
+
+    def statement(self, relation: str | None = None) -> str:
+        """The privacy guarantee in words, under `relation` (default: the calibrated one). It names the
+        requested epsilon when the exact rational guarantee is at most epsilon and within `rounding()`
+        below it (the rounding of the budgets to rational noise scales), and says so."""
+        relation = check_relation(self.relation if relation is None else relation)
+        exact = self.exact_epsilon(relation)
+        if exact is None:
+            return f"no DP guarantee under {relation} ({self._no_guarantee()}; {self._describe()})"
+        shown = self.stated_epsilon(relation)
+        if relation == self.relation and exact == Fraction(self.epsilon):
+            how = f"epsilon = {shown:g} exactly"
+        elif relation == self.relation and shown == self.epsilon:
+            k = self.rounded_budgets()
+            what = "the budget is" if k == 1 else f"each of the {k} level budgets is"
+            how = (f"epsilon = {shown:g} up to rounding: the exact rational accounting gives {_round_up(exact, 10):.10g} "
+                   f"<= epsilon, as {what} rounded down by less than 2^-20 to a rational noise scale")
+        else:
+            how = f"epsilon = {shown:g}: the exact rational accounting {float(exact):.10g}, rounded up"
+        return f"{shown:g}-DP under {relation} ({how}; {self._describe()})"
+
+    @abstractmethod
+    def _describe(self) -> str: ...
+
+    def _no_guarantee(self) -> str:
+        return f"calibrated for {self.relation}"
+
+    @abstractmethod
+    def expected_mse(self) -> float:
+        """Exact expected squared error per prefix count (one copy of the noise)."""
+
+
+def _round_up(value: Fraction | float, digits: int = 6) -> float:
+    """`value` at `digits` significant digits, rounded up: a stated epsilon is never below the truth
+    (compared as the decimal it prints as)."""
+    text = f"{float(value):.{digits}g}"
+    if Fraction(text) < Fraction(value):
+        step = Fraction(10) ** (math.floor(math.log10(float(value))) - digits + 1)
+        text = f"{float(Fraction(text) + step):.{digits}g}"
+    return float(text)
+
+
 @dataclass
-class PathMechanism:
+class PathMechanism(Mechanism):
     """The paper's eq. 2: prefix count at leaf i plus the noise of every node on i's path to the
     root of a binary tree over the grid (L + 1 nodes, L = ceil(log2 N)).
 
     Privacy: epsilon-DP under `relation` when every node's noise is DLap(s / epsilon), s the exact
     sensitivity: the fewest signed unit node shifts that explain a neighbour's change, which is L
     under substitution and ceil((L + 1) / 2) under add/remove (Theorem 3.1 of the paper uses L + 1;
-    `calibration="paper"` reproduces that). Expected squared error per prefix: (L + 1) Var(DLap).
+    `calibration="paper"` reproduces that). Epsilon is rounded down by less than 2^-20 to make the
+    scale rational, so the exact guarantee is at most epsilon (`statement` says by how much).
+    Expected squared error per prefix: (L + 1) Var(DLap).
     """
 
     size: int
@@ -80,42 +241,70 @@ class PathMechanism:
             return self.shape.height + 1
         return path_sensitivity(self.shape.height, check_relation(relation))
 
-    def epsilon_for(self, relation: str) -> float:
-        """The guarantee under `relation` of the noise as calibrated (its scale is fixed)."""
-        return path_sensitivity(self.shape.height, check_relation(relation)) / float(self.scale)
+    def exact_epsilon(self, relation: str) -> Fraction:
+        """The guarantee under `relation` of the noise as calibrated (its scale is fixed):
+        exact sensitivity / scale."""
+        return Fraction(path_sensitivity(self.shape.height, check_relation(relation))) / self.scale
+
+    def rounded_budgets(self) -> int:
+        return 1
 
     def nodes_for(self, leaves: np.ndarray) -> np.ndarray:
         """(len(leaves), L + 1) node ids whose noise goes into each prefix."""
         return self.shape.path(leaves)
 
+    def node_noise(self, level: int, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
+        """The noise of the binary tree's nodes (level, index): every node has the same scale."""
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        return noise(self.shape.node_id(np.full(idx.size, level), idx), self.scale)
+
     def prefix_noise(self, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
-        """The noise eq. 2 adds to the prefix count at each index: the sum over its path's nodes."""
-        ids = self.nodes_for(np.asarray(indices, np.int64))
+        """The noise eq. 2 adds to the prefix count at each index: the sum over its path's nodes
+        (one call of `noise` for all distinct nodes)."""
+        ids = self.nodes_for(self._indices(indices))
         unique, inverse = np.unique(ids, return_inverse=True)
         return noise(unique, self.scale)[inverse.reshape(ids.shape)].sum(axis=1)
 
+    def released_levels(self) -> list[int]:
+        return []
+
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers) -> np.ndarray:
+        """The path release: noisy prefix counts at every grid index."""
+        return prefix_at(np.arange(self.size))
+
     def noisy_prefix(self, prefix: np.ndarray, noise: NoiseFn) -> np.ndarray:
         """Eq. 2 at every grid index: exact prefix counts (int64) + path noise."""
-        return prefix.astype(np.int64) + self.prefix_noise(np.arange(self.size), noise)
+        return self.noisy(prefix, noise)
+
+    def elements(self, release: np.ndarray) -> list[np.ndarray]:
+        return [release] if release.ndim == 1 else [release[:, e] for e in range(release.shape[1])]
+
+    def estimate(self, release: np.ndarray, copies: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        raw = np.asarray(release, dtype=np.float64)
+        return raw, raw
+
+    def smoothing_nodes(self) -> np.ndarray:
+        return self.nodes_for(np.arange(self.size))
 
     def expected_mse(self) -> float:
         return (self.shape.height + 1) * dlaplace_variance(self.scale)
 
-    def statement(self) -> str:
-        return (f"{self.epsilon_for(self.relation):g}-DP under {self.relation} "
-                f"(path mechanism, binary tree of height {self.shape.height}, node noise DLap({float(self.scale):.4g}))")
+    def _describe(self) -> str:
+        return f"path mechanism, binary tree of height {self.shape.height}, node noise DLap({float(self.scale):.4g})"
 
 
 @dataclass
-class TreeMechanism:
+class TreeMechanism(Mechanism):
     """A level-uniform b-ary tree (the optimal-tree paper, Def. IV.1): every node below the root
     gets a noisy count, DLap(Delta / eps_l) at level l with sum_l eps_l = epsilon; a prefix is the sum
     of its covering nodes (Lemma IV.1), and `consistent` post-processes all node counts at once.
 
     Privacy: epsilon-DP under `relation`: one person moves one unit between two nodes of a level
     (Delta = 2, substitution) or adds/removes one unit at one node of every level (Delta = 1,
-    add/remove, where the root, i.e. n, is noised as well since it is not public). Levels compose.
-    Default branching factor and level budgets minimise the exact expected squared error of the
+    add/remove, where the root, i.e. n, is noised as well since it is not public). Levels compose:
+    the exact guarantee is the sum over noised levels of Delta / scale_l, each level budget rounded
+    down by less than 2^-20 to make its scale rational, so it is at most epsilon (`statement` says
+    by how much). A tree calibrated for substitution gives no add/remove guarantee. Default branching factor and level budgets minimise the exact expected squared error of the
     covering estimator for this grid size (budgets proportional to n_l^(1/3), Theorem IV.2).
     """
 
@@ -165,13 +354,20 @@ class TreeMechanism:
     def level_sensitivity(relation: str) -> int:
         return 2 if check_relation(relation) == "substitution" else 1
 
-    def epsilon_for(self, relation: str) -> float:
-        """Substitution: the sum over noised levels of 2 / scale_l. Add/remove needs a noised root,
-        so a tree calibrated for substitution gives no add/remove guarantee (inf)."""
-        if relation == "add-remove" and self.relation == "substitution":
-            return math.inf
+    def exact_epsilon(self, relation: str) -> Fraction | None:
+        """The sum over noised levels of Delta / scale_l (Delta = 2 under substitution, 1 under
+        add/remove), exactly. Add/remove needs a noised root, so a tree calibrated for substitution
+        gives no add/remove guarantee (None; `epsilon_for` says inf)."""
+        if check_relation(relation) == "add-remove" and self.relation == "substitution":
+            return None
         delta = self.level_sensitivity(relation)
-        return sum(delta / float(s) for s in self.scales if s is not None)
+        return sum((delta / s for s in self.scales if s is not None), Fraction(0))
+
+    def rounded_budgets(self) -> int:
+        return len(self.noised_levels())
+
+    def _no_guarantee(self) -> str:
+        return "the tree is calibrated for substitution: its root, n, is released exactly"
 
     def variances(self) -> np.ndarray:
         """Noise variance per level (0 for the exact root)."""
@@ -179,28 +375,74 @@ class TreeMechanism:
 
     def node_noise(self, level: int, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
         """The noise of nodes (level, index); zero at an exact (public) root."""
-        idx = np.asarray(indices, np.int64)
+        idx = np.asarray(indices, np.int64).reshape(-1)
         if self.scales[level] is None:
             return np.zeros(idx.size, np.int64)
         return noise(self.shape.node_id(np.full(idx.size, level), idx), self.scales[level])
 
-    def node_bounds(self, level: int) -> tuple[np.ndarray, np.ndarray]:
-        """First and last grid index of every data-holding node of a level."""
-        width = self.shape.branching**level
-        starts = np.arange(0, self.size, width)
-        return starts, np.minimum(starts + width, self.size) - 1
+    def prefix_noise(self, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
+        """The noise on the covering estimate of each prefix: the sum of its covering nodes' noise
+        (`TreeShape.covering`; the whole padded domain is the root alone). Vectorized: per level, one
+        call of `noise` for the distinct nodes all the coverings use, then range sums (a covering
+        takes a contiguous run of each level's nodes). `noise` must give a node the same value on
+        every call (a PRF), as for the servers; the central release uses `noisy` instead."""
+        idx = self._indices(indices)
+        b, h = self.shape.branching, self.shape.height
+        out = np.zeros(idx.size, np.int64)
+        count = idx + 1
+        whole = count == b**h
+        if whole.any():
+            out[whole] = self.node_noise(h, np.zeros(1, np.int64), noise)[0]
+        c = count[~whole]
+        start, acc = np.zeros_like(c), np.zeros(c.size, np.int64)
+        for level in range(h - 1, -1, -1):
+            width = b**level
+            digit = (c - start) // width
+            first = start // width
+            acc += self._run_noise(level, first, first + digit, noise)
+            start = start + digit * width
+        out[~whole] = acc
+        return out
+
+    def _run_noise(self, level: int, lo: np.ndarray, hi: np.ndarray, noise: NoiseFn) -> np.ndarray:
+        """Sum of the noise of the level's nodes [lo_k, hi_k) for each k."""
+        runs = hi > lo
+        if not runs.any():
+            return np.zeros(lo.size, np.int64)
+        lengths = (hi - lo)[runs]
+        total, nodes_here = int(lengths.sum()), self.level_nodes(level)
+        if total <= nodes_here:  # list the runs' nodes
+            offsets = np.arange(total) - np.repeat(np.cumsum(lengths) - lengths, lengths)
+            nodes = np.unique(np.repeat(lo[runs], lengths) + offsets)
+        else:  # mark the union of the runs
+            marks = np.bincount(lo[runs], minlength=nodes_here + 1) - np.bincount(hi[runs], minlength=nodes_here + 1)
+            nodes = np.flatnonzero(np.cumsum(marks)[:nodes_here] > 0)
+        sums = np.concatenate([[0], np.cumsum(self.node_noise(level, nodes, noise))]).astype(np.int64)
+        return sums[np.searchsorted(nodes, hi)] - sums[np.searchsorted(nodes, lo)]
+
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers) -> list[np.ndarray]:
+        """The tree release: noisy counts of every data-holding node, per level (float64); the root
+        is n itself under substitution (public), noised under add/remove when released, NaN when not
+        released."""
+        levels = []
+        for level in range(self.shape.height + 1):
+            if level in self.released_levels():
+                levels.append(np.asarray(nodes_at(level), dtype=np.float64))
+            else:  # only ever the root: consistency does without it
+                levels.append(np.full((self.level_nodes(level),) + levels[-1].shape[1:], np.nan))
+        return levels
 
     def noisy_nodes(self, prefix: np.ndarray, noise: NoiseFn) -> list[np.ndarray]:
-        """Noisy counts of every data-holding node, per level; the root is n itself under
-        substitution (public), noised under add/remove when released, NaN when not released."""
-        out = []
-        for level in range(self.shape.height + 1):
-            counts = node_counts(prefix, self.shape, level)
-            if level not in self.released_levels():
-                out.append(np.full(counts.size, np.nan))
-                continue
-            out.append((counts + self.node_noise(level, np.arange(counts.size), noise)).astype(np.float64))
-        return out
+        """The central tree release (`gather`) of exact prefix counts with `noise`."""
+        return self.noisy(prefix, noise)
+
+    def elements(self, release: list[np.ndarray]) -> list[list[np.ndarray]]:
+        if release[0].ndim == 1:
+            return [release]
+        return [[lv[:, e] for lv in release] for e in range(release[0].shape[1])]
+
+    def estimate(self, release: list[np.ndarray], copies: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        return self.covering_prefix(release), self.consistent(release, copies)
 
     def covering_prefix(self, nodes: list[np.ndarray]) -> np.ndarray:
         """The covering estimator at every index: sum of the covering nodes' noisy counts."""
@@ -257,11 +499,10 @@ class TreeMechanism:
         """Exact expected squared error per prefix of the covering estimator."""
         return float((self.shape.covering_counts() * self.variances()).sum() / self.size)
 
-    def statement(self) -> str:
-        eps = self.epsilon_for(self.relation)
+    def _describe(self) -> str:
         budgets = ", ".join(f"{e:.3g}" for e in self.budgets)
-        return (f"{eps:g}-DP under {self.relation} (tree mechanism, branching {self.branching}, height "
-                f"{self.shape.height}, level budgets [{budgets}] leaves first)")
+        return (f"tree mechanism, branching {self.branching}, height {self.shape.height}, "
+                f"level budgets [{budgets}] leaves first")
 
 
 def _group_sum(values: np.ndarray, b: int, groups: int) -> np.ndarray:

@@ -27,6 +27,7 @@ from numba import njit
 from ..errors import ParameterError
 
 _MAX_DEN = 1 << 20  # epsilon is rounded down to a fraction with a denominator at most this
+EPSILON_ROUNDING = Fraction(1, _MAX_DEN)  # so it loses less than this: the bound privacy statements round within
 
 
 MIN_EPSILON = 1e-6

@@ -12,7 +12,8 @@ import numpy as np
 
 from fss import DCF, KeyBatch
 
-from ..release.mechanisms import PathMechanism, TreeMechanism
+from ..errors import ParameterError
+from ..release.mechanisms import Mechanism
 from ..release.noise import prf_key, prf_noise
 
 
@@ -28,7 +29,7 @@ def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.nda
 class Aggregator:
     """One server's view of one task: the mechanism, its DCF, and its noise (PRF of its seed)."""
 
-    def __init__(self, dcf: DCF, mechanism: PathMechanism | TreeMechanism, seed: bytes, task_id: str, noise: bool = True):
+    def __init__(self, dcf: DCF, mechanism: Mechanism, seed: bytes, task_id: str, noise: bool = True):
         self.dcf, self.mechanism = dcf, mechanism
         label = f"{task_id}/{mechanism.name}"
         # one noise stream per payload element: each element is its own released ECDF
@@ -57,29 +58,27 @@ class Aggregator:
         return out
 
     def prefix_shares(self, shards: list[KeyBatch], indices: np.ndarray) -> np.ndarray:
-        """Share of (count(index <= i) + this server's noise on the nodes S(i)) for each index i."""
-        idx = np.asarray(indices, np.int64)
-        mech = self.mechanism
-        if isinstance(mech, PathMechanism):
-            eta = lambda fn: mech.prefix_noise(idx, fn)  # noqa: E731
-        else:
-            eta = lambda fn: np.array([sum(int(mech.node_noise(lv, np.array([j]), fn)[0])  # noqa: E731
-                                           for lv, j in mech.shape.covering(int(i))) for i in idx], np.int64)
-        return self._add(partial_sums(self.dcf, shards, idx), eta)
+        """Share of (count(index <= i) + this server's noise on the nodes S(i)) for each index i
+        (`Mechanism.prefix_noise`: the path's nodes, or the tree's covering nodes, batched)."""
+        idx = np.asarray(indices, np.int64).reshape(-1)
+        return self._add(partial_sums(self.dcf, shards, idx), lambda fn: self.mechanism.prefix_noise(idx, fn))
 
     def node_shares(self, shards: list[KeyBatch], level: int) -> np.ndarray:
-        """Share of (count + this server's noise) for every data-holding node of a tree level."""
+        """Share of (count + this server's noise) for every data-holding node of a tree level.
+        ParameterError unless the mechanism releases that level's node counts (`released_levels`:
+        none for the path mechanism; never an exact root that is not public)."""
         mech = self.mechanism
-        if not isinstance(mech, TreeMechanism):
-            raise TypeError("node counts belong to the tree mechanism")
+        if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or int(level) not in mech.released_levels():
+            raise ParameterError(f"the {mech.name} mechanism releases node counts of levels {mech.released_levels()} "
+                                 f"only, not {level!r}")
+        level = int(level)
         starts, ends = mech.node_bounds(level)
         points = np.unique(np.concatenate([ends, starts[starts > 0] - 1]))
         sums = partial_sums(self.dcf, shards, points)
-        where = {int(p): k for k, p in enumerate(points)}
-        hi = sums[[where[int(e)] for e in ends]]
+        hi = sums[np.searchsorted(points, ends)]
         lo = np.zeros_like(hi)
         has_lo = starts > 0
-        lo[has_lo] = sums[[where[int(s) - 1] for s in starts[has_lo]]]
+        lo[has_lo] = sums[np.searchsorted(points, starts[has_lo] - 1)]
         return self._add(hi - lo, lambda fn: mech.node_noise(level, np.arange(starts.size), fn))
 
     def group_shares(self, shards: list[KeyBatch], edges: np.ndarray, scales: list) -> np.ndarray:

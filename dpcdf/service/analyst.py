@@ -8,8 +8,7 @@ import json
 
 import numpy as np
 
-from ..errors import DpcdfError
-from ..release.mechanisms import PathMechanism
+from ..errors import DpcdfError, ParameterError
 from ..release.ecdf import Release, finish_release
 from .http import ServerError, http
 from .task import MAX_QUERY_POINTS, TaskConfig
@@ -79,10 +78,11 @@ class Analyst:
     def quantile(self, ps) -> np.ndarray:
         """The paper's Algorithm 1 over the grid: per level p, binary search for the smallest threshold
         whose noisy ECDF reaches p; all levels step together (log2(N) rounds of prefix queries). Every
-        answer is post-processing of the same fixed node noise, so the search costs no extra budget."""
+        answer is post-processing of the same fixed node noise, so the search costs no extra budget.
+        ParameterError for levels outside [0, 1] (as `Release.quantile`)."""
         p = np.asarray(ps, dtype=np.float64).reshape(-1)
         if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
-            raise DpcdfError("quantile levels must lie in [0, 1]")
+            raise ParameterError("quantile levels must lie in [0, 1]")
         lo, hi = np.zeros(p.size, np.int64), np.full(p.size, self.grid.size - 1, np.int64)
         total = None
         while (lo < hi).any():
@@ -96,21 +96,18 @@ class Analyst:
     def releases(self) -> list[Release]:
         """One full-grid release per payload element, post-processed like the central one, knowing
         that every value carries both servers' noise."""
-        mech = self.mechanism
-        if isinstance(mech, PathMechanism):
-            noisy, n = self.prefix_counts(range(self.grid.size))
-            per = [noisy] if noisy.ndim == 1 else [noisy[:, e] for e in range(noisy.shape[1])]
-        else:
-            levels, n = [], 0
-            for level in range(mech.shape.height + 1):
-                if level in mech.released_levels():
-                    counts, n = self._ask({"kind": "nodes", "level": level})
-                    levels.append(counts.astype(np.float64))
-                else:  # an unreleased root: consistency does without it
-                    levels.append(np.full((1,) + levels[-1].shape[1:], np.nan))
-            width = 1 if levels[0].ndim == 1 else levels[0].shape[1]
-            per = [levels] if width == 1 else [[lv[:, e] for lv in levels] for e in range(width)]
-        return [finish_release(self.grid, mech, noisy_e, n, copies=2) for noisy_e in per]
+        mech, seen = self.mechanism, {"n": 0}
+
+        def prefix_at(indices: np.ndarray) -> np.ndarray:
+            counts, seen["n"] = self.prefix_counts(indices)
+            return counts
+
+        def nodes_at(level: int) -> np.ndarray:
+            counts, seen["n"] = self._ask({"kind": "nodes", "level": level})
+            return counts
+
+        release = mech.gather(prefix_at, nodes_at)  # the questions the mechanism's release needs
+        return [finish_release(self.grid, mech, part, seen["n"], copies=2) for part in mech.elements(release)]
 
     def release(self) -> Release:
         """The full-grid ECDF release (path: monotone; tree: consistent, then monotone); for a
