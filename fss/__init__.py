@@ -11,8 +11,8 @@ This is the hazardous-materials layer: it knows nothing of differential privacy 
 """
 from .dcf import DCF
 from .dpf import DPF
-from .errors import FssError, KeyFormatError, KeyMismatchError, ParameterError
+from .errors import FssError, KeyFormatError, KeyIndexError, KeyMismatchError, ParameterError
 from .keys import Key, KeyBatch
 
-__all__ = ["DCF", "DPF", "FssError", "Key", "KeyBatch", "KeyFormatError", "KeyMismatchError", "ParameterError"]
+__all__ = ["DCF", "DPF", "FssError", "Key", "KeyBatch", "KeyFormatError", "KeyIndexError", "KeyMismatchError", "ParameterError"]
 __version__ = "0.1.0"

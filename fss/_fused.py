@@ -1,7 +1,8 @@
-"""The fused eval kernel: a group of 16 keys walks every level with its state in vector registers.
+"""The fused kernels: a group of `GROUP` (16) keys walks every level with its state in vector registers.
 
-Private; see `fss.backend` for the public switch and `fss.tree` for the portable twin, which must
-agree bit for bit (the tests run every vector and property on both).
+Private; see `fss.backend` for the public switch and `fss.portable` for the level-by-level twin,
+which must agree bit for bit (the tests run every vector and property on both). `fss.fast` wraps
+these intrinsics in the parallel numba kernels it calls.
 
 Keys come in the grouped layout of `KeyBatch`: one group's seeds, corrections of every level and
 payloads are contiguous, so a group's walk streams through memory. Per level, for the 16 keys of a
@@ -12,6 +13,11 @@ group (two halves of 8, each field an <8 x i64> vector, struct of arrays):
   AES    = one MMO over all blocks (512-bit VAES, 4 blocks per instruction, or 128-bit AES-NI)
   update = the same branch-free bookkeeping as `_kernels.eval_level`, with masks from t
 The level loop is an IR loop whose state lives in SSA phis, so nothing is stored between levels.
+
+Array arguments are C-contiguous; `g` is a group index; `party` 0 or 1; `bits` the domain bits;
+`mask` = 2^out_bits - 1; `rk` the (11, 2) uint64 round keys of `_aes.round_keys()`. The factories
+take the compile-time choices (payload width, whether every level carries a payload (DCF) or only
+the leaf (DPF), VAES or AES-NI) and are memoized, one intrinsic per choice.
 """
 from __future__ import annotations
 
@@ -23,10 +29,10 @@ from numba.core import cgutils
 from numba.extending import intrinsic
 
 from . import _aes as A
+from .keys import GROUP
 from .prg import ROLE_LEAF, ROLE_LEFT, ROLE_VALUE
 
-GROUP = 16
-HALVES = GROUP // 8
+HALVES = GROUP // 8  # a group is walked as halves of 8 keys, one <8 x i64> vector per field
 
 
 class _Ptr:
@@ -194,8 +200,11 @@ def _both_children_blocks(b, slo, shi, width: int, has_v: bool) -> list:
 @functools.lru_cache(maxsize=None)
 def eval_group(width: int, has_v: bool, uniform_x: bool, vaes: bool):
     """The intrinsic eval16(seeds, cw_seed, cw_t, cw_v, xs, g, party, bits, mask, rk, out, out_k):
-    out[e, out_k + j] = share of key 16 g + j at its point (xs[16 g + j], or xs[0] if uniform_x),
-    for j in 0..15 (a padded lane gives garbage, never a fault: it stays inside the group)."""
+    out[e, out_k + j] = share e of key GROUP g + j at its point (xs[GROUP g + j], or xs[0] if
+    uniform_x), for j in 0..15, payload element e < width. seeds (G, 2, 16), cw_seed (G, bits, 2, 16),
+    cw_t (G, bits, 16), cw_v (G, v_levels, width, 16): a `KeyBatch`'s grouped arrays; xs (n_pad,)
+    or (1,) uint64 internal points; out (width, m) uint64. A padded lane gives garbage, never a
+    fault: it stays inside the group."""
     nwords = 2 * (1 + ((width + 1) // 2 if has_v else 0))  # words per key per level
 
     @intrinsic
@@ -216,7 +225,7 @@ def eval_group(width: int, has_v: bool, uniform_x: bool, vaes: bool):
             x_uniform = A.splat(b, b.load(X.at(_c64(0)))) if uniform_x else None
             state = []  # per half: seed lo, seed hi, t, acc[width]
             for h in range(HALVES):
-                state += [S.load8(_off(b, s0, _c64(8 * h))), S.load8(_off(b, s0, _c64(16 + 8 * h))), A.splat(b, party_)]
+                state += [S.load8(_off(b, s0, _c64(8 * h))), S.load8(_off(b, s0, _c64(GROUP + 8 * h))), A.splat(b, party_)]
                 state += [zero] * width
             per_half = 3 + width
 
@@ -281,14 +290,19 @@ def _children(b, grp, aes, st: list, level, d, both: bool, width: int, has_v: bo
 
 @functools.lru_cache(maxsize=None)
 def trie_steps(width: int, has_v: bool, vaes: bool):
-    """Intrinsics for walking one group's trees over a set of points (all 16 keys at the same node).
-    A node's state is a slot of `state` (slots, 3 + width, 16): seed lo, seed hi, t, acc[width].
+    """Intrinsics for walking one group's trees over a set of points (all 16 keys at the same node),
+    returned as (step_one, step_both, last_one, last_both). A node's state is a slot of `state`
+    (slots, 3 + width, 16) uint64: seed lo, seed hi, t, acc[width]. All four take the same arguments
 
-    step(state, src, dst_left, dst_right, d, both, level, cw_seed, cw_t, cw_v, g, rk): child d of slot
-        src -> slot dst_left, or with both = 1 both children -> dst_left, dst_right
-    last(state, src, d, both, point_left, point_right, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask,
-        rk, partial): the same at the last level, adding the leaves' shares (summed over the first
-        `lanes` keys of the group) to partial[point * width + e] instead of storing states
+        (state, src, a, b, d, level_or_lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, partial)
+
+    step_one:  child d of slot src -> slot a (level_or_lanes = the node's level; b unused)
+    step_both: both children of slot src -> slots a (left) and b (right) (d unused)
+    last_one, last_both: the same at the last level (bits - 1), but the children are leaves: each
+        leaf's share, summed over the first `level_or_lanes` keys of the group (the real ones), is
+        added to partial[point * width + e], where point = a for the left child or the one child,
+        b for the right child of last_both. partial: (points, width) uint64, one thread's row.
+    party, bits and mask matter only to the last-level variants (the others ignore them).
     """
     rows = 3 + width
     i64 = types.int64
@@ -345,8 +359,10 @@ def trie_steps(width: int, has_v: bool, vaes: bool):
 def gen_group(width: int, has_v: bool, vaes: bool):
     """The intrinsic gen16(alphas, betas, roots, g, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v):
     both parties' correction words for the 16 key pairs of group g (BCG+21 Fig. 1), written into the
-    grouped arrays. alphas (n_pad,) internal; betas (width, n_pad); roots (2 parties, 2 words, n_pad);
-    below / equal: all-ones or zero masks that switch beta on for x < alpha and x == alpha."""
+    grouped arrays cw_seed (G, bits, 2, 16), cw_t (G, bits, 16), cw_v (G, v_levels, width, 16).
+    alphas (n_pad,) internal; betas (width, n_pad); roots (2 parties, 2 words, n_pad), n_pad a
+    multiple of 16; below / equal: all-ones or zero masks that switch beta on for x < alpha and
+    x == alpha."""
 
     @intrinsic
     def gen16(typingctx, alphas, betas, roots, g, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v):

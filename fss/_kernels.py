@@ -1,18 +1,19 @@
 """numba kernels of the portable backend: the per-level bookkeeping around one AES ECB call.
 
-Private. The callers in `fss.tree` validate shapes and dtypes; these trust their inputs, never
+Private. The callers in `fss.portable` validate shapes and dtypes; these trust their inputs, never
 raise, and do all arithmetic in uint64 (wrapping mod 2^64; masks to 2^out_bits are applied by the
 caller, which is exact because 2^out_bits divides 2^64).
 
 Layouts (n keys, struct of arrays): seeds (2, n) = lo and hi words; payloads (width, n); PRG blocks
 (n, blocks, 2) in the order the ECB call sees them. Eval reads correction words from a KeyBatch's
-grouped arrays (one level of them: key k at [k // 16, ..., k % 16]).
+grouped arrays (one level of them: key k at [k // GROUP, ..., k % GROUP]).
 """
 from __future__ import annotations
 
 import numpy as np
 from numba import njit
 
+from .keys import GROUP
 from .prg import ROLE_LEAF, ROLE_LEFT, ROLE_VALUE
 
 _U0 = np.uint64(0)
@@ -66,12 +67,12 @@ def fill_leaf(s, buf):
 @njit(cache=True, nogil=True)
 def eval_level(out, s, t, acc, cw_seed, cw_t, cw_v, d, has_v):
     """One level for n keys, each walking to child d[k]; out[k] holds that child's blocks as filled
-    by `fill_eval`; cw_seed (G, 2, 16), cw_t (G, 16), cw_v (G, width, 16) are this level's grouped
+    by `fill_eval`; cw_seed (G, 2, GROUP), cw_t (G, GROUP), cw_v (G, width, GROUP) are this level's grouped
     corrections. Updates seeds s, control bits t and (DCF) the payload sums acc in place; the
     party's sign is applied once at the end by the caller."""
     w, n = acc.shape[0], acc.shape[1]
     for k in range(n):
-        g, lane = k >> 4, k & 15
+        g, lane = k // GROUP, k % GROUP
         tk = t[k]
         tm = _U0 - np.uint64(tk)
         lo = out[k, 0, 0]
@@ -89,12 +90,12 @@ def eval_level(out, s, t, acc, cw_seed, cw_t, cw_v, d, has_v):
 
 @njit(cache=True, nogil=True)
 def finish_eval(acc, conv, t, cw_last, negate):
-    """acc := (-1)^party * (acc + Convert(s) + t * CW_{n+1}) for every key; cw_last (G, width, 16)."""
+    """acc := (-1)^party * (acc + Convert(s) + t * CW_{n+1}) for every key; cw_last (G, width, GROUP)."""
     w, n = acc.shape[0], acc.shape[1]
     for k in range(n):
         tm = _U0 - np.uint64(t[k])
         for e in range(w):
-            v = acc[e, k] + conv[e, k] + (np.uint64(cw_last[k >> 4, e, k & 15]) & tm)
+            v = acc[e, k] + conv[e, k] + (np.uint64(cw_last[k // GROUP, e, k % GROUP]) & tm)
             acc[e, k] = _U0 - v if negate else v
 
 

@@ -15,3 +15,8 @@ class KeyFormatError(FssError, ValueError):
 
 class KeyMismatchError(FssError, ValueError):
     """A key (or batch) used with a function of other parameters, or batches of different parties mixed."""
+
+
+class KeyIndexError(ParameterError, IndexError):
+    """A key index outside a `KeyBatch`. Also an `IndexError`, so that sequence protocols (iteration
+    by index, `except IndexError`) keep working."""

@@ -1,6 +1,6 @@
 """The fast backend: the fused AES-NI / VAES kernels of `_fused`, spread over all cores.
 
-Same contract as the portable `fss.tree` (internal points, (width, n) outputs reduced mod
+Same contract as the portable `fss.portable` (internal points, (width, n) outputs reduced mod
 2^out_bits) and bit-identical results. Works group by group on `KeyBatch`'s grouped layout; the
 padded lanes of the last group are evaluated and dropped.
 """
@@ -12,8 +12,8 @@ import numpy as np
 from numba import njit, prange
 
 from ._aes import round_keys
-from ._fused import GROUP, eval_group, gen_group, trie_steps
-from .keys import KeyBatch, groups, payload_dtype, to_groups
+from ._fused import eval_group, gen_group, trie_steps
+from .keys import GROUP, KeyBatch, groups, payload_dtype, to_groups
 from .params import TreeParams
 
 MAX_WIDTH = 4  # wider payloads take the portable backend (the fused kernel unrolls over elements)
@@ -26,7 +26,7 @@ def _batch_kernel(width: int, has_v: bool, vaes: bool):
     @njit(nogil=True, parallel=True)
     def kernel(seeds, cw_seed, cw_t, cw_v, xs, party, bits, mask, rk, out):
         for g in prange(seeds.shape[0]):
-            group(seeds, cw_seed, cw_t, cw_v, xs, g, party, bits, mask, rk, out, g * 16)
+            group(seeds, cw_seed, cw_t, cw_v, xs, g, party, bits, mask, rk, out, g * GROUP)
 
     return kernel
 
@@ -40,11 +40,11 @@ def _sum_kernel(width: int, has_v: bool, vaes: bool):
         groups = seeds.shape[0]
         chunks = partial.shape[0]
         for c in prange(chunks):
-            scratch = np.empty((width, 16), np.uint64)
+            scratch = np.empty((width, GROUP), np.uint64)
             acc = np.zeros(width, np.uint64)
             for g in range(c * groups // chunks, (c + 1) * groups // chunks):
                 group(seeds, cw_seed, cw_t, cw_v, x, g, party, bits, mask, rk, scratch, 0)
-                lanes = min(16, n - g * 16)  # the last group's padding is not counted
+                lanes = min(GROUP, n - g * GROUP)  # the last group's padding is not counted
                 for e in range(width):
                     for j in range(lanes):
                         acc[e] += scratch[e, j]
@@ -129,10 +129,10 @@ def _trie_kernel(width: int, has_v: bool, vaes: bool):
         groups = seeds.shape[0]
         chunks = partial.shape[0]
         for c in prange(chunks):
-            state = np.zeros((2 * (bits + 1), 3 + width, 16), np.uint64)
+            state = np.zeros((2 * (bits + 1), 3 + width, GROUP), np.uint64)
             row = partial[c]
             for g in range(c * groups // chunks, (c + 1) * groups // chunks):
-                lanes = min(16, n - g * 16)  # the last group's padding is not counted
+                lanes = min(GROUP, n - g * GROUP)  # the last group's padding is not counted
                 state[0, 0] = seeds[g, 0]
                 state[0, 1] = seeds[g, 1]
                 state[0, 2] = party
@@ -185,7 +185,7 @@ def _gen_kernel(width: int, has_v: bool, vaes: bool):
 
 
 def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray, vaes: bool) -> tuple[KeyBatch, KeyBatch]:
-    """Same contract as `tree.gen_batch`, writing the grouped arrays directly."""
+    """Same contract as `portable.gen_batch`, writing the grouped arrays directly."""
     n, w = alphas.shape[0], p.width
     G = groups(n)
     pad = lambda a: np.concatenate([a, np.zeros(a.shape[:-1] + (G * GROUP - n,), a.dtype)], axis=-1)  # noqa: E731

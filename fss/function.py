@@ -1,4 +1,4 @@
-"""What the DCF and the DPF share: the public gen/eval API over the one tree walk (`fss.tree`)."""
+"""What the DCF and the DPF share: the public gen/eval API over the one tree walk (`fss.backend`)."""
 from __future__ import annotations
 
 import secrets

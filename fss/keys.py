@@ -7,28 +7,28 @@ from typing import Sequence
 import numpy as np
 
 from . import codec
-from .errors import KeyMismatchError, ParameterError
+from .errors import KeyIndexError, KeyMismatchError, ParameterError
 from .params import TreeParams
 
-LANES = 16  # keys per group: the fused kernels walk one group with its state in vector registers
+GROUP = 16  # keys per group: the layout's unit, and the fused kernels' (one group's state in vector registers)
 
 
 def groups(n: int) -> int:
-    return -(-n // LANES)
+    return -(-n // GROUP)
 
 
 def to_groups(a: np.ndarray) -> np.ndarray:
-    """(..., n) -> (ceil(n / 16), ..., 16), zero-padded: each group of 16 keys contiguous."""
+    """(..., n) -> (ceil(n / GROUP), ..., GROUP), zero-padded: each group of GROUP keys contiguous."""
     n = a.shape[-1]
     g = groups(n)
-    padded = np.zeros(a.shape[:-1] + (g * LANES,), a.dtype)
+    padded = np.zeros(a.shape[:-1] + (g * GROUP,), a.dtype)
     padded[..., :n] = a
-    moved = padded.reshape(a.shape[:-1] + (g, LANES))
+    moved = padded.reshape(a.shape[:-1] + (g, GROUP))
     return np.ascontiguousarray(np.moveaxis(moved, -2, 0))
 
 
 def from_groups(a: np.ndarray, n: int) -> np.ndarray:
-    """Inverse of `to_groups`: (G, ..., 16) -> (..., n), always a new array (never a view of `a`)."""
+    """Inverse of `to_groups`: (G, ..., GROUP) -> (..., n), always a new array (never a view of `a`)."""
     moved = np.moveaxis(a, 0, -2)
     return moved.reshape(moved.shape[:-2] + (-1,))[..., :n].copy()
 
@@ -41,13 +41,13 @@ def payload_dtype(p: TreeParams) -> type:
 @dataclass(frozen=True, eq=False)
 class KeyBatch:
     """n keys of one party for one function family, as numpy arrays. Storage is grouped: keys come
-    in groups of 16 (the last one zero-padded), and each group holds all its levels contiguously, so
+    in groups of `GROUP` = 16 (the last one zero-padded), and each group holds all its levels contiguously, so
     that evaluating a group streams through memory once:
 
-    - seeds   (G, 2, 16) uint64: root seeds, lo and hi words of the 16-byte seed
-    - cw_seed (G, bits, 2, 16) uint64: seed correction words, lo and hi (bit 0 of lo always zero)
-    - cw_t    (G, bits, 16) uint8: control-bit corrections, bit 0 = left, bit 1 = right
-    - cw_v    (G, v_levels, width, 16) uint32 (out_bits <= 32) or uint64: payload corrections mod
+    - seeds   (G, 2, GROUP) uint64: root seeds, lo and hi words of the 16-byte seed
+    - cw_seed (G, bits, 2, GROUP) uint64: seed correction words, lo and hi (bit 0 of lo always zero)
+    - cw_t    (G, bits, GROUP) uint8: control-bit corrections, bit 0 = left, bit 1 = right
+    - cw_v    (G, v_levels, width, GROUP) uint32 (out_bits <= 32) or uint64: payload corrections mod
       2^out_bits; the last level is the leaf's (BCG+21's CW^(n+1)); a DPF has only that one.
 
     `logical()` gives the same fields as (..., n) arrays. Treat the arrays as read-only: the two
@@ -82,7 +82,7 @@ class KeyBatch:
         if isinstance(item, (int, np.integer)):
             i = int(item)
             if not -self.n <= i < self.n:
-                raise IndexError(f"key index {i} out of range for a batch of {self.n}")
+                raise KeyIndexError(f"key index {i} out of range for a batch of {self.n} keys")
             return Key(self.select(slice(i % self.n, i % self.n + 1)))
         return self.select(item)
 
@@ -90,9 +90,10 @@ class KeyBatch:
         """The keys at `item` (a slice or index array) as a new batch; costs O(selected keys)."""
         idx = np.arange(self.n)[item] if isinstance(item, slice) else np.asarray(item, dtype=np.int64).reshape(-1)
         if idx.size and (idx.min() < -self.n or idx.max() >= self.n):
-            raise IndexError(f"key index out of range for a batch of {self.n}")
+            bad = int(idx.min()) if idx.min() < -self.n else int(idx.max())
+            raise KeyIndexError(f"key index {bad} out of range for a batch of {self.n} keys")
         idx = idx % max(self.n, 1)
-        g, lane = idx // LANES, idx % LANES
+        g, lane = idx // GROUP, idx % GROUP
         parts = [np.moveaxis(a[g, ..., lane], 0, -1) for a in (self.seeds, self.cw_seed, self.cw_t, self.cw_v)]
         return KeyBatch.from_logical(self.params, self.party, *parts)
 

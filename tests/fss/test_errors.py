@@ -115,8 +115,25 @@ def test_batches_of_other_parties_or_parameters_do_not_mix():
         KeyBatch.concatenate([k0, g0])
     with pytest.raises(ParameterError, match="at least one batch"):
         KeyBatch.concatenate([])
-    with pytest.raises(IndexError):
-        k0[2]
+
+
+@pytest.mark.parametrize(
+    "index,message",
+    [
+        (2, "key index 2 out of range for a batch of 2 keys"),
+        (-3, "key index -3 out of range for a batch of 2 keys"),
+        (np.int64(7), "key index 7 out of range"),
+        (np.array([0, 5]), "key index 5 out of range for a batch of 2 keys"),
+        ([-4, 1], "key index -4 out of range"),
+    ],
+)
+def test_key_index_out_of_range_is_a_parameter_error(index, message):
+    k0, _ = DCF(8).gen_batch([1, 2])
+    with pytest.raises(ParameterError, match=message) as info:
+        k0[index]
+    assert isinstance(info.value, FssError) and isinstance(info.value, IndexError)  # old callers' except IndexError
+    assert [k.to_bytes() for k in k0] == [k0[0].to_bytes(), k0[1].to_bytes()]  # iteration still stops at the end
+    assert k0[-1].to_bytes() == k0[1].to_bytes()
 
 
 def test_eval_full_is_limited():
