@@ -24,6 +24,7 @@ The four messages, each AES-GCM under K with its round and the fingerprint as as
 3. server 0 -> 1: server 1's listed ids that server 0 lacks (padded); server 0 drops its own reports
    in the listed buckets that server 1 lacks, and is done;
 4. server 1 drops the ids of message 3, and is done.
+`step` plays one server's part of this exchange; the server's close handler only relays it.
 So each one-sided report costs exactly itself; whether the close succeeds depends on the one-sided
 reports alone (up to 64 of them always succeed; honest reports matter only if one of the differing
 buckets also holds more than 64 - k of them, which at n = 10^6, 15 per bucket on average, does not
@@ -34,6 +35,7 @@ from __future__ import annotations
 import hashlib
 import hmac
 import secrets
+from dataclasses import dataclass
 
 import numpy as np
 from Crypto.Cipher import AES
@@ -186,6 +188,44 @@ def open_sealed(key: bytes, fingerprint: bytes, message: object, expected: tuple
     if len(payload) != ROUND_LENGTHS[rnd]:
         raise SyncError("the sync message has the wrong length")
     return rnd, payload
+
+
+@dataclass(frozen=True)
+class Step:
+    """One server's move: the message for the analyst to relay (None after the last), the reports
+    this server drops now, and whether its part is done (it may then answer queries)."""
+
+    reply: str | None
+    drop: frozenset[bytes]
+    done: bool
+
+
+def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: str | None) -> Step:
+    """Server `party`'s answer to the relayed message `sync` (None: the close starts) over its frozen
+    report ids: server 0 sends 1; server 1 answers 1 with 2; server 0 answers 2 with 3, dropping its
+    one-sided reports; server 1 drops those listed in 3. Raises SyncError for a message out of turn,
+    forged or of another task, and TooManyDifferences where message 2 cannot list the differences."""
+    if sync is None:
+        if party != 0:
+            raise SyncError("server 1 closes with server 0's sync message")
+        return Step(seal(key, 1, fingerprint, bucket_digests(key, ids)), frozenset(), False)
+    if party == 1:
+        rnd, payload = open_sealed(key, fingerprint, sync, (1, 3))
+        if rnd == 3:
+            return Step(None, frozenset(read_id_list(payload)) & frozenset(ids), True)
+        differ = differing(bucket_digests(key, ids), payload)
+        grouped = members(ids, buckets(key, ids), differ)
+        return Step(seal(key, 2, fingerprint, bitmap(differ) + id_table(differ, grouped)), frozenset(), False)
+    _, payload = open_sealed(key, fingerprint, sync, (2,))
+    differ = from_bitmap(payload[:BUCKETS // 8])
+    theirs = read_id_table(payload[BUCKETS // 8:], differ)
+    grouped = members(ids, buckets(key, ids), differ)
+    drop: set[bytes] = set()
+    they_drop: set[bytes] = set()
+    for b in differ.tolist():
+        drop |= set(grouped[b]) - theirs[b]
+        they_drop |= theirs[b] - set(grouped[b])
+    return Step(seal(key, 3, fingerprint, id_list(sorted(they_drop))), frozenset(drop), True)
 
 
 def _subkey(key: bytes, label: bytes) -> bytes:
