@@ -1,0 +1,49 @@
+"""The endpoints' dependencies: the server's shared state, a task loaded by its id, the analyst's
+bearer token, and a binary body."""
+from __future__ import annotations
+
+import secrets
+from typing import Annotated
+
+from fastapi import Depends, Request
+from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
+
+from ..task import token_hash
+from .errors import HttpError
+from .state import Server, TaskState
+
+_bearer = HTTPBearer(auto_error=False, description="the analyst's token for the task")
+UNAUTHORIZED = "the analyst's bearer token is required"
+
+
+def server(request: Request) -> Server:
+    return request.app.state.server
+
+
+def task(task_id: str, srv: Annotated[Server, Depends(server)]) -> TaskState:
+    """The task named in the path (404 if unknown)."""
+    return srv.task(task_id)
+
+
+def analyst_task(task_id: str, srv: Annotated[Server, Depends(server)],
+                 credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> TaskState:
+    """The task, for its analyst only. Without a bearer token the answer is 401 whether or not the
+    task exists, so task ids cannot be probed without one; then 404 for an unknown task, and 401
+    for a token that is not the task's."""
+    if credentials is None:
+        raise HttpError(401, UNAUTHORIZED)
+    st = srv.task(task_id)
+    if not secrets.compare_digest(token_hash(credentials.credentials), st.config.token_hash):
+        raise HttpError(401, UNAUTHORIZED)
+    return st
+
+
+async def raw_body(request: Request) -> bytes:
+    """The body as bytes (its size is capped by the app's middleware)."""
+    return await request.body()
+
+
+ServerDep = Annotated[Server, Depends(server)]
+TaskDep = Annotated[TaskState, Depends(task)]
+AnalystTaskDep = Annotated[TaskState, Depends(analyst_task)]
+RawBody = Annotated[bytes, Depends(raw_body)]

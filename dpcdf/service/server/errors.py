@@ -1,0 +1,49 @@
+"""The server's refusals: `HttpError` (a status and a message), and the handlers that turn it, a
+request that fails validation, and Starlette's own errors (unknown route, unreadable body) into one
+JSON shape, {"error": message}, that clients read (`dpcdf.service.http`)."""
+from __future__ import annotations
+
+from fastapi import Request
+from fastapi.exceptions import RequestValidationError
+from fastapi.responses import JSONResponse
+from starlette.exceptions import HTTPException
+
+from ...errors import DpcdfError
+
+NOT_JSON = "the body must be JSON"
+
+
+class HttpError(DpcdfError):
+    """A request the server refuses, with the HTTP status to answer."""
+
+    def __init__(self, status: int, message: str):
+        super().__init__(message)
+        self.status, self.message = status, message
+
+
+def problem(error: dict) -> str:
+    """One validation error as a sentence: a validator's own message as it is, others with the
+    field they concern."""
+    if error["type"] == "json_invalid":
+        return NOT_JSON
+    if error["type"] == "value_error":
+        return str(error["ctx"]["error"])
+    where = ".".join(str(part) for part in error["loc"][1:])  # loc[0] is 'body', 'path', ...
+    return f"{where}: {error['msg']}" if where else error["msg"]
+
+
+async def http_error(request: Request, exc: HttpError) -> JSONResponse:
+    return JSONResponse({"error": exc.message}, status_code=exc.status)
+
+
+async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
+    return JSONResponse({"error": problem(exc.errors()[0])}, status_code=400)
+
+
+async def starlette_error(request: Request, exc: HTTPException) -> JSONResponse:
+    # FastAPI answers a body it cannot parse (nested too deep for json) with this 400
+    message = NOT_JSON if exc.detail == "There was an error parsing the body" else str(exc.detail)
+    return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
+
+
+HANDLERS = {HttpError: http_error, RequestValidationError: invalid_request, HTTPException: starlette_error}

@@ -1,0 +1,146 @@
+"""The JSON the server takes and gives, as Pydantic models (they are also its OpenAPI schema).
+Checks that need the task (grid size, mechanism) are the routers'; these check shape and type."""
+from __future__ import annotations
+
+from typing import Annotated, Literal, Union
+
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag
+
+from ..task import MAX_QUERY_POINTS
+
+KINDS = "kind must be 'prefix', 'nodes' or (calibration tasks) 'groups'"
+
+
+class Error(BaseModel):
+    """Every refusal: a 4xx status and this body."""
+    error: str
+
+
+class Health(BaseModel):
+    party: int
+    status: Literal["ok"] = "ok"
+    warm: bool = Field(description="whether the kernels are compiled (answers before are slower)")
+
+
+class Hpke(BaseModel):
+    kdf: str = "HKDF-SHA256"
+    aead: str = "AES-128-GCM"
+    keys: dict[str, str] = Field(description="this server's public key per KEM, hex")
+
+
+class TaskSpec(BaseModel):
+    """A task configuration (`dpcdf.service.task.TaskConfig`), documentation only: the server reads
+    the body with TaskConfig.from_json, whose canonical form the fingerprint is taken of."""
+    model_config = ConfigDict(extra="allow")
+    grid: dict
+    epsilon: float
+    mechanism: Literal["path", "tree"]
+    relation: Literal["substitution", "add-remove"]
+    min_batch: int
+    servers: list[str] = Field(min_length=2, max_length=2)
+    hpke_keys: list[str] = Field(min_length=2, max_length=2)
+    token_hash: str
+    payload: Literal["count", "label", "calibration"] = "count"
+    split: float = 0.5
+    kem: Literal["x25519", "mlkem768-x25519"] = "x25519"
+    task_id: str | None = Field(None, description="1 to 64 of A-Z, a-z, 0-9, '-', '_'; random if left out")
+    format: str = "dpcdf-task/v1"
+
+
+class TaskRegistered(BaseModel):
+    task_id: str
+    fingerprint: str = Field(description="SHA-256 of the canonical config, hex")
+
+
+class TaskStatus(BaseModel):
+    task_id: str
+    reports: int | None = Field(description="stored (or, once closed, fixed) reports; None under add/remove")
+    closed: bool
+    min_batch: int
+
+
+class Accepted(BaseModel):
+    accepted: Literal[1] = 1
+
+
+class Rejected(BaseModel):
+    index: int
+    error: str
+
+
+class BatchAccepted(BaseModel):
+    accepted: int
+    duplicates: int
+    rejected: list[Rejected]
+
+
+class CloseRequest(BaseModel):
+    sync: str | None = Field(None, description="the other server's last sync message, as relayed (hex)")
+
+
+class CloseResponse(BaseModel):
+    party: int
+    closed: Literal[True] = True
+    reconciled: bool
+    n: int | None = Field(description="reports after reconciliation, once reconciled and if public")
+    reports_hash: str | None = Field(description="keyed hash of the report set, once reconciled")
+    sync: str | None = Field(description="the message to relay to the other server; None after the last")
+
+
+def _indices(v: list[int]) -> list[int]:
+    if not v:
+        raise ValueError("indices must be a non-empty list of grid indices")
+    if len(v) > MAX_QUERY_POINTS:
+        raise ValueError(f"at most {MAX_QUERY_POINTS} indices per query")
+    return v
+
+
+def _edges(v: list[int]) -> list[int]:
+    if any(b < a for a, b in zip(v, v[1:])):
+        raise ValueError("edges must be non-decreasing grid indices")
+    return v
+
+
+class PrefixQuery(BaseModel):
+    """Shares of the noisy counts of reports with index <= i, for each i."""
+    kind: Literal["prefix"]
+    indices: Annotated[list[StrictInt], AfterValidator(_indices)]
+
+
+class NodesQuery(BaseModel):
+    """Shares of the noisy counts of every data-holding node of one released tree level."""
+    kind: Literal["nodes"]
+    level: StrictInt
+
+
+class GroupsQuery(BaseModel):
+    """Calibration tasks: shares of the noisy group sums between these grid indices (once per task)."""
+    kind: Literal["groups"]
+    edges: Annotated[list[StrictInt], AfterValidator(_edges)]
+
+
+def _kind(v: object) -> object:
+    return v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
+
+
+Query = Annotated[
+    Union[Annotated[PrefixQuery, Tag("prefix")], Annotated[NodesQuery, Tag("nodes")], Annotated[GroupsQuery, Tag("groups")]],
+    Discriminator(_kind, custom_error_type="kind", custom_error_message=KINDS),
+]
+
+
+class QueryResponse(BaseModel):
+    party: int
+    n: int | None = Field(description="reports after reconciliation, if public")
+    reports_hash: str
+    width: int = Field(description="values per point: shares holds points * width of them, row-major")
+    shares: list[str] = Field(description="this server's shares, unsigned 64-bit integers in decimal")
+
+
+def errors(*codes: int) -> dict:
+    """The `responses` entry documenting these refusals."""
+    return {code: {"model": Error, "description": _WHY[code]} for code in codes}
+
+
+_WHY = {400: "malformed request", 401: "no or wrong bearer token", 403: "refused: too few reports or budget spent",
+        404: "unknown task", 409: "conflicts with the task's state", 413: "body over the size limit"}

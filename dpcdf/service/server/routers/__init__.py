@@ -1,0 +1,1 @@
+"""One router per concern: health, tasks (register, status, close), reports (uploads), queries."""

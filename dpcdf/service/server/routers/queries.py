@@ -1,0 +1,64 @@
+"""POST /tasks/{id}/query, for the analyst: this server's shares of noisy prefix counts, tree nodes,
+or (calibration tasks) group sums, from the reconciled report set."""
+from __future__ import annotations
+
+import json
+from typing import Annotated
+
+import numpy as np
+from fastapi import APIRouter, Body
+
+from ....release.calibration import group_scales
+from ..deps import AnalystTaskDep, ServerDep
+from ..errors import HttpError
+from ..models import KINDS, GroupsQuery, NodesQuery, PrefixQuery, Query, QueryResponse, errors
+from ..state import TaskState
+
+router = APIRouter(prefix="/tasks/{task_id}", tags=["queries"])
+
+
+@router.post("/query", response_model=QueryResponse, responses=errors(400, 401, 403, 404, 409))
+def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, Body()]) -> QueryResponse:
+    """Answers once the server is reconciled (`close`). Group boundaries are fixed by the first
+    groups query (another set would spend the budget again). Queries and closes run one at a time."""
+    check(st, q)
+    store, config = srv.store, st.config
+    with srv.answering:
+        if not store.marked(task_id, "reconciled"):
+            raise HttpError(409, "the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
+        upto, n, digest = store.frozen(task_id)
+        if n < config.min_batch:
+            raise HttpError(403, f"the task has {n} reports after reconciliation; queries need at least {config.min_batch}")
+        if isinstance(q, GroupsQuery) and store.fix_release(task_id, "groups", json.dumps(q.edges)) != json.dumps(q.edges):
+            raise HttpError(403, "this task's groups are already released with other boundaries: the budget is spent")
+        store.mark(task_id, "answered")
+        shards = st.refresh(store, upto)
+        agg = st.aggregator
+        if isinstance(q, GroupsQuery):
+            shares = agg.group_shares(shards, np.array(q.edges, np.int64), group_scales(config.epsilon, config.split))
+        elif isinstance(q, PrefixQuery):
+            shares = agg.prefix_shares(shards, np.array(q.indices, np.int64))
+        else:
+            shares = agg.node_shares(shards, q.level)
+        if config.payload == "calibration" and not isinstance(q, GroupsQuery):
+            shares = shares[:, 0]  # only the ECDF of the probabilities: the other elements go out as group sums
+        store.log_query(task_id, q.kind, int(shares.size))
+    width = 1 if shares.ndim == 1 else shares.shape[1]
+    return QueryResponse(party=srv.party, n=n if config.n_public else None, reports_hash=digest, width=width,
+                         shares=[str(int(v)) for v in shares.reshape(-1)])
+
+
+def check(st: TaskState, q: PrefixQuery | NodesQuery | GroupsQuery) -> None:
+    """What the model cannot check without the task: indices on its grid, a released tree level,
+    groups on calibration tasks only."""
+    size = st.aggregator.mechanism.size
+    if isinstance(q, GroupsQuery):
+        if st.config.payload != "calibration":
+            raise HttpError(400, KINDS)
+        if not all(0 <= e < size - 1 for e in q.edges):
+            raise HttpError(400, f"edges must be non-decreasing grid indices in [0, {size - 1})")
+    elif isinstance(q, PrefixQuery):
+        if not all(0 <= i < size for i in q.indices):
+            raise HttpError(400, f"indices must be a non-empty list of grid indices in [0, {size})")
+    elif st.config.mechanism != "tree" or q.level not in st.aggregator.mechanism.released_levels():
+        raise HttpError(400, "node queries need the tree mechanism and a released level")
