@@ -249,7 +249,7 @@ def test_cli_query_prints_quantiles(servers, tmp_path):
     (tmp_path / "task.json.token").write_text(token)
     run = lambda *a: subprocess.run([sys.executable, "-m", "dpcdf", *a], capture_output=True, text=True, timeout=300)  # noqa: E731
     sub = run("submit", "--task", str(tmp_path / "task.json"), "--csv", str(csv), "--column", "x")
-    assert sub.returncode == 0 and '"accepted": 60' in sub.stdout
+    assert sub.returncode == 0 and '"complete": 60' in sub.stdout
     q = run("query", "--task", str(tmp_path / "task.json"), "--ecdf", "50", "--quantiles", "0.5")
     assert q.returncode == 0 and "q(0.5) =" in q.stdout and "DP under substitution" in q.stdout
     b = run("query", "--task", str(tmp_path / "task.json"), "--quantiles", "0.5", "--bisect")
