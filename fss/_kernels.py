@@ -11,8 +11,7 @@ grouped arrays (one level of them: key k at [k // GROUP, ..., k % GROUP]).
 from __future__ import annotations
 
 import numpy as np
-from numba import njit
-
+from ._cache import njit
 from .keys import GROUP
 from .prg import ROLE_LEAF, ROLE_LEFT, ROLE_VALUE
 
@@ -24,7 +23,7 @@ _VALUE = np.uint64(ROLE_VALUE)
 _LEAF = np.uint64(ROLE_LEAF)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def fill_eval(s, d, width, buf):
     """PRG inputs of one level of single-point eval: child d[k]'s seed block, then (if buf has more
     than one block) the value blocks holding child d[k]'s payload words d*width .. d*width+width-1."""
@@ -39,7 +38,7 @@ def fill_eval(s, d, width, buf):
             buf[k, q, 1] = hi ^ _VALUE
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def fill_expand(s, buf):
     """PRG inputs that expand both children of each seed: LEFT and RIGHT seed blocks, then the
     VALUE blocks 0 .. buf.shape[1] - 3 (gen and full-domain eval)."""
@@ -54,7 +53,7 @@ def fill_expand(s, buf):
             buf[k, j, 1] = hi ^ _VALUE
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def fill_leaf(s, buf):
     """PRG inputs of the LEAF blocks that convert a leaf seed into a payload of width > 1."""
     n, nb = buf.shape[0], buf.shape[1]
@@ -64,7 +63,7 @@ def fill_leaf(s, buf):
             buf[k, j, 1] = s[1, k] ^ _LEAF
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def eval_level(out, s, t, acc, cw_seed, cw_t, cw_v, d, has_v):
     """One level for n keys, each walking to child d[k]; out[k] holds that child's blocks as filled
     by `fill_eval`; cw_seed (G, 2, GROUP), cw_t (G, GROUP), cw_v (G, width, GROUP) are this level's grouped
@@ -88,7 +87,7 @@ def eval_level(out, s, t, acc, cw_seed, cw_t, cw_v, d, has_v):
                 acc[e, k] += out[k, 1 + (word >> 1) - first, word & 1] + (np.uint64(cw_v[g, e, lane]) & tm)
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def finish_eval(acc, conv, t, cw_last, negate):
     """acc := (-1)^party * (acc + Convert(s) + t * CW_{n+1}) for every key; cw_last (G, width, GROUP)."""
     w, n = acc.shape[0], acc.shape[1]
@@ -99,7 +98,7 @@ def finish_eval(acc, conv, t, cw_last, negate):
             acc[e, k] = _U0 - v if negate else v
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def gen_level(out, s, t, v_alpha, a_bits, below, cw_seed, cw_t, cw_v, has_v):
     """One level of Gen for n key pairs (BCG+21 Fig. 1, step 4). out[b, k] holds the blocks of party
     b's seed for key k as filled by `fill_expand`. Writes this level's correction words and advances
@@ -136,7 +135,7 @@ def gen_level(out, s, t, v_alpha, a_bits, below, cw_seed, cw_t, cw_v, has_v):
             t[b, k] = np.uint8(lo & _U1) ^ (t_keep & t[b, k])
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def gen_leaf(conv0, conv1, t1, v_alpha, equal, cw_last):
     """Final correction word (BCG+21 Fig. 1, step 5, with beta added on x == alpha when `equal`)."""
     w, n = v_alpha.shape[0], v_alpha.shape[1]
@@ -146,7 +145,7 @@ def gen_leaf(conv0, conv1, t1, v_alpha, equal, cw_last):
             cw_last[e, k] = _U0 - c if t1[k] else c
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def full_level(out, s, t, cw_lo, cw_hi, cw_t, s_next, t_next):
     """Expand every node of one level of a single DPF key's tree into both children."""
     n = s.shape[1]
@@ -159,7 +158,7 @@ def full_level(out, s, t, cw_lo, cw_hi, cw_t, s_next, t_next):
             t_next[2 * k + side] = np.uint8(lo & _U1) ^ ((cw_t >> np.uint8(side)) & t[k])
 
 
-@njit(cache=True, nogil=True)
+@njit(nogil=True)
 def sum_columns(values, mask):
     """Sum over axis 1 of a (width, n) uint64 array, mod 2^64, then masked."""
     w = values.shape[0]

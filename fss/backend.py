@@ -155,7 +155,8 @@ def eval_full(batch: KeyBatch) -> np.ndarray:
 def warm_up(width: int = 1, out_bits: int = 64) -> None:
     """Compiles the kernels a workload of this payload width will use (gen, eval, eval_sum at one
     and at many points), so that the first real call does not pay numba's compile time. Their types
-    do not depend on `bits`, so a small domain serves every task."""
+    do not depend on `bits`, so a small domain serves every task. Compiled kernels are kept on disk
+    (`fss._cache`), so this costs a fraction of a second in every process after the first."""
     from .params import KIND_DCF
 
     p = TreeParams.make(KIND_DCF, 4, out_bits, width, "lt", False)

@@ -11,12 +11,18 @@ import functools
 import numpy as np
 from numba import njit, prange
 
+from . import _cache
 from ._aes import round_keys
 from ._fused import eval_group, gen_group, trie_steps
 from .keys import GROUP, KeyBatch, groups, payload_dtype, to_groups
 from .params import TreeParams
 
 MAX_WIDTH = 4  # wider payloads take the portable backend (the fused kernel unrolls over elements)
+
+
+def _tag(width: int, has_v: bool, vaes: bool) -> str:
+    """The compile-time choices of a kernel, naming its entries in the on-disk cache (`_cache`)."""
+    return f"w{width}-{'dcf' if has_v else 'dpf'}-{'vaes' if vaes else 'aesni'}"
 
 
 @functools.lru_cache(maxsize=None)
@@ -28,7 +34,7 @@ def _batch_kernel(width: int, has_v: bool, vaes: bool):
         for g in prange(seeds.shape[0]):
             group(seeds, cw_seed, cw_t, cw_v, xs, g, party, bits, mask, rk, out, g * GROUP)
 
-    return kernel
+    return _cache.cached(kernel, _tag(width, has_v, vaes))
 
 
 @functools.lru_cache(maxsize=None)
@@ -50,7 +56,7 @@ def _sum_kernel(width: int, has_v: bool, vaes: bool):
                         acc[e] += scratch[e, j]
             partial[c] = acc
 
-    return kernel
+    return _cache.cached(kernel, _tag(width, has_v, vaes))
 
 
 def _keys(batch: KeyBatch) -> tuple:
@@ -72,7 +78,7 @@ def eval_batch(batch: KeyBatch, xs: np.ndarray, vaes: bool) -> np.ndarray:
 OP_ONE, OP_BOTH, OP_LAST_ONE, OP_LAST_BOTH = 0, 1, 2, 3
 
 
-@njit(nogil=True, cache=True)
+@_cache.njit(nogil=True)
 def trie_program(points, bits):
     """The depth-first walk over the union of the paths to `points` (sorted, unique), as rows
     (op, src slot, dst slot or d, second dst slot or left point, level, d or right point). A node at
@@ -148,7 +154,7 @@ def _trie_kernel(width: int, has_v: bool, vaes: bool):
                     else:  # last level: both children, points a2 and a3
                         last_both(state, src, a2, a3, 0, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
 
-    return kernel
+    return _cache.cached(kernel, _tag(width, has_v, vaes))
 
 
 def eval_sum(batch: KeyBatch, points: np.ndarray, vaes: bool, threads: int) -> np.ndarray:
@@ -181,7 +187,7 @@ def _gen_kernel(width: int, has_v: bool, vaes: bool):
         for g in prange(cw_seed.shape[0]):
             group(alphas, betas, roots, g, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v)
 
-    return kernel
+    return _cache.cached(kernel, _tag(width, has_v, vaes))
 
 
 def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray, vaes: bool) -> tuple[KeyBatch, KeyBatch]:

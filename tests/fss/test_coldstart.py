@@ -1,0 +1,145 @@
+"""No compile wait: a fresh process loads the compiled kernels from the on-disk cache (`fss._cache`)
+instead of compiling them, gets the same bits, and recompiles when the package's sources change."""
+import gc
+import hashlib
+import json
+import os
+import shutil
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import numpy as np
+
+import fss
+from fss import DCF, DPF, backend
+
+FSS_DIR = Path(fss.__file__).resolve().parent
+
+# (function, number of keys, points of eval_sum): DCF and DPF, widths 1-4, 32- and 64-bit payloads
+CONFIGS = "[(DCF(32), 300, 7), (DCF(12, 32, 2), 40, 5), (DPF(9, 40, 3), 33, 4), (DCF(20, 64, 4, cmp='ge'), 17, 3)]"
+
+CHILD = textwrap.dedent(
+    """
+    import gc, hashlib, json, sys, time
+    t0 = time.perf_counter()
+    import numpy as np
+    import fss
+    from fss import DCF, DPF, backend
+    t1 = time.perf_counter()
+
+    def work(fn, n, m):
+        rng = np.random.default_rng(n)
+        alphas = rng.integers(0, 1 << fn.bits, n, dtype=np.uint64)
+        k0, k1 = fn._gen_batch_with_randomness(alphas, -1, rng.bytes(32 * n))
+        t = time.perf_counter()
+        pts = np.sort(rng.integers(0, 1 << fn.bits, m, dtype=np.uint64))
+        sums = [fn.eval_sum(k, pts[:1]) for k in (k0, k1)] + [fn.eval_sum(k, pts) for k in (k0, k1)]
+        h = hashlib.sha256(k0.to_bytes() + k1.to_bytes())
+        for s in sums + [fn.eval_batch(k0, alphas), fn.eval_batch(k1, pts[:1].repeat(n))]:
+            h.update(np.ascontiguousarray(s, np.uint64).tobytes())
+        return h.hexdigest(), t
+
+    fn = DCF(32)  # the first gen_batch and eval_sum of a fresh process, timed
+    alphas = np.arange(2000, dtype=np.uint64) * np.uint64(2654435761) % np.uint64(1 << 32)
+    t2 = time.perf_counter()
+    k0, _ = fn.gen_batch(alphas, 1)
+    t3 = time.perf_counter()
+    fn.eval_sum(k0, [12345])
+    t4 = time.perf_counter()
+    out = dict(imp=t1 - t0, gen=t3 - t2, sum=t4 - t3, file=fss.__file__, backend=backend.current())
+    out["digests"] = [work(fn, n, m)[0] for fn, n, m in CONFIGS]
+    if "aesni" in backend.available() and backend.current() != "aesni":
+        with backend.using("aesni"):
+            out["digests"].append(work(DCF(32), 50, 3)[0])
+    hits = misses = 0
+    for d in gc.get_objects():
+        if type(d).__name__ == "CPUDispatcher" and getattr(d.py_func, "__module__", "").startswith("fss."):
+            hits += sum(d._cache_hits.values())
+            misses += sum(d._cache_misses.values())
+    out.update(hits=hits, misses=misses)
+    print(json.dumps(out))
+    """
+).replace("CONFIGS", CONFIGS)
+
+
+def run_child(cache_dir, src=None, code=CHILD):
+    env = dict(os.environ)
+    env.pop("NUMBA_CACHE_DIR", None)
+    if cache_dir is not None:
+        env["NUMBA_CACHE_DIR"] = str(cache_dir)
+    if src is not None:
+        env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
+    res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=src or FSS_DIR.parent,
+                         timeout=900)
+    assert res.returncode == 0, res.stderr[-3000:]
+    return json.loads(res.stdout.strip().splitlines()[-1])
+
+
+def in_process_digests():
+    """The same work in this process on the portable backend (bit-identical by contract)."""
+    ns = {"DCF": DCF, "DPF": DPF}
+    configs = eval(CONFIGS, ns)
+    if "aesni" in backend.available() and backend.current() != "aesni":
+        configs.append((DCF(32), 50, 3))
+    digests = []
+    with backend.using("portable"):
+        for fn, n, m in configs:
+            rng = np.random.default_rng(n)
+            alphas = rng.integers(0, 1 << fn.bits, n, dtype=np.uint64)
+            k0, k1 = fn._gen_batch_with_randomness(alphas, -1, rng.bytes(32 * n))
+            pts = np.sort(rng.integers(0, 1 << fn.bits, m, dtype=np.uint64))
+            sums = [fn.eval_sum(k, pts[:1]) for k in (k0, k1)] + [fn.eval_sum(k, pts) for k in (k0, k1)]
+            h = hashlib.sha256(k0.to_bytes() + k1.to_bytes())
+            for s in sums + [fn.eval_batch(k0, alphas), fn.eval_batch(k1, pts[:1].repeat(n))]:
+                h.update(np.ascontiguousarray(s, np.uint64).tobytes())
+            digests.append(h.hexdigest())
+    return digests
+
+
+def test_second_process_loads_the_kernels_and_gets_the_same_bits(tmp_path):
+    cold = run_child(tmp_path)
+    warm = run_child(tmp_path)
+    first = warm["gen"] + warm["sum"]
+    print(f"\nbackend {warm['backend']}: cold start import {cold['imp']:.3f} s, first gen_batch {cold['gen']:.3f} s, "
+          f"eval_sum {cold['sum']:.3f} s; warm start import {warm['imp']:.3f} s, first gen_batch {warm['gen']:.3f} s, "
+          f"eval_sum {warm['sum']:.3f} s (together {first:.3f} s); cache hits/misses cold {cold['hits']}/{cold['misses']}, "
+          f"warm {warm['hits']}/{warm['misses']}")
+    assert Path(warm["file"]).resolve().parent == FSS_DIR
+    assert cold["misses"] > 0 and warm["misses"] == 0 and warm["hits"] >= cold["misses"]
+    assert first < 2.0
+    assert cold["digests"] == warm["digests"] == in_process_digests()
+
+
+SMALL = textwrap.dedent(
+    """
+    import gc, json
+    import numpy as np
+    import fss
+    from fss import _kernels
+    _kernels.sum_columns(np.arange(6, dtype=np.uint64).reshape(2, 3), np.uint64(7))
+    d = _kernels.sum_columns
+    print(json.dumps(dict(file=fss.__file__, hits=sum(d._cache_hits.values()), misses=sum(d._cache_misses.values()),
+                          path=d.stats.cache_path)))
+    """
+)
+
+
+def test_cache_lives_next_to_a_clones_sources_and_follows_their_edits(tmp_path):
+    """A fresh copy of the package (as an editable install of a new clone sees it), without
+    NUMBA_CACHE_DIR: entries go to its fss/__pycache__, are reused, and an edit of any source
+    file (here a comment in _fused.py, which sum_columns does not even import) recompiles."""
+    clone = tmp_path / "clone"
+    shutil.copytree(FSS_DIR, clone / "fss", ignore=shutil.ignore_patterns("__pycache__"))
+    runs = [run_child(None, clone, SMALL), run_child(None, clone, SMALL)]
+    with open(clone / "fss" / "_fused.py", "a") as f:
+        f.write("# an edit\n")
+    runs.append(run_child(None, clone, SMALL))
+    runs.append(run_child(None, clone, SMALL))
+    for r in runs:
+        assert Path(r["file"]).resolve().parent == clone / "fss"
+        assert Path(r["path"]).resolve() == clone / "fss" / "__pycache__"
+    assert [(r["hits"], r["misses"]) for r in runs] == [(0, 1), (1, 0), (0, 1), (1, 0)]
+    data = sorted(p.name for p in (clone / "fss" / "__pycache__").glob("fss._kernels.sum_columns*.nbc"))
+    assert len(data) == 1, data  # the outdated entry was removed when the new one was written
