@@ -26,14 +26,24 @@ class ServerError(DpcdfError):
 
 def http(method: str, url: str, body: bytes | None = None, token: str | None = None,
          content_type: str = "application/json", timeout: float = 600) -> dict:
-    req = urllib.request.Request(url, data=body, method=method)
+    """A JSON request; the answer's JSON."""
+    return json.loads(fetch(method, url, body, token, content_type, timeout) or b"{}")
+
+
+def fetch(method: str, url: str, body: bytes | None = None, token: str | None = None,
+          content_type: str = "application/json", timeout: float = 600) -> bytes:
+    """A request; the answer's bytes. Any failure is a ServerError (with the status, if one came)."""
+    try:
+        req = urllib.request.Request(url, data=body, method=method)
+    except ValueError as exc:  # not an http(s) URL
+        raise ServerError(f"{url}: {exc}") from None
     if body is not None:
         req.add_header("Content-Type", content_type)
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
         with urllib.request.urlopen(req, timeout=timeout) as resp:
-            return json.loads(resp.read() or b"{}")
+            return resp.read()
     except urllib.error.HTTPError as exc:
         try:
             reason = json.loads(exc.read()).get("error", "")

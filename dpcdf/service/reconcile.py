@@ -1,34 +1,38 @@
-"""How the two servers agree on one report set without the analyst learning anything about it.
+"""How the two servers agree on one report set at the close, whatever the number of reports that
+reached one server only, without the analyst learning anything about it.
 
-A report whose upload reached one server only (a client that crashed between its two uploads) would
-make the servers' sums differ for good: the shares no longer cancel. At the close, the servers find
-and drop exactly those reports, through the analyst, in messages the analyst can neither read nor
-forge, all of fixed length. A server answers queries, and shows its report-set hash and count, only
-once its part is done, so the analyst sees no intermediate state either. (This repairs crashes, not
-malicious clients: a well-formed report with mismatched shares is not detected; see the README.)
+A report whose upload reached one server only (a client that crashed between its two uploads, and
+never resumed from its spool) would make the servers' sums differ for good: the shares no longer
+cancel. At the close, server 0 (the leader) talks to server 1 (the helper) directly (POST
+/tasks/{id}/sync, the DAP leader/helper pattern), in messages only the two servers can read or make,
+and both drop exactly those reports. A server answers queries, and shows its report-set hash and
+count, only once its part is done. (This repairs crashes, not malicious clients: see the README.)
 
 The key: both servers' X25519 keys are in the task config (each server checks its own, and that the
 other's is a valid key, at registration), so they share K = HKDF(X25519(own, peer), salt = the task
-fingerprint), which the analyst cannot compute.
+fingerprint), which neither the analyst nor a client can compute. Every message is AES-GCM under a
+subkey of K with its round and the task's fingerprint as associated data: that authenticates each
+server to the other for this task, with no further credential.
 - Each report id gets a pseudorandom value: AES-128 under a key derived from K (a PRF).
 - The report-set hash is an HMAC under K of the count and the XOR of the ids' values: the analyst can
   compare the two servers' hashes but not test a guessed set against them (a plain hash let an analyst
   who knows everyone else's report ids tell whether one more person had reported).
 - A report's bucket (of 2^16): the first two bytes of its value.
-The four messages, each AES-GCM under K with its round and the fingerprint as associated data:
+The three messages (no cap on their size: they never pass through the analyst):
 1. server 0 -> 1: its bucket digests (the XOR of its ids' values under a second PRF key, 16 bytes each);
-2. server 1 -> 0: the buckets that differ and its report ids in each (up to SLOT ids, padded); if more
-   than LISTED buckets differ, or one holds more than SLOT ids, server 1 refuses and the task stays
-   closed and unanswered (dropping whole buckets instead would drop honest reports, and whether it
-   did would depend on them: a review showed it telling an empty set from a non-empty one);
-3. server 0 -> 1: server 1's listed ids that server 0 lacks (padded); server 0 drops its own reports
-   in the listed buckets that server 1 lacks, and is done;
-4. server 1 drops the ids of message 3, and is done.
-`step` plays one server's part of this exchange; the server's close handler only relays it.
-So each one-sided report costs exactly itself; whether the close succeeds depends on the one-sided
-reports alone (up to 64 of them always succeed; honest reports matter only if one of the differing
-buckets also holds more than 64 - k of them, which at n = 10^6, 15 per bucket on average, does not
-happen).
+2. server 1 -> 0: the buckets whose digests differ, and all of its report ids in each;
+3. server 0 -> 1: server 1's listed ids that server 0 lacks; server 0 drops its own reports in the
+   listed buckets that server 1 lacks, server 1 drops the ids of message 3, and both are done.
+`step` plays one server's part; the servers' HTTP handlers only carry the messages.
+
+What each party learns. Report ids are 16 random bytes, independent of the values, so: server 0 learns
+server 1's ids in the differing buckets and which of its own reports are one-sided, server 1 which of
+its reports server 0 lacks, neither anything about a value. The analyst learns only the outcome: n
+(under substitution, where it is public) and the set hash, which is equal on both servers exactly when
+they hold one set; a one-sided report changes neither what the analyst sees (beyond n) nor whether
+the close succeeds. Every report both servers hold is kept (only ids one server lacks are dropped).
+Re-running the exchange is safe at any point (a server crashed mid-close, a message resent): the sets
+only shrink, by ids the other server lacks, so a repeated exchange drops nothing more.
 """
 from __future__ import annotations
 
@@ -51,18 +55,11 @@ BUCKET_BYTES = 2
 BUCKETS = 1 << (8 * BUCKET_BYTES)
 DIGEST = 16
 ID_BYTES = 16
-LISTED = 64  # differing buckets whose ids message 2 lists
-SLOT = 64  # ids per listed bucket
 _NONCE = 12
-ROUND_LENGTHS = {1: BUCKETS * DIGEST, 2: BUCKETS // 8 + LISTED * (2 + SLOT * ID_BYTES), 3: 4 + LISTED * SLOT * ID_BYTES}
 
 
 class SyncError(DpcdfError):
     """A reconciliation message that does not open under the servers' shared key."""
-
-
-class TooManyDifferences(DpcdfError):
-    """More differing buckets than message 2 lists, or a differing bucket with more than SLOT ids."""
 
 
 def pair_key(own: x25519.X25519PrivateKey, peer_public: bytes, fingerprint: bytes) -> bytes:
@@ -128,56 +125,47 @@ def from_bitmap(data: bytes) -> np.ndarray:
 
 
 def id_table(differ: np.ndarray, grouped: dict[int, list[bytes]]) -> bytes:
-    """Per differing bucket: a u16 count and its ids, padded to SLOT ids, LISTED buckets in all.
-    Raises TooManyDifferences where that does not fit (dropping whole buckets instead would drop
-    honest reports, see the module docstring)."""
-    if differ.size > LISTED or any(len(grouped[b]) > SLOT for b in differ.tolist()):
-        raise TooManyDifferences(f"the servers' report sets differ in more than {LISTED} places (reports that "
-                                 "reached one server only): the task cannot be reconciled")
-    out = bytearray()
-    for b in differ.tolist():
-        ids = grouped[b]
-        out += len(ids).to_bytes(2, "big") + b"".join(ids) + bytes((SLOT - len(ids)) * ID_BYTES)
-    return bytes(out) + bytes((LISTED - differ.size) * (2 + SLOT * ID_BYTES))
+    """Per differing bucket (in order): a u32 count and its ids."""
+    return b"".join(len(grouped[b]).to_bytes(4, "big") + b"".join(grouped[b]) for b in differ.tolist())
 
 
 def read_id_table(data: bytes, differ: np.ndarray) -> dict[int, set[bytes]]:
-    """The inverse of id_table: bucket -> its ids (SyncError if more buckets differ than it lists)."""
-    if differ.size > LISTED:
-        raise SyncError("the sync message lists too few buckets")
-    out, size = {}, 2 + SLOT * ID_BYTES
-    for k, b in enumerate(differ.tolist()):
-        cell = data[k * size:(k + 1) * size]
-        count = min(int.from_bytes(cell[:2], "big"), SLOT)
-        out[b] = {cell[2 + j * ID_BYTES:2 + (j + 1) * ID_BYTES] for j in range(count)}
+    """The inverse of id_table: bucket -> its ids; SyncError if the lengths do not add up."""
+    out, pos = {}, 0
+    for b in differ.tolist():
+        count = int.from_bytes(data[pos:pos + 4], "big")
+        cell = data[pos + 4:pos + 4 + count * ID_BYTES]
+        if len(cell) != count * ID_BYTES:
+            raise SyncError("the sync message is truncated")
+        out[b] = {cell[j:j + ID_BYTES] for j in range(0, len(cell), ID_BYTES)}
+        pos += 4 + len(cell)
+    if pos != len(data):
+        raise SyncError("the sync message has trailing bytes")
     return out
 
 
 def id_list(ids: list[bytes]) -> bytes:
-    """A u32 count and the ids, padded to LISTED * SLOT ids (message 3)."""
-    return len(ids).to_bytes(4, "big") + b"".join(ids) + bytes((LISTED * SLOT - len(ids)) * ID_BYTES)
+    return b"".join(ids)
 
 
 def read_id_list(data: bytes) -> list[bytes]:
-    count = min(int.from_bytes(data[:4], "big"), LISTED * SLOT)
-    return [data[4 + j * ID_BYTES:4 + (j + 1) * ID_BYTES] for j in range(count)]
+    if len(data) % ID_BYTES:
+        raise SyncError("the sync message is not a list of report ids")
+    return [data[j:j + ID_BYTES] for j in range(0, len(data), ID_BYTES)]
 
 
-def seal(key: bytes, rnd: int, fingerprint: bytes, payload: bytes) -> str:
-    """Message `rnd` (1, 2 or 3): its round byte, then nonce and AES-GCM ciphertext, hex."""
+def seal(key: bytes, rnd: int, fingerprint: bytes, payload: bytes) -> bytes:
+    """Message `rnd` (1, 2 or 3): its round byte, then nonce and AES-GCM ciphertext."""
     nonce = secrets.token_bytes(_NONCE)
-    return (bytes([rnd]) + nonce + AESGCM(_subkey(key, b"aead")).encrypt(nonce, payload, _aad(rnd, fingerprint))).hex()
+    return bytes([rnd]) + nonce + AESGCM(_subkey(key, b"aead")).encrypt(nonce, payload, _aad(rnd, fingerprint))
 
 
 def open_sealed(key: bytes, fingerprint: bytes, message: object, expected: tuple[int, ...]) -> tuple[int, bytes]:
-    """(round, payload) of a message of one of the `expected` rounds, or SyncError (not hex, forged,
-    another task's or round's, or of the wrong length)."""
-    try:
-        raw = bytes.fromhex(message) if isinstance(message, str) else None
-    except ValueError:
-        raw = None
+    """(round, payload) of a message of one of the `expected` rounds, or SyncError (forged, another
+    task's or round's, or of the wrong shape)."""
+    raw = bytes(message) if isinstance(message, (bytes, bytearray)) else None
     if raw is None or len(raw) < 1 + _NONCE:
-        raise SyncError("the sync message must be the hex string the other server sent")
+        raise SyncError("the sync message must be the bytes the other server sent")
     rnd = raw[0]
     if rnd not in expected:
         raise SyncError(f"this server takes sync messages of round {' or '.join(map(str, expected))} here, not {rnd}")
@@ -185,26 +173,26 @@ def open_sealed(key: bytes, fingerprint: bytes, message: object, expected: tuple
         payload = AESGCM(_subkey(key, b"aead")).decrypt(raw[1:1 + _NONCE], raw[1 + _NONCE:], _aad(rnd, fingerprint))
     except InvalidTag:
         raise SyncError("the sync message is not the other server's for this task") from None
-    if len(payload) != ROUND_LENGTHS[rnd]:
+    if rnd == 1 and len(payload) != BUCKETS * DIGEST or rnd == 2 and len(payload) < BUCKETS // 8:
         raise SyncError("the sync message has the wrong length")
     return rnd, payload
 
 
 @dataclass(frozen=True)
 class Step:
-    """One server's move: the message for the analyst to relay (None after the last), the reports
-    this server drops now, and whether its part is done (it may then answer queries)."""
+    """One server's move: the message for the other server (None after the last), the reports this
+    server drops now, and whether its part is done (it may then answer queries)."""
 
-    reply: str | None
+    reply: bytes | None
     drop: frozenset[bytes]
     done: bool
 
 
-def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: str | None) -> Step:
-    """Server `party`'s answer to the relayed message `sync` (None: the close starts) over its frozen
-    report ids: server 0 sends 1; server 1 answers 1 with 2; server 0 answers 2 with 3, dropping its
-    one-sided reports; server 1 drops those listed in 3. Raises SyncError for a message out of turn,
-    forged or of another task, and TooManyDifferences where message 2 cannot list the differences."""
+def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: bytes | None) -> Step:
+    """Server `party`'s answer to the other server's message `sync` (None: the close starts) over its
+    frozen report ids: server 0 sends 1; server 1 answers 1 with 2; server 0 answers 2 with 3, dropping
+    its one-sided reports; server 1 drops those listed in 3. Raises SyncError for a message out of
+    turn, forged or of another task."""
     if sync is None:
         if party != 0:
             raise SyncError("server 1 closes with server 0's sync message")

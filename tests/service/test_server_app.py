@@ -9,7 +9,7 @@ from cryptography.hazmat.primitives.asymmetric import x25519
 from dpcdf.service.server import create_app
 from dpcdf.service.server.app import BodyLimit
 from dpcdf.service.task import TaskConfig, token_hash
-from helpers import GRID
+from helpers import GRID, OPERATOR
 
 with warnings.catch_warnings():  # starlette's TestClient prefers httpx2; httpx works
     warnings.filterwarnings("ignore", message=".*httpx2")
@@ -17,6 +17,7 @@ with warnings.catch_warnings():  # starlette's TestClient prefers httpx2; httpx 
 
 TOKEN = "the analyst's token"
 JSON = {"content-type": "application/json"}
+OPERATOR_AUTH = {"authorization": f"Bearer {OPERATOR}"}
 
 
 @pytest.fixture(scope="module")
@@ -26,7 +27,9 @@ def client_and_task(tmp_path_factory):
     peer = x25519.X25519PrivateKey.generate().public_key().public_bytes(serialization.Encoding.Raw,
                                                                          serialization.PublicFormat.Raw).hex()
     config = TaskConfig(GRID, 1.0, "tree", "substitution", 0, ("a", "b"), (own, peer), token_hash(TOKEN))
-    assert client.post("/tasks", content=config.to_json(), headers=JSON).status_code == 201
+    assert client.post("/tasks", content=config.to_json(), headers=JSON).status_code == 401
+    assert client.post("/tasks", content=config.to_json(), headers=JSON | {"authorization": "Bearer x" * 3}).status_code == 403
+    assert client.post("/tasks", content=config.to_json(), headers=JSON | OPERATOR_AUTH).status_code == 201
     return client, config.task_id
 
 
@@ -58,13 +61,13 @@ def test_invalid_queries_are_400_with_an_error_message(client_and_task, body, me
     assert res.status_code == 400 and set(res.json()) == {"error"} and res.json()["error"].startswith(message)
 
 
-def test_close_takes_no_body_or_a_sync_string(client_and_task):
+def test_a_close_that_cannot_reach_server_1_is_a_502_and_leaves_the_task_unanswered(client_and_task):
     client, task_id = client_and_task
     auth = {"authorization": f"Bearer {TOKEN}"}
     first = client.post(f"/tasks/{task_id}/close", headers=auth)
-    assert first.status_code == 200 and first.json()["sync"].startswith("01") and first.json()["reconciled"] is False
-    bad = client.post(f"/tasks/{task_id}/close", content=b'{"sync": 5}', headers=JSON | auth)
-    assert bad.status_code == 400 and bad.json() == {"error": "sync: Input should be a valid string"}
+    assert first.status_code == 502 and first.json()["error"].startswith("server 1 did not take part in the close")
+    query = client.post(f"/tasks/{task_id}/query", content=b'{"kind": "prefix", "indices": [1]}', headers=JSON | auth)
+    assert query.status_code == 409 and "not closed" in query.json()["error"]
     assert client.get("/nowhere").json() == {"error": "Not Found"}
 
 

@@ -74,17 +74,12 @@ class BatchAccepted(BaseModel):
     rejected: list[Rejected]
 
 
-class CloseRequest(BaseModel):
-    sync: str | None = Field(None, description="the other server's last sync message, as relayed (hex)")
-
-
 class CloseResponse(BaseModel):
     party: int
     closed: Literal[True] = True
     reconciled: bool
     n: int | None = Field(description="reports after reconciliation, once reconciled and if public")
     reports_hash: str | None = Field(description="keyed hash of the report set, once reconciled")
-    sync: str | None = Field(description="the message to relay to the other server; None after the last")
 
 
 def _indices(v: list[int]) -> list[int]:
@@ -142,5 +137,6 @@ def errors(*codes: int) -> dict:
     return {code: {"model": Error, "description": _WHY[code]} for code in codes}
 
 
-_WHY = {400: "malformed request", 401: "no or wrong bearer token", 403: "refused: too few reports or budget spent",
-        404: "unknown task", 409: "conflicts with the task's state", 413: "body over the size limit"}
+_WHY = {400: "malformed request", 401: "no or wrong bearer token", 403: "refused: not the operator, too few reports, or budget spent",
+        404: "unknown task", 409: "conflicts with the task's state", 413: "body over the size limit",
+        502: "the other server did not answer"}

@@ -1,31 +1,38 @@
-"""POST /tasks (register), and for the analyst GET /tasks/{id} (status) and POST /tasks/{id}/close
-(close the collection and relay the servers' reconciliation, `reconcile.step`)."""
+"""POST /tasks (register); for the analyst GET /tasks/{id} (status) and POST /tasks/{id}/close (close
+the collection, reconcile the servers); between the servers POST /tasks/{id}/sync (`reconcile`)."""
 from __future__ import annotations
 
 import secrets
-from typing import Annotated
 
-from fastapi import APIRouter, Body
+from fastapi import APIRouter, Response
 
 from ....errors import DpcdfError
 from ... import reconcile
 from ...hpke import public_key
+from ...http import ServerError, fetch
 from ...store import AlreadyAnswered
 from ...task import TaskConfig
-from ..deps import AnalystTaskDep, RawBody, ServerDep
+from ..deps import AnalystTaskDep, OperatorDep, RawBody, ServerDep, TaskDep
 from ..errors import HttpError
-from ..models import CloseRequest, CloseResponse, TaskRegistered, TaskStatus, errors
+from ..models import CloseResponse, TaskRegistered, TaskStatus, errors
 from ..state import Server, TaskState, pair_key
 
 router = APIRouter(prefix="/tasks", tags=["tasks"])
 
+OCTETS = "application/octet-stream"
+PEER_TIMEOUT = 600  # seconds for server 1's part of a close (10^6 reports: a few seconds)
+_SEALED = {"type": "string", "format": "binary", "description": "a reconciliation message, AES-GCM under the servers' key"}
+_OCTET_BODY = {"requestBody": {"required": True, "content": {OCTETS: {"schema": _SEALED}}}}
+_OCTET_ANSWER = {"description": "server 1's reply (empty after the last message)", "content": {OCTETS: {"schema": _SEALED}}}
 _CONFIG_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TaskSpec"}}}}}
 
 
-@router.post("", status_code=201, response_model=TaskRegistered, responses=errors(400, 409), openapi_extra=_CONFIG_BODY)
-def register(srv: ServerDep, raw: RawBody) -> TaskRegistered:
-    """Registers a task: the config must name this server's HPKE key as its own and a valid key for
-    the other server. Registering the same config again is a no-op; another one under its id is 409."""
+@router.post("", status_code=201, response_model=TaskRegistered, responses=errors(400, 401, 403, 409),
+             openapi_extra=_CONFIG_BODY)
+def register(srv: ServerDep, _: OperatorDep, raw: RawBody) -> TaskRegistered:
+    """Registers a task (the operator only): the config must name this server's HPKE key as its own
+    and a valid key for the other server. The same config again is a no-op; another one under its id
+    is 409."""
     party = srv.party
     try:
         config = TaskConfig.from_json(raw)
@@ -51,33 +58,68 @@ def status(task_id: str, srv: ServerDep, st: AnalystTaskDep) -> TaskStatus:
                       min_batch=st.config.min_batch)
 
 
-@router.post("/{task_id}/close", response_model=CloseResponse, responses=errors(400, 401, 403, 404, 409))
-def close(srv: ServerDep, st: AnalystTaskDep, req: Annotated[CloseRequest | None, Body()] = None) -> CloseResponse:
-    """Closes the collection (the first call), then plays this server's part of the reconciliation:
-    the analyst relays each reply's `sync` to the other server (0, 1, 0, 1). A server drops its
-    one-sided reports on the way and is reconciled (answers queries, shows its report-set hash)
-    after its last message. Closes and queries run one at a time."""
+@router.post("/{task_id}/close", response_model=CloseResponse, responses=errors(401, 403, 404, 409, 502))
+def close(srv: ServerDep, st: AnalystTaskDep) -> CloseResponse:
+    """Closes the collection and reconciles the two servers' report sets (`reconcile`). On server 0
+    (the leader) this runs the whole exchange with server 1 directly; server 1 answers 409 until
+    server 0 has done so, then the same view. Idempotent: a close interrupted by a crash of either
+    server is finished by calling it again. Closes and queries run one at a time."""
     task_id, store = st.config.task_id, srv.store
+    if srv.party == 1:
+        view = reconciled_view(srv, st)
+        if not view["reconciled"]:
+            raise HttpError(409, "server 1 is reconciled by server 0's close: close server 0 first")
+        return CloseResponse(party=1, **view)
     with srv.answering:
         if store.frozen(task_id) is None and store.count(task_id) < st.config.min_batch:
             raise HttpError(403, f"the task has {store.count(task_id)} reports; queries need at least {st.config.min_batch}")
         store.freeze(task_id, st.set_hash)
-        try:
-            move = reconcile.step(st.pair_key, st.config.fingerprint, srv.party, store.frozen_ids(task_id),
-                                  req.sync if req else None)
-        except reconcile.SyncError as exc:
-            raise HttpError(400, str(exc)) from None
-        except reconcile.TooManyDifferences as exc:
-            raise HttpError(409, str(exc)) from None
-        if move.drop:
+        helper = f"{st.config.servers[1]}/tasks/{task_id}/sync"
+        message = None
+        while True:
+            move = _play(srv, st, message)
+            if move.reply is None:
+                break
             try:
-                store.exclude(task_id, sorted(move.drop), st.set_hash)
-            except AlreadyAnswered:
-                raise HttpError(409, "the servers' report sets differ and this server has already answered: "
-                                     "the task cannot be reconciled") from None
+                message = fetch("POST", helper, move.reply, content_type=OCTETS, timeout=PEER_TIMEOUT)
+            except ServerError as exc:
+                raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
+            if move.done:
+                break
+        store.mark(task_id, "reconciled")
+        return CloseResponse(party=0, **reconciled_view(srv, st))
+
+
+@router.post("/{task_id}/sync", response_class=Response, responses={**errors(400, 404, 409), 200: _OCTET_ANSWER},
+             openapi_extra=_OCTET_BODY)
+def sync(srv: ServerDep, st: TaskDep, raw: RawBody) -> Response:
+    """Server 0's reconciliation messages to server 1 (binary). No token: a message counts only if it
+    opens under the key the two servers share for this task (AES-GCM under K, bound to the round and
+    the task), which no client or analyst can compute. The first message closes the collection here."""
+    if srv.party != 1:
+        raise HttpError(400, "only server 1 takes reconciliation messages")
+    with srv.answering:
+        srv.store.freeze(st.config.task_id, st.set_hash)
+        move = _play(srv, st, raw)
         if move.done:
-            store.mark(task_id, "reconciled")
-        return CloseResponse(party=srv.party, sync=move.reply, **reconciled_view(srv, st))
+            srv.store.mark(st.config.task_id, "reconciled")
+    return Response(move.reply or b"", media_type=OCTETS)
+
+
+def _play(srv: Server, st: TaskState, message: bytes | None) -> reconcile.Step:
+    """This server's move on its frozen ids, its drops applied (400 for a message that does not open)."""
+    task_id = st.config.task_id
+    try:
+        move = reconcile.step(st.pair_key, st.config.fingerprint, srv.party, srv.store.frozen_ids(task_id), message)
+    except reconcile.SyncError as exc:
+        raise HttpError(400, str(exc)) from None
+    if move.drop:
+        try:
+            srv.store.exclude(task_id, sorted(move.drop), st.set_hash)
+        except AlreadyAnswered:
+            raise HttpError(409, "the servers' report sets differ and this server has already answered: "
+                                 "the task cannot be reconciled") from None
+    return move
 
 
 def reconciled_view(srv: Server, st: TaskState) -> dict:
