@@ -61,6 +61,10 @@ def main(argv: list[str] | None = None) -> int:
     s.add_argument("--data", required=True)
     s.add_argument("--host", default="127.0.0.1")
     s.add_argument("--no-noise", action="store_true", help="test-only: refused unless DPCDF_TESTING=1")
+    s.add_argument("--admin-token-file", help="the operator's token, needed to register tasks (default: "
+                   "$DPCDF_ADMIN_TOKEN, else DATA/admin.token, made at the first start)")
+    s.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (and --tls-key)")
+    s.add_argument("--tls-key", help="the certificate's PEM private key")
     t = sub.add_parser("task", help="create a task on both servers; writes the config and the analyst token")
     t.add_argument("--servers", nargs=2, required=True)
     t.add_argument("--grid", required=True, help="uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,...")
@@ -71,6 +75,8 @@ def main(argv: list[str] | None = None) -> int:
                    "(default 100 under substitution; under add/remove it must be 0)")
     t.add_argument("--kem", default="x25519", choices=["x25519", "mlkem768-x25519"], help="HPKE KEM of the sealed shares")
     t.add_argument("--out", default="task.json")
+    t.add_argument("--admin-token-file", nargs="+", metavar="FILE", help="the servers' operator token (one "
+                   "file for both, or one per server; default: $DPCDF_ADMIN_TOKEN)")
     u = sub.add_parser("submit", help="report values (arguments or a CSV column) to both servers")
     u.add_argument("--task", required=True)
     u.add_argument("--values", nargs="*", type=float)
@@ -97,10 +103,19 @@ def main(argv: list[str] | None = None) -> int:
         if args.cmd == "serve":
             from .service.server import serve
 
-            serve(args.party, args.port, args.data, args.host, noise=not args.no_noise)
+            serve(args.party, args.port, args.data, args.host, noise=not args.no_noise,
+                  admin_token_file=args.admin_token_file, tls_cert=args.tls_cert, tls_key=args.tls_key)
         elif args.cmd == "task":
+            admin = None
+            if args.admin_token_file:
+                if len(args.admin_token_file) > 2:
+                    raise DpcdfError("--admin-token-file takes one file for both servers, or one per server")
+                try:
+                    admin = [Path(f).read_text().strip() for f in args.admin_token_file] * (3 - len(args.admin_token_file))
+                except OSError as exc:
+                    raise DpcdfError(f"cannot read the operator token: {exc}") from None
             config, token = create_task(args.servers, parse_grid(args.grid), args.epsilon, args.mechanism,
-                                        args.relation, _min_batch(args), args.kem)
+                                        args.relation, _min_batch(args), args.kem, admin_tokens=admin[:2] if admin else None)
             Path(args.out).write_text(config.to_json())
             fd = os.open(args.out + ".token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
             with os.fdopen(fd, "w") as f:

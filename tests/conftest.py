@@ -1,4 +1,5 @@
 import os
+import secrets
 
 from hypothesis import HealthCheck, settings
 
@@ -6,6 +7,9 @@ from hypothesis import HealthCheck, settings
 settings.register_profile("default", deadline=None, suppress_health_check=[HealthCheck.too_slow])
 settings.register_profile("thorough", deadline=None, max_examples=1000, suppress_health_check=[HealthCheck.too_slow])
 settings.load_profile(os.environ.get("HYPOTHESIS_PROFILE", "default"))
+
+# The servers the tests start, in process or as processes, and `create_task` share one operator token.
+os.environ.setdefault("DPCDF_ADMIN_TOKEN", secrets.token_urlsafe(32))
 
 import pytest
 

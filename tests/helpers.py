@@ -1,6 +1,8 @@
 """Shared test helpers: the function families under test and the truth to compare against."""
 from __future__ import annotations
 
+import os
+
 import numpy as np
 
 from fss import DCF, DPF
@@ -59,6 +61,7 @@ def miscalibrated(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 # --- the two-server system tests -----------------------------------------------------------------
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 100.0, "bits": 6}
 TESTING = {"DPCDF_TESTING": "1"}
+OPERATOR = os.environ["DPCDF_ADMIN_TOKEN"]  # set by conftest: the operator token of every test server
 
 
 def values(n: int, seed: int) -> np.ndarray:

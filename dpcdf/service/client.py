@@ -8,8 +8,10 @@ tests use to cross-check interoperability).
 """
 from __future__ import annotations
 
+import os
 import secrets
 import sys
+from typing import Sequence
 import time
 from pathlib import Path
 
@@ -62,14 +64,25 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
 
 
 def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, relation: str, min_batch: int,
-                kem: str = "x25519", payload: str = "count", split: float = 0.5) -> tuple[TaskConfig, str]:
-    """Fetches both servers' HPKE keys, registers the task with both, returns it and the analyst token."""
+                kem: str = "x25519", payload: str = "count", split: float = 0.5,
+                admin_tokens: str | Sequence[str] | None = None) -> tuple[TaskConfig, str]:
+    """The operator's step: fetches both servers' HPKE keys, registers the task with both (each needs
+    its operator token: one for both, a pair, or $DPCDF_ADMIN_TOKEN), returns it and the analyst token.
+
+    Whoever writes a task config chooses the servers' keys in it: clients must check that the keys
+    are those of the two organisations they trust (an analyst who names a server it runs would get
+    both shares)."""
+    admin = admin_tokens if admin_tokens is not None else os.environ.get("DPCDF_ADMIN_TOKEN") or None
+    if admin is None:
+        raise ParameterError("registering a task needs each server's operator token (--admin-token-file, or "
+                             "DPCDF_ADMIN_TOKEN in the environment)")
+    admin = (admin, admin) if isinstance(admin, str) else tuple(admin)
     keys = [http("GET", f"{url}/hpke")["keys"][kem] for url in servers]
     token = secrets.token_urlsafe(24)
     config = TaskConfig(grid, float(epsilon), mechanism, relation, int(min_batch), (servers[0], servers[1]),
                         (keys[0], keys[1]), token_hash(token), payload=payload, split=split, kem=kem)
-    for url in servers:
-        http("POST", f"{url}/tasks", config.to_json().encode())
+    for url, operator in zip(servers, admin):
+        http("POST", f"{url}/tasks", config.to_json().encode(), operator)
     return config, token
 
 

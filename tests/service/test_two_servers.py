@@ -22,7 +22,7 @@ from dpcdf.service.wire import Report, encode_batch
 from dpcdf.service.processes import start_server, stop
 from dpcdf.release.ecdf import prefix_counts
 from dpcdf.service.task import TaskConfig
-from helpers import GRID, urls, values
+from helpers import GRID, OPERATOR, urls, values
 
 @pytest.mark.parametrize("mechanism,kem", [("path", "x25519"), ("tree", "x25519"), ("tree", "mlkem768-x25519")])
 def test_without_noise_answers_are_the_exact_counts(servers, mechanism, kem):
@@ -140,9 +140,9 @@ def test_queries_need_the_token_the_task_and_enough_reports(servers):
     with pytest.raises(ServerError, match="400 at most 65536 indices"):
         http("POST", base, json.dumps({"kind": "prefix", "indices": [1] * 65537}).encode(), token=token)
     with pytest.raises(ServerError, match="400 not a task configuration"):
-        http("POST", f"{pair[0]}/tasks", b"{}")
+        http("POST", f"{pair[0]}/tasks", b"{}", OPERATOR)
     with pytest.raises(ServerError, match="400 not a task configuration"):
-        http("POST", f"{pair[0]}/tasks", b"[" * 100000)
+        http("POST", f"{pair[0]}/tasks", b"[" * 100000, OPERATOR)
     # none of the refused queries closed the collection: uploads still go in
     status = http("GET", f"{pair[0]}/tasks/{config.task_id}", token=token)
     assert status["closed"] is False

@@ -13,6 +13,7 @@ from .errors import HttpError
 from .state import Server, TaskState
 
 _bearer = HTTPBearer(auto_error=False, description="the analyst's token for the task")
+_operator_bearer = HTTPBearer(auto_error=False, scheme_name="OperatorBearer", description="the server operator's token")
 UNAUTHORIZED = "the analyst's bearer token is required"
 
 
@@ -23,6 +24,15 @@ def server(request: Request) -> Server:
 def task(task_id: str, srv: Annotated[Server, Depends(server)]) -> TaskState:
     """The task named in the path (404 if unknown)."""
     return srv.task(task_id)
+
+
+def operator(srv: Annotated[Server, Depends(server)],
+             credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_operator_bearer)]) -> None:
+    """Only the operator registers tasks: 401 without a bearer token, 403 with another one."""
+    if credentials is None:
+        raise HttpError(401, "registering a task needs the operator's bearer token")
+    if not secrets.compare_digest(token_hash(credentials.credentials), srv.admin_hash):
+        raise HttpError(403, "that is not this server's operator token")
 
 
 def analyst_task(task_id: str, srv: Annotated[Server, Depends(server)],
@@ -46,4 +56,5 @@ async def raw_body(request: Request) -> bytes:
 ServerDep = Annotated[Server, Depends(server)]
 TaskDep = Annotated[TaskState, Depends(task)]
 AnalystTaskDep = Annotated[TaskState, Depends(analyst_task)]
+OperatorDep = Annotated[None, Depends(operator)]
 RawBody = Annotated[bytes, Depends(raw_body)]

@@ -2,6 +2,8 @@
 that takes closes and queries one at a time, and whether its kernels are compiled yet."""
 from __future__ import annotations
 
+import os
+import secrets
 import threading
 from pathlib import Path
 
@@ -11,7 +13,8 @@ from .. import reconcile
 from ..aggregate import Aggregator
 from ..hpke import ServerKeys
 from ..store import Store
-from ..task import TaskConfig
+from ..task import TaskConfig, token_hash
+from ...errors import DpcdfError
 from .errors import HttpError
 
 
@@ -48,13 +51,36 @@ def pair_key(config: TaskConfig, party: int, keys: ServerKeys) -> bytes:
     return reconcile.pair_key(keys.x25519, bytes.fromhex(config.hpke_keys[1 - party])[-32:], config.fingerprint)
 
 
+ADMIN_ENV = "DPCDF_ADMIN_TOKEN"
+
+
+def operator_token(data: Path, path: str | Path | None) -> str:
+    """The operator's token: from `path`, else $DPCDF_ADMIN_TOKEN, else DATA/admin.token (made at the
+    first start, 0600). Only its hash is kept in memory."""
+    if path is None and os.environ.get(ADMIN_ENV):
+        return os.environ[ADMIN_ENV]
+    file = Path(path) if path is not None else data / "admin.token"
+    if path is None and not file.exists():
+        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
+        with os.fdopen(fd, "w") as f:
+            f.write(secrets.token_urlsafe(32))
+    try:
+        token = file.read_text().strip()
+    except OSError as exc:
+        raise DpcdfError(f"cannot read the operator token file {file}: {exc}") from None
+    if len(token) < 16:
+        raise DpcdfError(f"the operator token in {file} is shorter than 16 characters")
+    return token
+
+
 class Server:
     """One server's shared state (`app.state.server`); `noise=False` is the test-only switch."""
 
-    def __init__(self, party: int, data_dir: str | Path, noise: bool = True):
+    def __init__(self, party: int, data_dir: str | Path, noise: bool = True, admin_token_file: str | Path | None = None):
         data = Path(data_dir)
         data.mkdir(parents=True, exist_ok=True)
         self.party, self.noise = party, noise
+        self.admin_hash = token_hash(operator_token(data, admin_token_file))
         self.store = Store(data / "server.sqlite")
         self.keys = ServerKeys(data)
         self.answering = threading.Lock()  # closes and queries one at a time (each uses every core)
