@@ -19,6 +19,7 @@ import math
 from abc import ABC, abstractmethod
 from dataclasses import dataclass, field
 from fractions import Fraction
+from functools import lru_cache
 from typing import Callable
 
 import numpy as np
@@ -321,13 +322,11 @@ class TreeMechanism(Mechanism):
     def __post_init__(self) -> None:
         self.epsilon = check_epsilon(self.epsilon)
         check_relation(self.relation)
-        if self.branching is None:
-            best = min(_candidates(self.size), key=lambda b: _plan(self.size, b, self.epsilon, self.relation)[1])
-            self.branching = best
+        if self.branching is None or self.budgets is None:  # planned once per (size, epsilon, relation, b)
+            self.branching, budgets = tree_plan(self.size, self.epsilon, self.relation, self.branching)
+            self.budgets = budgets if self.budgets is None else self.budgets
         self.shape = TreeShape.for_size(self.size, self.branching)
         noised = self.noised_levels()
-        if self.budgets is None:
-            self.budgets = _plan(self.size, self.branching, self.epsilon, self.relation)[0]
         if len(self.budgets) != len(noised) or min(self.budgets) <= 0:
             raise ParameterError(f"need {len(noised)} positive level budgets, got {self.budgets}")
         delta = self.level_sensitivity(self.relation)
@@ -515,13 +514,39 @@ def _candidates(size: int) -> list[int]:
     return sorted(set(range(2, min(size, 64) + 1)) | {size})
 
 
+@lru_cache(maxsize=1024)
+def tree_plan(size: int, epsilon: float, relation: str, branching: int | None = None) -> tuple[int, tuple[float, ...]]:
+    """The branching factor (the given one, else the candidate of least expected error) and its level
+    budgets. Pure and cached: a server builds a task's mechanism at registration, at every load and
+    per config parse, and the same (size, epsilon, relation) is planned once per process."""
+    if branching is None:
+        branching = min(_candidates(size), key=lambda b: _plan(size, b, epsilon, relation)[1])
+    return branching, _plan(size, branching, epsilon, relation)[0]
+
+
+def _covering_counts(size: int, b: int, height: int) -> np.ndarray:
+    """`TreeShape.covering_counts` in closed form, O(height) integer steps instead of O(size * height)
+    array work: n_l is the sum of the base-b digit l of c over the prefix lengths c = 1..size (the
+    whole padded domain is the root alone). Digit l of c runs 0..b-1, each for b^l consecutive c."""
+    counts = [0] * (height + 1)
+    last = size
+    if size == b**height:
+        counts[height], last = 1, size - 1
+    for level in range(height):
+        p = b**level
+        q, r = divmod(last + 1, p * b)  # c in [0, last]: q whole digit cycles, then r values
+        d = r // p
+        counts[level] = q * p * (b * (b - 1) // 2) + p * (d * (d - 1) // 2) + d * (r - d * p)
+    return np.array(counts, np.int64)
+
+
 def _plan(size: int, b: int, epsilon: float, relation: str) -> tuple[tuple[float, ...], float]:
     """Level budgets minimising sum_l n_l * 2 (Delta / eps_l)^2 under sum eps_l = epsilon (eps_l
     proportional to n_l^(1/3)), and the resulting expected squared error per prefix."""
     shape = TreeShape.for_size(size, b)
     root_noised = relation == "add-remove" and size == b**shape.height
     top = shape.height + (1 if root_noised else 0)
-    n_l = shape.covering_counts()[:top].astype(np.float64)
+    n_l = _covering_counts(size, b, shape.height)[:top].astype(np.float64)
     weights = np.cbrt(np.maximum(n_l, 1e-9))
     budgets = epsilon * (1 - 1e-12) * weights / weights.sum()  # the margin keeps the exact float sum <= epsilon
     delta = 2 if relation == "substitution" else 1
