@@ -15,6 +15,7 @@ The spool holds sealed reports only (each share encrypted to its server): no pla
 """
 from __future__ import annotations
 
+import fcntl
 import hashlib
 import os
 import sqlite3
@@ -37,6 +38,10 @@ CREATE TABLE IF NOT EXISTS acks (row INTEGER NOT NULL, party INTEGER NOT NULL CH
 
 class SpoolMismatch(DpcdfError):
     """The spool belongs to another task or was made from another input."""
+
+
+class SpoolBusy(DpcdfError):
+    """Another process is using the spool (two uploads of one input at once would race)."""
 
 
 @dataclass(frozen=True)
@@ -66,12 +71,13 @@ class Spool:
     """The reports for one input of one task. `Spool.open(path, fingerprint, values, labels)` creates
     the file or checks that it matches; ":memory:" keeps it in memory (no crash safety)."""
 
-    def __init__(self, db: sqlite3.Connection, path: str, rows: int):
-        self.db, self.path, self.rows = db, path, rows
+    def __init__(self, db: sqlite3.Connection, path: str, rows: int, lock: int | None = None):
+        self.db, self.path, self.rows, self._lock = db, path, rows, lock
 
     @classmethod
     def open(cls, path: str | Path, fingerprint: bytes, values: np.ndarray, labels: np.ndarray | None = None) -> "Spool":
         path = str(path)
+        lock = None if path == ":memory:" else _exclusive(path + ".lock")
         new = path == ":memory:" or not Path(path).exists()
         db = sqlite3.connect(path, isolation_level=None)
         if path != ":memory:":
@@ -80,20 +86,28 @@ class Spool:
             db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.executescript(SCHEMA)
-        spool = cls(db, path, len(values))
+        spool = cls(db, path, len(values), lock)
         digest = input_digest(values, labels)
-        with spool._transaction():
+        try:
+            spool._check(fingerprint, digest, len(values))
+        except BaseException:
+            spool.close()
+            raise
+        return spool
+
+    def _check(self, fingerprint: bytes, digest: bytes, rows: int) -> None:
+        db, path = self.db, self.path
+        with self._transaction():
             meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
             if not meta:
                 db.executemany("INSERT INTO meta VALUES (?, ?)", [("fingerprint", fingerprint), ("input", digest),
-                                                                  ("rows", str(len(values)))])
+                                                                  ("rows", str(rows))])
             elif bytes(meta["fingerprint"]) != fingerprint:
                 raise SpoolMismatch(f"spool {path} holds reports for another task; choose another --spool")
             elif bytes(meta["input"]) != digest:
                 raise SpoolMismatch(f"spool {path} was made from another input ({meta['rows']} rows, not these "
-                                    f"{len(values)}); its reports would be mixed with new ones. Restore that input, "
+                                    f"{rows}); its reports would be mixed with new ones. Restore that input, "
                                     "or choose another --spool for this one")
-        return spool
 
     @contextmanager
     def _transaction(self) -> Iterator[None]:
@@ -139,3 +153,17 @@ class Spool:
 
     def close(self) -> None:
         self.db.close()
+        if self._lock is not None:
+            os.close(self._lock)  # releases the flock
+            self._lock = None
+
+
+def _exclusive(path: str) -> int:
+    """An exclusive, non-blocking flock on `path` (held until its descriptor is closed)."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        raise SpoolBusy(f"{path[:-5]} is in use by another upload of the same input; wait for it to end") from None
+    return fd

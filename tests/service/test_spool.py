@@ -7,7 +7,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dpcdf.errors import DpcdfError
-from dpcdf.service.spool import Spool, SpoolMismatch
+from dpcdf.service.spool import Spool, SpoolBusy, SpoolMismatch
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import http
 from helpers import GRID, urls, values
@@ -31,6 +31,18 @@ def test_a_spool_for_another_task_or_input_is_refused(tmp_path):
     assert issubclass(SpoolMismatch, DpcdfError)
     assert (path.stat().st_mode & 0o777) == 0o600  # sealed reports only, but nobody else's business
     Spool.open(path, FP, vals.copy()).close()  # the same input opens
+
+
+def test_a_spool_in_use_by_another_upload_is_refused_until_it_ends(tmp_path):
+    path, vals = tmp_path / "s.spool", np.arange(3.0)
+    first = Spool.open(path, FP, vals)
+    with pytest.raises(SpoolBusy, match="in use by another upload"):
+        Spool.open(path, FP, vals)
+    first.close()
+    Spool.open(path, FP, vals).close()
+    with pytest.raises(SpoolMismatch):
+        Spool.open(path, FP, vals[:2])
+    Spool.open(path, FP, vals).close()  # a refused open released its lock
 
 
 @settings(max_examples=30)
@@ -75,8 +87,9 @@ def test_rerunning_submit_sends_nothing_twice_and_makes_no_new_report(servers, t
     path = tmp_path / "r.spool"
     first = submit(config, vals, batch=50, spool=path)
     assert first == {"reports": 120, "complete": 120, "pending": 0, "rejected": 0, "spool": str(path)}
-    bodies = Spool.open(path, config.fingerprint, vals).unacknowledged(0, 1000)
-    assert bodies == []  # all acknowledged by server 0
+    spool = Spool.open(path, config.fingerprint, vals)
+    assert spool.unacknowledged(0, 1000) == spool.unacknowledged(1, 1000) == []  # all acknowledged
+    spool.close()
     assert submit(config, vals, batch=50, spool=path) == first  # a re-run: nothing to send
     for url in pair:
         assert http("GET", f"{url}/tasks/{config.task_id}", token=token)["reports"] == 120
