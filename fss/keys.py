@@ -70,6 +70,33 @@ class KeyBatch:
         v = cw_v.astype(payload_dtype(params), copy=False)
         return cls(params, party, seeds.shape[-1], to_groups(seeds), to_groups(cw_seed), to_groups(cw_t), to_groups(v))
 
+    @classmethod
+    def from_grouped(
+        cls, params: TreeParams, party: int, n: int, seeds: np.ndarray, cw_seed: np.ndarray, cw_t: np.ndarray,
+        cw_v: np.ndarray,
+    ) -> "KeyBatch":
+        """A batch of `n` keys from arrays already in the grouped layout (the dataclass fields: G =
+        ceil(n / GROUP) groups, the last one zero-padded). Checks shapes and dtypes and copies
+        nothing when the arrays are C-contiguous, so memory-mapped arrays stay mapped; raises
+        ParameterError otherwise. Like every batch, treat the arrays as read-only."""
+        if party not in (0, 1):
+            raise ParameterError(f"party must be 0 or 1, got {party!r}")
+        if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
+            raise ParameterError(f"n must be a non-negative int, got {n!r}")
+        g, p = groups(int(n)), params
+        expected = {
+            "seeds": (seeds, (g, 2, GROUP), np.uint64),
+            "cw_seed": (cw_seed, (g, p.bits, 2, GROUP), np.uint64),
+            "cw_t": (cw_t, (g, p.bits, GROUP), np.uint8),
+            "cw_v": (cw_v, (g, p.v_levels, p.width, GROUP), payload_dtype(p)),
+        }
+        for name, (a, shape, dtype) in expected.items():
+            if not isinstance(a, np.ndarray) or a.shape != shape or a.dtype != dtype or not a.flags.c_contiguous:
+                got = f"{a.dtype} {a.shape}" if isinstance(a, np.ndarray) else type(a).__name__
+                raise ParameterError(f"{name} of {n} grouped keys of {p.describe()} must be a C-contiguous "
+                                     f"{np.dtype(dtype)} array of shape {shape}, got {got}")
+        return cls(p, party, int(n), seeds, cw_seed, cw_t, cw_v)
+
     def logical(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(seeds (2, n), cw_seed (bits, 2, n), cw_t (bits, n), cw_v (v_levels, width, n))."""
         n = self.n

@@ -101,6 +101,31 @@ CREATE TABLE IF NOT EXISTS queries (
 ) STRICT;
 """
 
+# Added without a schema version change (created when missing, at every open): where a reconciled
+# task's key shares are kept for evaluation, one row per array file of each shard, with the file's
+# SHA-256 and the hash of the report set it was written from (`dpcdf.service.segments`).
+SEGMENTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS segments (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), shard INTEGER NOT NULL, array TEXT NOT NULL,
+    n INTEGER NOT NULL, file TEXT NOT NULL, sha256 TEXT NOT NULL, set_hash TEXT NOT NULL, written REAL NOT NULL,
+    PRIMARY KEY (task_id, shard, array),
+    CHECK (shard >= 0 AND n >= 0 AND length(sha256) = 64)
+) STRICT
+"""
+
+
+class SegmentFile(NamedTuple):
+    """One array file of one shard of a task's segments: its shard number, array name, the shard's
+    key count, its file name (relative to the task's segment directory), the file's SHA-256 (hex),
+    and the hash of the report set the segments hold."""
+    shard: int
+    array: str
+    n: int
+    file: str
+    sha256: str
+    set_hash: str
+
+
 _MARK_COLUMN = {Mark.FROZEN: "closed_at", Mark.RECONCILED: "reconciled_at", Mark.ANSWERED: "answered_at"}
 
 SetHash = Callable[[list[bytes]], str]
@@ -131,6 +156,7 @@ class Store:
                     self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
                 elif version != SCHEMA_VERSION:
                     raise StoreError(f"{path} has store schema version {version}; this dpcdf reads {SCHEMA_VERSION}")
+                self.db.execute(SEGMENTS_SCHEMA)
         except BaseException:
             self.db.close()
             raise
@@ -303,3 +329,46 @@ class Store:
     def log_query(self, task_id: str, kind: str, points: int) -> None:
         with self._transaction():
             self.db.execute("INSERT INTO queries VALUES (?, ?, ?, ?)", (task_id, time.time(), kind, int(points)))
+
+    def record_segments(self, task_id: str, files: Sequence[SegmentFile]) -> None:
+        """Records a reconciled task's segment files, replacing any earlier record, in one
+        transaction. Raises CollectionOpen before the close, StoreError unless the task is
+        reconciled and every file names its current report set (a stale rebuild is refused)."""
+        with self._transaction():
+            digest = self._state(task_id)[2]
+            if digest is None:
+                raise CollectionOpen(task_id)
+            if not self.marked(task_id, Mark.RECONCILED):
+                raise StoreError(f"task {task_id} is not reconciled: its key shares may still change")
+            if any(f.set_hash != digest for f in files):
+                raise StoreError(f"segments of another report set than task {task_id}'s")
+            self.db.execute("DELETE FROM segments WHERE task_id = ?", (task_id,))
+            now = time.time()
+            self.db.executemany("INSERT INTO segments (task_id, shard, array, n, file, sha256, set_hash, written) "
+                                "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", ((task_id, *f, now) for f in files))
+
+    def segments(self, task_id: str) -> list[SegmentFile]:
+        """The task's recorded segment files, by shard then array name (empty if none)."""
+        with self.lock:
+            rows = self.db.execute("SELECT shard, array, n, file, sha256, set_hash FROM segments WHERE task_id = ? "
+                                   "ORDER BY shard, array", (task_id,)).fetchall()
+        return [SegmentFile(*r) for r in rows]
+
+    def drop_segments(self, task_id: str) -> None:
+        """Forgets the task's segment files (their files are the caller's to remove)."""
+        with self._transaction():
+            self.db.execute("DELETE FROM segments WHERE task_id = ?", (task_id,))
+
+    def share_chunks(self, task_id: str, upto: int, size: int) -> Iterator[list[bytes]]:
+        """The key shares with seq <= `upto`, excluded ones left out, in order, in lists of at most
+        `size` (so a large task is never all in memory as Python objects)."""
+        seq = 0
+        while True:
+            with self.lock:
+                rows = self.db.execute("SELECT seq, key_share FROM reports WHERE task_id = ? AND seq > ? AND seq <= ? AND "
+                                       "report_id NOT IN (SELECT report_id FROM excluded WHERE task_id = ?) ORDER BY seq "
+                                       "LIMIT ?", (task_id, seq, upto, task_id, int(size))).fetchall()
+            if not rows:
+                return
+            seq = rows[-1][0]
+            yield [r[1] for r in rows]

@@ -11,6 +11,7 @@ from fss import KeyBatch, backend
 
 from .. import reconcile
 from ..aggregate import Aggregator
+from .. import segments
 from ..hpke import ServerKeys
 from ..store import Store
 from ..task import TaskConfig, token_hash
@@ -27,13 +28,23 @@ class TaskState:
         self.dcf = config.dcf()
         self.aggregator = Aggregator(self.dcf, config.make_mechanism(), seed, config.task_id, noise)
         self.shards: list[KeyBatch] = []
+        self.sealed = False  # shards are the reconciled task's segments
         self.seq = 0
         self.party = party
         self.lock = threading.Lock()
 
     def refresh(self, store: Store, upto: int) -> list[KeyBatch]:
-        """The key shares of the frozen report set (reports up to sequence number `upto`)."""
+        """The key shares of the frozen report set (reports up to sequence number `upto`). Once the
+        task is reconciled: its segments, mapped from DATA/segments/<task> (checksums verified at the
+        first load; written from the store's rows the first time, or when missing or corrupt), kept
+        for every later query."""
         with self.lock:
+            if self.sealed:
+                return list(self.shards)
+            if store.marked(self.config.task_id, "reconciled"):
+                self.shards = segments.open_or_build(store, self.config.task_id, self.dcf, self.party, store.path.parent)
+                self.sealed = True
+                return list(self.shards)
             shares, self.seq = store.shares_since(self.config.task_id, self.seq, upto)
             if shares:
                 self.shards.append(self.dcf.batch_from_keys(shares, self.party))

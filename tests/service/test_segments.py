@@ -1,0 +1,144 @@
+"""Key shares kept for evaluation: columnar segment files, checksummed in the store, mapped without
+copying, rebuilt from the store's rows whenever they are missing, corrupt or stale."""
+import hashlib
+
+import numpy as np
+import pytest
+
+from fss import DCF, KeyBatch, ParameterError
+from dpcdf.errors import DpcdfError
+from dpcdf.service import segments
+from dpcdf.service.aggregate import partial_sums
+from dpcdf.service.store import CollectionOpen, SegmentFile, Store, StoreError
+
+DCF10 = DCF(bits=10, out_bits=64)
+POINTS = np.arange(1024)
+
+
+def _keys(n, seed=0, dcf=DCF10):
+    alphas = np.random.default_rng(seed).integers(0, 1 << dcf.bits, n)
+    return dcf.gen_batch(alphas, 1)
+
+
+def test_from_grouped_takes_the_arrays_without_copying_and_checks_them():
+    k0, _ = _keys(37)
+    again = KeyBatch.from_grouped(k0.params, 0, 37, k0.seeds, k0.cw_seed, k0.cw_t, k0.cw_v)
+    for name in segments.ARRAYS:
+        assert getattr(again, name) is getattr(k0, name)
+    np.testing.assert_array_equal(DCF10.eval_sum(again, POINTS), DCF10.eval_sum(k0, POINTS))
+    with pytest.raises(ParameterError, match="cw_t"):  # 37 keys are 3 groups, not 2
+        KeyBatch.from_grouped(k0.params, 0, 37, k0.seeds, k0.cw_seed, k0.cw_t[:2], k0.cw_v)
+    with pytest.raises(ParameterError, match="seeds"):
+        KeyBatch.from_grouped(k0.params, 0, 37, k0.seeds.astype(np.int64), k0.cw_seed, k0.cw_t, k0.cw_v)
+    with pytest.raises(ParameterError, match="C-contiguous"):
+        KeyBatch.from_grouped(k0.params, 0, 37, k0.seeds[:, :, ::-1], k0.cw_seed, k0.cw_t, k0.cw_v)
+    with pytest.raises(ParameterError, match="party"):
+        KeyBatch.from_grouped(k0.params, 2, 37, k0.seeds, k0.cw_seed, k0.cw_t, k0.cw_v)
+
+
+def test_write_and_load_map_the_same_keys(tmp_path):
+    k0, _ = _keys(1000, 1)
+    parts = [k0.select(slice(0, 333)), k0.select(slice(333, 1000))]
+    files = segments.write(tmp_path, parts, "set")
+    assert len(files) == 8 and {f.n for f in files} == {333, 667}
+    for f in files:
+        assert hashlib.sha256((tmp_path / f.file).read_bytes()).hexdigest() == f.sha256
+    loaded = segments.load(tmp_path, files, DCF10, 0)
+    assert isinstance(loaded[0].seeds, np.memmap) and isinstance(loaded[0], KeyBatch)
+    for got, want in zip(loaded, parts):
+        for a, b in zip(got.logical(), want.logical()):
+            np.testing.assert_array_equal(a, b)
+    np.testing.assert_array_equal(partial_sums(DCF10, loaded, POINTS), DCF10.eval_sum(k0, POINTS))
+    piece = segments.piece(loaded[1], 2, 10, 8 * 16)
+    assert np.shares_memory(piece.cw_seed, loaded[1].cw_seed)
+    np.testing.assert_array_equal(DCF10.eval_sum(piece, POINTS), DCF10.eval_sum(parts[1].select(slice(32, 160)), POINTS))
+    ranges = segments.group_ranges(loaded[1], 4)  # 667 keys: 42 groups, the last one of 11 keys
+    assert ranges[0][0] == 0 and ranges[-1][1] == 42 and sum(r[2] for r in ranges) == 667
+
+
+def _reconciled_store(tmp_path, n, dcf=DCF10, seed=2, drop=()):
+    store = Store(tmp_path / "server.sqlite")
+    store.add_task("t1", "{}", b"fp", b"seed")
+    k0, _ = _keys(n, seed, dcf)
+    ids = [i.to_bytes(16, "little") for i in range(n)]
+    store.add_many("t1", [(ids[i], k0[i].to_bytes()) for i in range(n)])
+    store.freeze("t1", lambda got: hashlib.sha256(b"".join(got)).hexdigest())
+    if drop:
+        store.exclude("t1", [ids[i] for i in drop], lambda got: hashlib.sha256(b"".join(got)).hexdigest())
+    store.mark("t1", "reconciled")
+    keep = np.setdiff1d(np.arange(n), np.asarray(drop, np.int64))
+    return store, k0.select(keep)
+
+
+def test_build_streams_the_reconciled_rows_into_shards_and_records_them(tmp_path, monkeypatch):
+    monkeypatch.setattr(segments, "SHARD_KEYS", 64)
+    store, kept = _reconciled_store(tmp_path, 300, drop=(5, 200))
+    shards = segments.open_or_build(store, "t1", DCF10, 0, tmp_path)
+    assert [len(s) for s in shards] == [64, 64, 64, 64, 42]
+    recorded = store.segments("t1")
+    assert len(recorded) == 20 and all(f.set_hash == store.frozen("t1").digest for f in recorded)
+    np.testing.assert_array_equal(partial_sums(DCF10, shards, POINTS), DCF10.eval_sum(kept, POINTS))
+    # a second load maps the recorded files: nothing rewritten
+    stamps = {p.name: p.stat().st_mtime_ns for p in segments.task_dir(tmp_path, "t1").iterdir()}
+    again = segments.open_or_build(store, "t1", DCF10, 0, tmp_path)
+    assert {p.name: p.stat().st_mtime_ns for p in segments.task_dir(tmp_path, "t1").iterdir()} == stamps
+    np.testing.assert_array_equal(partial_sums(DCF10, again, POINTS), DCF10.eval_sum(kept, POINTS))
+
+
+@pytest.mark.parametrize("damage", ["flip", "truncate", "delete", "stale"])
+def test_a_damaged_or_stale_segment_is_rebuilt_never_used(tmp_path, damage):
+    store, kept = _reconciled_store(tmp_path, 100, seed=3)
+    segments.open_or_build(store, "t1", DCF10, 0, tmp_path)
+    directory = segments.task_dir(tmp_path, "t1")
+    target = directory / store.segments("t1")[1].file  # cw_seed of shard 0
+    if damage == "flip":
+        raw = bytearray(target.read_bytes())
+        raw[-5] ^= 1
+        target.write_bytes(bytes(raw))
+    elif damage == "truncate":
+        target.write_bytes(target.read_bytes()[:-16])
+    elif damage == "delete":
+        target.unlink()
+    else:  # recorded for another report set
+        files = store.segments("t1")
+        store.db.execute("UPDATE segments SET set_hash = 'other' WHERE task_id = 't1'")
+        assert store.segments("t1")[0].set_hash == "other" and len(files) == 4
+    with pytest.raises(segments.SegmentError):
+        if damage != "stale":
+            segments.load(directory, store.segments("t1"), DCF10, 0)
+        else:
+            raise segments.SegmentError("stale")
+    shards = segments.open_or_build(store, "t1", DCF10, 0, tmp_path)
+    np.testing.assert_array_equal(partial_sums(DCF10, shards, POINTS), DCF10.eval_sum(kept, POINTS))
+    assert all(f.set_hash == store.frozen("t1").digest for f in store.segments("t1"))
+    segments.load(directory, store.segments("t1"), DCF10, 0)  # whole again
+
+
+def test_the_store_records_segments_only_of_a_reconciled_task_and_its_set(tmp_path):
+    store = Store(tmp_path / "server.sqlite")
+    store.add_task("t1", "{}", b"fp", b"seed")
+    record = [SegmentFile(0, "seeds", 1, "00000.seeds.npy", "0" * 64, "h")]
+    with pytest.raises(CollectionOpen):
+        store.record_segments("t1", record)
+    store.freeze("t1", lambda ids: "h")
+    with pytest.raises(StoreError, match="not reconciled"):
+        store.record_segments("t1", record)
+    store.mark("t1", "reconciled")
+    with pytest.raises(StoreError, match="another report set"):
+        store.record_segments("t1", [record[0]._replace(set_hash="x")])
+    store.record_segments("t1", record)
+    assert store.segments("t1") == record
+    store.drop_segments("t1")
+    assert store.segments("t1") == []
+    assert issubclass(segments.SegmentError, DpcdfError) and issubclass(StoreError, DpcdfError)
+
+
+def test_width_and_32_bit_payloads_round_trip(tmp_path):
+    dcf = DCF(bits=8, out_bits=32, width=3)
+    k0, _ = dcf.gen_batch(np.random.default_rng(4).integers(0, 256, 50), [1, 2, 3])
+    files = segments.write(tmp_path, [k0], "s")
+    (loaded,) = segments.load(tmp_path, files, dcf, 0)
+    assert loaded.cw_v.dtype == np.uint32
+    np.testing.assert_array_equal(dcf.eval_sum(loaded, np.arange(256)), dcf.eval_sum(k0, np.arange(256)))
+    with pytest.raises(segments.SegmentError):
+        segments.load(tmp_path, files, DCF10, 0)  # another function's keys
