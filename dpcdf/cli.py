@@ -65,6 +65,9 @@ def main(argv: list[str] | None = None) -> int:
                    "$DPCDF_ADMIN_TOKEN, else DATA/admin.token, made at the first start)")
     s.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (and --tls-key)")
     s.add_argument("--tls-key", help="the certificate's PEM private key")
+    s.add_argument("--dask", metavar="ADDRESS", help="evaluate on a Dask cluster: a scheduler's address "
+                   "(tcp://HOST:8786; workers must see DATA/segments at the same path) or local:N (N worker "
+                   "processes here); default: in-process")
     t = sub.add_parser("task", help="create a task on both servers; writes the config and the analyst token")
     t.add_argument("--servers", nargs=2, required=True)
     t.add_argument("--grid", required=True, help="uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,...")
@@ -104,7 +107,8 @@ def main(argv: list[str] | None = None) -> int:
             from .service.server import serve
 
             serve(args.party, args.port, args.data, args.host, noise=not args.no_noise,
-                  admin_token_file=args.admin_token_file, tls_cert=args.tls_cert, tls_key=args.tls_key)
+                  admin_token_file=args.admin_token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
+                  dask=args.dask)
         elif args.cmd == "task":
             admin = None
             if args.admin_token_file:

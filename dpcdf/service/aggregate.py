@@ -1,12 +1,14 @@
 """What a server computes for the analyst, free of HTTP: shares of prefix and node counts from its
 key shares, plus its own full tree noise derived from its secret seed.
 
-Evaluation is a map over key shards and a sum (`partial_sums`), so a server can spread it over a
-distributed engine later without touching the protocol.
+Evaluation is a map over key shards and a sum (`partial_sums`), done in-process or by an
+`Evaluator` such as `dask_eval.DaskEvaluator` (a Dask cluster); either way the sum comes back here
+and the noise is added here, so a server's noise seed never leaves it.
 """
 from __future__ import annotations
 
 from fractions import Fraction
+from typing import Callable
 
 import numpy as np
 
@@ -23,19 +25,32 @@ def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.nda
     for shard in shards:
         if len(shard):
             total += dcf.eval_sum(shard, points)
-    return total
+    return total & np.uint64(dcf.params.mask)
+
+
+Evaluator = Callable[[DCF, list, np.ndarray], np.ndarray]
+"""What `partial_sums` computes, computed elsewhere: (dcf, shards, points) -> the same uint64 array."""
 
 
 class Aggregator:
     """One server's view of one task: the mechanism, its DCF, and its noise (PRF of its seed)."""
 
-    def __init__(self, dcf: DCF, mechanism: Mechanism, seed: bytes, task_id: str, noise: bool = True):
+    def __init__(self, dcf: DCF, mechanism: Mechanism, seed: bytes, task_id: str, noise: bool = True,
+                 evaluator: Evaluator | None = None):
         self.dcf, self.mechanism = dcf, mechanism
+        self.evaluator = evaluator  # None: in-process (`partial_sums`)
         label = f"{task_id}/{mechanism.name}"
         # one noise stream per payload element: each element is its own released ECDF
         self.keys = [prf_key(seed, label if dcf.width == 1 else f"{label}/{e}") for e in range(dcf.width)]
         self.group_key = prf_key(seed, f"{task_id}/groups")  # the once-only group sums (calibration tasks)
         self.noise_on = noise
+
+    def sums(self, shards: list[KeyBatch], points: np.ndarray) -> np.ndarray:
+        """The noiseless sums over all shards at `points`: in-process, or by the evaluator."""
+        points = np.asarray(points, np.int64)
+        if self.evaluator is None or not any(len(s) for s in shards):
+            return partial_sums(self.dcf, shards, points)
+        return self.evaluator(self.dcf, shards, points)
 
     def noise_fn(self, element: int):
         def noise(ids: np.ndarray, scale: Fraction) -> np.ndarray:
@@ -61,7 +76,7 @@ class Aggregator:
         """Share of (count(index <= i) + this server's noise on the nodes S(i)) for each index i
         (`Mechanism.prefix_noise`: the path's nodes, or the tree's covering nodes, batched)."""
         idx = np.asarray(indices, np.int64).reshape(-1)
-        return self._add(partial_sums(self.dcf, shards, idx), lambda fn: self.mechanism.prefix_noise(idx, fn))
+        return self._add(self.sums(shards, idx), lambda fn: self.mechanism.prefix_noise(idx, fn))
 
     def node_shares(self, shards: list[KeyBatch], level: int) -> np.ndarray:
         """Share of (count + this server's noise) for every data-holding node of a tree level.
@@ -74,7 +89,7 @@ class Aggregator:
         level = int(level)
         starts, ends = mech.node_bounds(level)
         points = np.unique(np.concatenate([ends, starts[starts > 0] - 1]))
-        sums = partial_sums(self.dcf, shards, points)
+        sums = self.sums(shards, points)
         hi = sums[np.searchsorted(points, ends)]
         lo = np.zeros_like(hi)
         has_lo = starts > 0
@@ -86,7 +101,7 @@ class Aggregator:
         (e_last, size-1], plus this server's noise: one scale per element, its own PRF domain."""
         size = self.mechanism.size
         points = np.concatenate([np.asarray(edges, np.int64), [size - 1]])
-        sums = partial_sums(self.dcf, shards, points).reshape(points.size, -1)
+        sums = self.sums(shards, points).reshape(points.size, -1)
         groups = sums - np.concatenate([np.zeros((1, sums.shape[1]), np.uint64), sums[:-1]])
         ids = np.arange(points.size, dtype=np.uint64)
         for e, scale in enumerate(scales):

@@ -23,18 +23,21 @@ TESTING_ENV = "DPCDF_TESTING"
 
 
 def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bool = True,
-               admin_token_file: str | Path | None = None) -> FastAPI:
+               admin_token_file: str | Path | None = None, dask: str | None = None) -> FastAPI:
     """Server `party` (0 or 1) over the store in `data_dir`. `noise=False` is a test-only setting
     (it needs DPCDF_TESTING=1); `warm_up` compiles the kernels in the background at once. The
     operator's token (needed to register tasks) comes from `admin_token_file`, else the environment's
-    DPCDF_ADMIN_TOKEN, else a token made at the first start in DATA/admin.token (0600)."""
+    DPCDF_ADMIN_TOKEN, else a token made at the first start in DATA/admin.token (0600). `dask`: evaluate
+    on a Dask cluster, a scheduler's address ("tcp://host:8786") or "local:N" (a LocalCluster of N
+    worker processes), see `dpcdf.service.dask_eval`; None evaluates in-process."""
     if party not in (0, 1):
         raise DpcdfError(f"party must be 0 or 1, got {party!r}")
     if not noise and os.environ.get(TESTING_ENV) != "1":
         raise DpcdfError(f"switching noise off is a test-only setting (needs {TESTING_ENV}=1)")
     app = FastAPI(title=f"dpcdf server {party}", version="1",
                   description="One of the two servers of a two-server DP ECDF (function secret sharing).")
-    app.state.server = Server(party, data_dir, noise, admin_token_file)
+    app.state.server = Server(party, data_dir, noise, admin_token_file, dask=dask)
+    app.router.on_shutdown.append(app.state.server.close)
     for router in (health.router, tasks.router, reports.router, queries.router):
         app.include_router(router)
     for exc, handler in HANDLERS.items():
@@ -101,12 +104,13 @@ def _schema(app: FastAPI):
 
 
 def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: bool = True,
-          admin_token_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None) -> None:
+          admin_token_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
+          dask: str | None = None) -> None:
     """Runs the server with uvicorn; with `tls_cert` and `tls_key` (PEM files) over HTTPS. Clients and
     the other server verify the certificate against the system's CAs, or SSL_CERT_FILE's."""
     import uvicorn
 
     if (tls_cert is None) != (tls_key is None):
         raise DpcdfError("TLS needs both --tls-cert and --tls-key")
-    uvicorn.run(create_app(party, data_dir, noise, admin_token_file=admin_token_file), host=host, port=port,
+    uvicorn.run(create_app(party, data_dir, noise, admin_token_file=admin_token_file, dask=dask), host=host, port=port,
                 log_level="warning", ssl_certfile=tls_cert, ssl_keyfile=tls_key)

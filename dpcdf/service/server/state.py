@@ -87,17 +87,30 @@ def operator_token(data: Path, path: str | Path | None) -> str:
 class Server:
     """One server's shared state (`app.state.server`); `noise=False` is the test-only switch."""
 
-    def __init__(self, party: int, data_dir: str | Path, noise: bool = True, admin_token_file: str | Path | None = None):
+    def __init__(self, party: int, data_dir: str | Path, noise: bool = True, admin_token_file: str | Path | None = None,
+                 dask: str | None = None):
         data = Path(data_dir)
         data.mkdir(parents=True, exist_ok=True)
         self.party, self.noise = party, noise
         self.admin_hash = token_hash(operator_token(data, admin_token_file))
         self.store = Store(data / "server.sqlite")
         self.keys = ServerKeys(data)
+        # evaluation on a Dask cluster ("tcp://host:8786" or "local:N"), else in-process; the noise stays here
+        self.evaluator = None
+        if dask is not None:
+            from ..dask_eval import DaskEvaluator
+
+            self.evaluator = DaskEvaluator(dask)
         self.answering = threading.Lock()  # closes and queries one at a time (each uses every core)
         self.warm = threading.Event()
         self._tasks: dict[str, TaskState] = {}
         self._tasks_lock = threading.Lock()
+
+    def close(self) -> None:
+        """Disconnects from the Dask cluster (and stops a local one), if any."""
+        if self.evaluator is not None:
+            self.evaluator.close()
+            self.evaluator = None
 
     def warm_up(self) -> None:
         """Compiles the kernels in the background, while reports arrive."""
@@ -115,4 +128,5 @@ class Server:
                 if row is None:
                     raise HttpError(404, f"unknown task {task_id}")
                 self._tasks[task_id] = TaskState(TaskConfig.from_json(row[0]), self.party, row[1], self.noise, self.keys)
+                self._tasks[task_id].aggregator.evaluator = self.evaluator
             return self._tasks[task_id]

@@ -1,0 +1,170 @@
+"""A server's evaluation on a Dask cluster (`dask.distributed`): the map over key shards and the sum
+of `aggregate.partial_sums`, spread over workers.
+
+    evaluator = DaskEvaluator("tcp://scheduler:8786")   # or "local:N": a LocalCluster of N processes
+    Aggregator(dcf, mechanism, seed, task_id, evaluator=evaluator)
+
+Each shard of a task's segments (`segments`) is cut into pieces of whole key groups; a task per
+piece evaluates `DCF.eval_sum` on that piece and the server adds the partial sums (mod 2^64, so the
+result is bit-identical to the in-process one whatever the cut). Only public things go to the
+cluster: key shares (the server's own, already stored in the segments), the DCF parameters and the
+grid points. The noise seed stays on the server: `Aggregator` adds the noise after the sum.
+
+How the keys reach the workers (`transport`):
+- "path" (the default): a task names the segment files (path and SHA-256) and a range of groups;
+  the worker maps the file (`np.load(mmap_mode="c")`, kept open between queries). The server's
+  DATA/segments must be at the same path on every worker: the same machine, or a shared or network
+  filesystem (NFS, a cluster filesystem) mounted at the same place. Nothing but names crosses the
+  network, and pages come from the page cache.
+- "scatter": each piece is sent once to one worker (`Client.scatter`) and kept there for later
+  queries: no shared filesystem needed, at the cost of sending every key once and holding it in the
+  workers' memory.
+
+A worker evaluates one piece at a time with as many kernel threads as it has Dask threads
+(`dask worker --nthreads T`; "local:N" starts N single-threaded workers, one per core).
+"""
+from __future__ import annotations
+
+import os
+import threading
+from pathlib import Path
+
+import numpy as np
+
+from fss import DCF, KeyBatch
+
+from ..errors import DpcdfError
+from . import segments
+
+GROUPS_PER_PIECE = 1 << 15  # at most 2^19 keys per task
+TRANSPORTS = ("path", "scatter")
+
+
+class DaskError(DpcdfError):
+    """The Dask cluster cannot be reached or used, or an address is malformed."""
+
+
+class DaskEvaluator:
+    """`aggregate.Evaluator` on a Dask cluster: `address` is a scheduler's ("tcp://host:8786") or
+    "local:N" for a LocalCluster of N single-threaded worker processes on this machine."""
+
+    def __init__(self, address: str, transport: str = "path", timeout: float = 60.0):
+        try:
+            from distributed import Client, LocalCluster
+        except ImportError:
+            raise DaskError("--dask needs dask.distributed: pip install 'fss-dpcdf[dask]'") from None
+        if transport not in TRANSPORTS:
+            raise DaskError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
+        self.address, self.transport = address, transport
+        self.cluster = None
+        self._scattered: dict[tuple, object] = {}
+        if address.startswith("local:"):
+            count = address[len("local:"):]
+            if not count.isdigit() or not 1 <= int(count) <= 1024:
+                raise DaskError(f"--dask local:N needs a worker count N >= 1, got {address!r}")
+            self.cluster = LocalCluster(n_workers=int(count), threads_per_worker=1, processes=True,
+                                        dashboard_address=None, silence_logs=40)
+            self.client = Client(self.cluster, timeout=timeout)
+        else:
+            if "://" not in address:
+                raise DaskError(f"--dask takes a scheduler address (tcp://host:8786) or local:N, got {address!r}")
+            try:
+                self.client = Client(address, timeout=timeout)
+            except (OSError, TimeoutError) as exc:
+                raise DaskError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+
+    def workers(self) -> list[str]:
+        return sorted(self.client.scheduler_info()["workers"])
+
+    def __call__(self, dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.ndarray:
+        """sum over shards of dcf.eval_sum(shard, points), mod 2^out_bits: `partial_sums`' result."""
+        points = np.asarray(points, np.int64)
+        futures = [self.client.submit(_piece_sum, dcf, shard.party, source, points, pure=False)
+                   for shard, source in self._sources(shards)]
+        total = np.zeros((points.size,) + ((dcf.width,) if dcf.width > 1 else ()), np.uint64)
+        for part in self.client.gather(futures):
+            total += part
+        return total & np.uint64(dcf.params.mask)
+
+    def _sources(self, shards: list[KeyBatch]):
+        """(shard, what a task needs to find its piece) for every piece of every shard."""
+        live = [s for s in shards if len(s)]
+        total = sum(s.seeds.shape[0] for s in live)
+        want = max(2 * max(1, len(self.workers())), -(-total // GROUPS_PER_PIECE))
+        for shard in live:
+            pieces = max(1, round(want * shard.seeds.shape[0] / total))
+            for first, end, n in segments.group_ranges(shard, pieces):
+                if self.transport == "path" and isinstance(shard, segments.SegmentBatch):
+                    yield shard, ("path", shard.directory, shard.files, shard.digests, first, end, n)
+                else:
+                    yield shard, ("data", self._scatter(shard, first, end, n))
+
+    def _scatter(self, shard: KeyBatch, first: int, end: int, n: int):
+        """The piece's arrays on one worker, sent once (kept for later queries)."""
+        key = (shard.directory, shard.digests) if isinstance(shard, segments.SegmentBatch) else (id(shard),)
+        key += (first, end)
+        if key not in self._scattered:
+            arrays = tuple(np.asarray(getattr(shard, a)[first:end]) for a in segments.ARRAYS)
+            workers = self.workers()
+            target = workers[len(self._scattered) % len(workers)]
+            self._scattered[key] = (self.client.scatter([_Piece(n, arrays)], workers=[target])[0], shard)
+        return self._scattered[key][0]
+
+    def forget(self) -> None:
+        """Drops the pieces sent by scatter (the workers free them)."""
+        self._scattered.clear()
+
+    def close(self) -> None:
+        self.forget()
+        self.client.close()
+        if self.cluster is not None:
+            self.cluster.close()
+
+
+class _Piece:
+    """A piece's key count and grouped arrays, as scattered to a worker."""
+
+    def __init__(self, n: int, arrays: tuple):
+        self.n, self.arrays = n, arrays
+
+
+# --- on the workers ---------------------------------------------------------------------------
+_kernel_lock = threading.Lock()  # one kernel launch at a time per worker process (numba's thread pool)
+_open: dict[tuple[str, str], np.ndarray] = {}
+_MAX_OPEN = 512
+
+
+def _mapped(directory: str, file: str, digest: str) -> np.ndarray:
+    key = (str(Path(directory) / file), digest)  # the digest names the content: a rebuilt file is a new entry
+    if key not in _open:
+        if len(_open) >= _MAX_OPEN:
+            _open.clear()
+        _open[key] = segments.open_array(key[0])
+    return _open[key]
+
+
+def _threads() -> int | None:
+    try:
+        from distributed import get_worker
+
+        return get_worker().state.nthreads
+    except (ImportError, ValueError, AttributeError):
+        return None
+
+
+def _piece_sum(dcf: DCF, party: int, source: tuple, points: np.ndarray) -> np.ndarray:
+    """One piece's `eval_sum` at `points`, on a worker."""
+    if source[0] == "path":
+        _, directory, files, digests, first, end, n = source
+        arrays = [_mapped(directory, f, d)[first:end] for f, d in zip(files, digests)]
+    else:
+        piece = source[1]
+        n, arrays = piece.n, list(piece.arrays)
+    batch = KeyBatch.from_grouped(dcf.params, party, n, *arrays)
+    with _kernel_lock:
+        threads = _threads()
+        if threads:
+            import numba
+
+            numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        return dcf.eval_sum(batch, points)
