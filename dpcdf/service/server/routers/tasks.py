@@ -98,6 +98,10 @@ def sync(srv: ServerDep, st: TaskDep, raw: RawBody) -> Response:
     the task), which no client or analyst can compute. The first message closes the collection here."""
     if srv.party != 1:
         raise HttpError(400, "only server 1 takes reconciliation messages")
+    try:  # one that does not open (forged, another task's) is refused before it closes the collection
+        reconcile.open_sealed(st.pair_key, st.config.fingerprint, raw, (1, 3))
+    except reconcile.SyncError as exc:
+        raise HttpError(400, str(exc)) from None
     with srv.answering:
         srv.store.freeze(st.config.task_id, st.set_hash)
         move = _play(srv, st, raw)
