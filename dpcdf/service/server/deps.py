@@ -10,11 +10,15 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..task import token_hash
 from .errors import HttpError
+from .models import Error
 from .state import Server, TaskState
 
 _bearer = HTTPBearer(auto_error=False, description="the analyst's token for the task")
 _operator_bearer = HTTPBearer(auto_error=False, scheme_name="OperatorBearer", description="the server operator's token")
 UNAUTHORIZED = "the analyst's bearer token is required"
+THROTTLED = {429: {"model": Error, "description": "too many of this analyst's closes and queries at once",
+                   "headers": {"Retry-After": {"description": "seconds to wait before sending it again",
+                                               "schema": {"type": "integer"}}}}}
 
 
 def server(request: Request) -> Server:

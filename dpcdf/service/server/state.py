@@ -1,11 +1,19 @@
-"""What a server's requests share: its party, store and HPKE keys, the tasks it has loaded, the lock
-that takes closes and queries one at a time, and whether its kernels are compiled yet."""
+"""What a server's requests share: its party, store and HPKE keys, the tasks it has loaded (each with
+the lock that takes its close and its queries one at a time), the per-analyst limit on expensive
+requests, and whether its kernels are compiled yet.
+
+No request holds a server-wide lock while it works: a task's state is built outside the table's lock
+(once per task id), and one task's close or query never waits for another task's."""
 from __future__ import annotations
 
 import os
 import secrets
 import threading
+from contextlib import contextmanager
 from pathlib import Path
+from typing import Iterator
+
+from starlette.exceptions import HTTPException
 
 from fss import KeyBatch, backend
 
@@ -32,6 +40,9 @@ class TaskState:
         self.seq = 0
         self.party = party
         self.lock = threading.Lock()
+        # the task's close and its queries one at a time: each uses every core, and a close must not
+        # interleave with the task's answers; other tasks' closes and queries do not wait for it
+        self.answering = threading.Lock()
 
     def refresh(self, store: Store, upto: int) -> list[KeyBatch]:
         """The key shares of the frozen report set (reports up to sequence number `upto`). Once the
@@ -63,6 +74,45 @@ def pair_key(config: TaskConfig, party: int, keys: ServerKeys) -> bytes:
 
 
 ADMIN_ENV = "DPCDF_ADMIN_TOKEN"
+ANALYST_LIMIT_ENV = "DPCDF_ANALYST_CONCURRENCY"
+ANALYST_LIMIT = 2  # expensive requests (closes, queries) in flight per analyst token: one running, one waiting
+RETRY_AFTER = 2  # seconds, in the 429's Retry-After header
+
+
+class Throttled(DpcdfError, HTTPException):
+    """429 with a Retry-After header: too many of one analyst's expensive requests at once. An
+    HTTPException too, so the app's Starlette handler answers {"error": ...} with its headers."""
+
+    def __init__(self, message: str, retry_after: int = RETRY_AFTER):
+        DpcdfError.__init__(self, message)
+        HTTPException.__init__(self, 429, message, headers={"Retry-After": str(retry_after)})
+
+
+class Limiter:
+    """At most `limit` requests in flight per key; the next one is refused at once (`Throttled`)
+    rather than queued, so one client cannot fill the server's thread pool with waiting requests."""
+
+    def __init__(self, limit: int, what: str):
+        if limit < 1:
+            raise DpcdfError(f"a request limit must be >= 1, got {limit}")
+        self.limit, self.what = limit, what
+        self._busy: dict[str, int] = {}
+        self._lock = threading.Lock()
+
+    @contextmanager
+    def slot(self, key: str) -> Iterator[None]:
+        with self._lock:
+            busy = self._busy.get(key, 0)
+            if busy >= self.limit:
+                raise Throttled(f"{self.what}: at most {self.limit} at once; try again in {RETRY_AFTER} s")
+            self._busy[key] = busy + 1
+        try:
+            yield
+        finally:
+            with self._lock:
+                left = self._busy.pop(key) - 1
+                if left:
+                    self._busy[key] = left
 
 
 def operator_token(data: Path, path: str | Path | None) -> str:
@@ -101,10 +151,15 @@ class Server:
             from ..dask_eval import DaskEvaluator
 
             self.evaluator = DaskEvaluator(dask)
-        self.answering = threading.Lock()  # closes and queries one at a time (each uses every core)
         self.warm = threading.Event()
+        try:
+            limit = int(os.environ.get(ANALYST_LIMIT_ENV, ANALYST_LIMIT))
+        except ValueError:
+            raise DpcdfError(f"{ANALYST_LIMIT_ENV} must be an integer") from None
+        self.analyst_limit = Limiter(limit, "an analyst's closes and queries on this server")
         self._tasks: dict[str, TaskState] = {}
-        self._tasks_lock = threading.Lock()
+        self._building: dict[str, threading.Lock] = {}  # per task id: one build at a time, others unaffected
+        self._tasks_lock = threading.Lock()  # guards the two dicts only, never held while a task is built
 
     def close(self) -> None:
         """Disconnects from the Dask cluster (and stops a local one), if any."""
@@ -121,12 +176,32 @@ class Server:
         threading.Thread(target=run, name="warm-up", daemon=True).start()
 
     def task(self, task_id: str) -> TaskState:
-        """The task's state, loaded from the store the first time; 404 for an unknown task."""
+        """The task's state, loaded from the store the first time; 404 for an unknown task. The state is
+        built outside the server-wide lock, under a lock of its own task id: a slow build holds up
+        only requests for that task."""
+        st = self._tasks.get(task_id)
+        if st is not None:
+            return st
         with self._tasks_lock:
-            if task_id not in self._tasks:
-                row = self.store.task(task_id)
-                if row is None:
-                    raise HttpError(404, f"unknown task {task_id}")
-                self._tasks[task_id] = TaskState(TaskConfig.from_json(row[0]), self.party, row[1], self.noise, self.keys)
-                self._tasks[task_id].aggregator.evaluator = self.evaluator
-            return self._tasks[task_id]
+            building = self._building.setdefault(task_id, threading.Lock())
+        try:
+            with building:
+                st = self._tasks.get(task_id)
+                if st is None:
+                    row = self.store.task(task_id)
+                    if row is None:
+                        raise HttpError(404, f"unknown task {task_id}")
+                    st = TaskState(TaskConfig.from_json(row[0]), self.party, row[1], self.noise, self.keys)
+                    st.aggregator.evaluator = self.evaluator
+                    with self._tasks_lock:
+                        st = self._tasks.setdefault(task_id, st)
+                return st
+        finally:
+            with self._tasks_lock:
+                if self._building.get(task_id) is building:
+                    del self._building[task_id]
+
+    def analyst_slot(self, st: TaskState):
+        """One of the analyst's expensive requests in flight (a context manager): 429 with Retry-After
+        beyond `analyst_limit` at once per analyst token (by its hash, across that analyst's tasks)."""
+        return self.analyst_limit.slot(st.config.token_hash)

@@ -9,7 +9,7 @@ import numpy as np
 from fastapi import APIRouter, Body
 
 from ....release.calibration import group_scales
-from ..deps import AnalystTaskDep, ServerDep
+from ..deps import THROTTLED, AnalystTaskDep, ServerDep
 from ..errors import HttpError
 from ..models import KINDS, GroupsQuery, NodesQuery, PrefixQuery, Query, QueryResponse, errors
 from ..state import TaskState
@@ -17,13 +17,16 @@ from ..state import TaskState
 router = APIRouter(prefix="/tasks/{task_id}", tags=["queries"])
 
 
-@router.post("/query", response_model=QueryResponse, responses=errors(400, 401, 403, 404, 409))
+@router.post("/query", response_model=QueryResponse, responses={**errors(400, 401, 403, 404, 409), **THROTTLED})
 def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, Body()]) -> QueryResponse:
     """Answers once the server is reconciled (`close`). Group boundaries are fixed by the first
-    groups query (another set would spend the budget again). Queries and closes run one at a time."""
+    groups query (another set would spend the budget again). A task's queries and its close run one
+    at a time (each uses every core); other tasks' do not wait for them. Limit: an analyst token has
+    at most 2 closes and queries in flight on a server at once (DPCDF_ANALYST_CONCURRENCY); one more
+    is answered 429 {"error": ...} with a Retry-After header (seconds), and can be sent again then."""
     check(st, q)
     store, config = srv.store, st.config
-    with srv.answering:
+    with srv.analyst_slot(st), st.answering:
         if not store.marked(task_id, "reconciled"):
             raise HttpError(409, "the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
         upto, n, digest = store.frozen(task_id)

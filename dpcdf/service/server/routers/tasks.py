@@ -12,7 +12,7 @@ from ...hpke import public_key
 from ...http import ServerError, fetch
 from ...store import AlreadyAnswered
 from ...task import TaskConfig
-from ..deps import AnalystTaskDep, OperatorDep, RawBody, ServerDep, TaskDep
+from ..deps import THROTTLED, AnalystTaskDep, OperatorDep, RawBody, ServerDep, TaskDep
 from ..errors import HttpError
 from ..models import CloseResponse, TaskRegistered, TaskStatus, errors
 from ..state import Server, TaskState, pair_key
@@ -58,19 +58,22 @@ def status(task_id: str, srv: ServerDep, st: AnalystTaskDep) -> TaskStatus:
                       min_batch=st.config.min_batch)
 
 
-@router.post("/{task_id}/close", response_model=CloseResponse, responses=errors(401, 403, 404, 409, 502))
+@router.post("/{task_id}/close", response_model=CloseResponse, responses={**errors(401, 403, 404, 409, 502), **THROTTLED})
 def close(srv: ServerDep, st: AnalystTaskDep) -> CloseResponse:
     """Closes the collection and reconciles the two servers' report sets (`reconcile`). On server 0
     (the leader) this runs the whole exchange with server 1 directly; server 1 answers 409 until
     server 0 has done so, then the same view. Idempotent: a close interrupted by a crash of either
-    server is finished by calling it again. Closes and queries run one at a time."""
+    server is finished by calling it again. A task's close and its queries run one at a time; other
+    tasks' do not wait for them. Limit (on server 0, where the close works): like a query, one of the
+    analyst token's at most 2 closes and queries in flight on this server (DPCDF_ANALYST_CONCURRENCY);
+    beyond, 429 {"error": ...} with a Retry-After header (seconds)."""
     task_id, store = st.config.task_id, srv.store
     if srv.party == 1:
         view = reconciled_view(srv, st)
         if not view["reconciled"]:
             raise HttpError(409, "server 1 is reconciled by server 0's close: close server 0 first")
         return CloseResponse(party=1, **view)
-    with srv.answering:
+    with srv.analyst_slot(st), st.answering:
         if store.frozen(task_id) is None and store.count(task_id) < st.config.min_batch:
             raise HttpError(403, f"the task has {store.count(task_id)} reports; queries need at least {st.config.min_batch}")
         store.freeze(task_id, st.set_hash)
@@ -102,7 +105,7 @@ def sync(srv: ServerDep, st: TaskDep, raw: RawBody) -> Response:
         reconcile.open_sealed(st.pair_key, st.config.fingerprint, raw, (1, 3))
     except reconcile.SyncError as exc:
         raise HttpError(400, str(exc)) from None
-    with srv.answering:
+    with st.answering:
         srv.store.freeze(st.config.task_id, st.set_hash)
         move = _play(srv, st, raw)
         if move.done:
