@@ -1,8 +1,8 @@
 """The FastAPI application: the routers, the error handlers, the body-size limit, the shared state.
 
 Endpoints are plain `def`s, so FastAPI runs them in its thread pool: a large request does not hold
-up the others, and closes and queries take `Server.answering` to run one at a time. The schema is
-at /openapi.json, the docs at /docs."""
+up the others; a task's close and queries take the task's own lock (`TaskState.answering`) and run
+one at a time, while other tasks proceed. The schema is at /openapi.json, the docs at /docs."""
 from __future__ import annotations
 
 import os
