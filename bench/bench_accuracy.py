@@ -7,8 +7,9 @@ with the exact sensitivity; ours ("auto": the b-ary tree with the least exact ex
 consistent and monotone); OpenDP's make_b_ary_tree + then_laplace + make_consistent_b_ary_tree at
 b = 2 and 16; the Sarus post's histogram and adaptive-bisection methods (pure eps-DP Laplace versions,
 their hyper-parameter picked by an oracle grid search, which favours them). Column: mean squared
-error of the prefix counts over the grid; last block: quantile error (mean |q - q_hat| in grid
-units over p = 0.01 .. 0.99).
+error of the prefix counts over the grid; in parentheses: quantile error (mean |q - q_hat| in grid
+units over p = 0.01 .. 0.99; ours through `Release.quantile`, the others by inverting their estimate
+at its first crossing; under add/remove each divides by its own estimate of n, which is not public).
 """
 from __future__ import annotations
 
@@ -71,10 +72,16 @@ def adaptive_prefix(prefix: np.ndarray, eps: float, queries: int, total: float) 
     return np.interp(np.arange(N), xs, vals)
 
 
-def quantile_error(true_prefix: np.ndarray, est_prefix: np.ndarray, total: float) -> float:
-    f_true, f_est = true_prefix / total, np.maximum.accumulate(est_prefix) / total
-    q_true = np.searchsorted(f_true, PS, side="left")
-    q_est = np.minimum(np.searchsorted(f_est, PS, side="left"), N - 1)
+def quantile_error(true_prefix: np.ndarray, est, total: float, public_n: bool) -> float:
+    """Mean |q - q_hat| in grid units. A `dpcdf.Release` answers with its own `quantile`; any other
+    estimate is inverted at its first crossing (running maximum). Each method divides by its own
+    estimate of n (its last prefix) unless n is public (substitution)."""
+    q_true = np.searchsorted(true_prefix / total, PS, side="left")
+    if isinstance(est, dpcdf.Release):
+        q_est = est.grid.index(est.quantile(PS))
+    else:
+        f_est = np.maximum.accumulate(est) / (total if public_n else max(float(est[-1]), 1.0))
+        q_est = np.minimum(np.searchsorted(f_est, PS, side="left"), N - 1)
     return float(np.mean(np.abs(q_true - q_est)))
 
 
@@ -102,7 +109,7 @@ def main() -> None:
                 "  theory 2(L+1)^3/eps^2": None,
                 "path, exact sensitivity (raw)": lambda: dpcdf.release_ecdf(data, grid, eps, "path", rel, "none").raw,
                 "path, exact sensitivity + monotone": lambda: dpcdf.release_ecdf(data, grid, eps, "path", rel).counts,
-                "ours: auto (best b-ary, consistent, monotone)": lambda: dpcdf.release_ecdf(data, grid, eps, "auto", rel).counts,
+                "ours: auto (best b-ary, consistent, monotone)": lambda: dpcdf.release_ecdf(data, grid, eps, "auto", rel),
                 "OpenDP b=2 + consistency": lambda: opendp_prefix(hist, eps, 2, d_in),
                 "OpenDP b=16 + consistency": lambda: opendp_prefix(hist, eps, 16, d_in),
                 "Sarus histogram (oracle-best bins)": None,
@@ -121,8 +128,8 @@ def main() -> None:
                     ests = trials[k_best]
                 else:
                     ests = [fn() for _ in range(runs)]
-                mse = float(np.mean([metrics.mse_counts(prefix, e) for e in ests]))
-                qe = float(np.mean([quantile_error(prefix, e, total) for e in ests]))
+                mse = float(np.mean([metrics.mse_counts(prefix, getattr(e, "counts", e)) for e in ests]))
+                qe = float(np.mean([quantile_error(prefix, e, total, rel == "substitution") for e in ests]))
                 rows.setdefault(label, []).append(f"{mse:>14.0f} ({qe:>5.1f})")
                 best.setdefault(eps, {})[label] = mse
         for label, cells in rows.items():

@@ -34,6 +34,8 @@ class Release:
     raw: np.ndarray
     counts: np.ndarray
     total: float
+    fitted: np.ndarray | None = None  # the best linear estimate before the monotone fit (tree: consistent)
+    noise_sd: float = 0.0  # the mechanism's (data-independent) noise sd per prefix count
 
     @property
     def statement(self) -> str:
@@ -53,19 +55,48 @@ class Release:
         return np.where(i >= 0, f[np.clip(i, 0, None)], 0.0)
 
     def quantile(self, ps, method: str = "exact") -> np.ndarray:
-        """The smallest threshold t with F(t) >= p, per p in [0, 1]. "exact" inverts the monotone
-        release; "bisect" is the paper's Algorithm 1 (binary search) on the raw release."""
+        """The smallest threshold t with F(t) >= p, per p in [0, 1] (non-decreasing in p, and each
+        level's answer does not depend on the other levels asked).
+
+        "exact" inverts the monotone release, except in the tails: for levels p within one noise sd
+        (`noise_sd`, data-independent) of 1, the monotone (isotonic) fit of a long flat stretch of the
+        grid where F = n is pulled below n by the noise's long-window minima, so it reaches p n far
+        too late; there the first index where the unsmoothed estimate `fitted` reaches p n is taken,
+        and symmetrically for levels within one sd of 0 the first index after which `fitted` stays
+        at or above p n. Middle levels are clipped between those two tail answers, so the result
+        stays monotone (when the tails cross, e.g. under very large noise, the plain inverse is
+        used). "bisect" is the paper's Algorithm 1 (binary search) on the raw release.
+        Post-processing: no extra privacy cost."""
         p = np.asarray(ps, dtype=np.float64)
         if np.isnan(p).any() or (p < 0).any() or (p > 1).any():
             raise ParameterError("quantile levels must lie in [0, 1]")
         if method == "exact":
-            idx = np.searchsorted(self.cdf(), p, side="left")
+            idx = self._invert(p.reshape(-1)).reshape(p.shape)
         elif method == "bisect":
             raw = self.raw / self.total if self.total > 0 else self.raw
             idx = np.array([_bisect(raw, q) for q in p.reshape(-1)]).reshape(p.shape)
         else:
             raise ParameterError(f"method must be 'exact' or 'bisect', got {method!r}")
         return self.grid.thresholds[np.minimum(idx, self.grid.size - 1)]
+
+    def _invert(self, p: np.ndarray) -> np.ndarray:
+        idx = np.searchsorted(self.cdf(), p, side="left")
+        if self.fitted is None or self.total <= 0 or self.noise_sd <= 0:
+            return idx
+        band = self.noise_sd / self.total
+        if band >= 0.5:
+            return idx
+        y = np.asarray(self.fitted, dtype=np.float64)
+        upper = np.maximum.accumulate(y)  # first crossing of a level
+        lower = np.minimum.accumulate(y[::-1])[::-1]  # first index after which y stays at or above a level
+        first = lambda q: np.searchsorted(upper, q * self.total, side="left")  # noqa: E731
+        last = lambda q: np.searchsorted(lower, q * self.total, side="left")  # noqa: E731
+        lo_clip, hi_clip = last(band), first(1 - band)
+        if lo_clip > hi_clip:
+            return idx
+        top, bottom = p > 1 - band, p < band
+        mid = np.clip(idx, lo_clip, hi_clip)
+        return np.where(top, np.maximum(first(p), hi_clip), np.where(bottom, np.minimum(last(p), lo_clip), mid))
 
     def histogram(self, edges) -> np.ndarray:
         """DP counts of the bins between consecutive `edges` (values t with a < t <= b), as
@@ -145,11 +176,12 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     raw, fitted = mech.estimate(noisy, copies)
     substitution = mech.relation == "substitution"
     total = float(n) if substitution else float(max(fitted[-1], 1.0))
+    sd = float(np.sqrt(mech.expected_mse() * copies))
     if postprocess_with == "none":
-        return Release(grid, mech, raw, raw, total)
+        return Release(grid, mech, raw, raw, total, raw, sd)
     known_last = total if substitution else None  # every value is <= t_max (clamped or refused)
     counts = postprocess.monotone(fitted, 0.0, total, 1 if postprocess_with == "monotone-l1" else 2, known_last)
-    return Release(grid, mech, raw, counts, total)
+    return Release(grid, mech, raw, counts, total, fitted, sd)
 
 
 def _mechanism(mechanism, size: int, epsilon: float, relation: str):

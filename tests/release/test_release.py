@@ -94,3 +94,27 @@ def test_metrics_agree_with_scipy_on_samples():
     assert metrics.energy(fu, fv, grid) == pytest.approx(stats.energy_distance(u, v))
     assert metrics.ks(fu, fv) == pytest.approx(stats.ks_2samp(u, v).statistic)
     assert metrics.mse_counts([1, 2], [2, 4]) == 2.5
+
+
+def test_quantile_is_monotone_in_p_and_each_level_answers_alone():
+    rng = np.random.default_rng(5)  # the test's data, not privacy noise
+    vals = np.minimum(rng.exponential(25, 3000).astype(np.int64), 1023)
+    grid = dpcdf.Grid.integers(1024)
+    ps = np.linspace(0, 1, 201)
+    for relation in ("substitution", "add-remove"):
+        rel = dpcdf.release_ecdf(vals, grid, 0.1, relation=relation)
+        q = rel.quantile(ps)
+        assert np.all(np.diff(q) >= 0)
+        np.testing.assert_array_equal([rel.quantile([p])[0] for p in ps[::20]], q[::20])
+
+
+def test_quantile_tails_use_first_crossing_in_a_long_flat_tail():
+    """A hand-made release: F = n from index 10 on, the isotonic fit dips below n there; level 0.99
+    must come from the first crossing of the unsmoothed estimate (index 10), not far in the tail."""
+    grid = dpcdf.Grid.integers(100)
+    fitted = np.concatenate([np.linspace(0, 1000, 11)[1:], 1000 + 30 * np.sin(np.arange(90))])
+    counts = np.maximum.accumulate(np.minimum(fitted, 1000.0))
+    counts[10:60] = 960.0  # what a long-window pool does
+    rel = dpcdf.Release(grid, dpcdf.TreeMechanism(100, 1.0), fitted, counts, 1000.0, fitted, 50.0)
+    assert rel.quantile([0.99])[0] == 9 and rel.quantile([0.5])[0] == 4
+    assert dpcdf.Release(grid, rel.mechanism, fitted, counts, 1000.0).quantile([0.99])[0] == 60
