@@ -25,11 +25,19 @@ N = 1024
 PS = np.linspace(0.01, 0.99, 99)
 
 
-def datasets() -> dict[str, np.ndarray]:
+SPARSE_N = 1 << 12
+
+
+def datasets(n_sparse: int = 10_000) -> dict[str, tuple[np.ndarray, int]]:
+    """(values, grid size) per data set: the paper's, a skewed one, and a sparse one (n_sparse values
+    in five narrow spikes, sd 2 grid units, on a 2^12 grid)."""
     rng = np.random.default_rng(7)  # data only
     paper = np.repeat(np.arange(N), rng.poisson(3, N))
     skewed = np.minimum(rng.exponential(25, 3000).astype(np.int64), N - 1)
-    return {"paper Poisson(3), n=%d" % paper.size: paper, "skewed exponential, n=3000": skewed}
+    centres = np.array([300, 310, 1800, 2600, 3900])
+    sparse = np.clip(np.rint(rng.normal(centres[rng.integers(0, 5, n_sparse)], 2)), 0, SPARSE_N - 1).astype(np.int64)
+    return {"paper Poisson(3), n=%d" % paper.size: (paper, N), "skewed exponential, n=3000": (skewed, N),
+            f"sparse: 5 spikes, n={n_sparse}": (sparse, SPARSE_N)}
 
 
 def opendp_prefix(hist: np.ndarray, eps: float, b: int, d_in: int) -> np.ndarray:
@@ -37,26 +45,29 @@ def opendp_prefix(hist: np.ndarray, eps: float, b: int, d_in: int) -> np.ndarray
 
     dp.enable_features("contrib")
     space = dp.vector_domain(dp.atom_domain(T=int)), dp.l1_distance(T=int)
-    tree = dp.t.make_b_ary_tree(*space, leaf_count=N, branching_factor=b)
+    size = hist.size
+    tree = dp.t.make_b_ary_tree(*space, leaf_count=size, branching_factor=b)
     meas = dp.binary_search_chain(lambda s: tree >> dp.m.then_laplace(s), d_in=d_in, d_out=eps)
     leaves = dp.t.make_consistent_b_ary_tree(branching_factor=b)(meas([int(v) for v in hist]))
-    return np.cumsum(np.asarray(leaves[:N], dtype=np.float64))
+    return np.cumsum(np.asarray(leaves[:size], dtype=np.float64))
 
 
 def histogram_prefix(hist: np.ndarray, eps: float, bins: int, delta: int) -> np.ndarray:
     """Sarus 'histogram': noisy counts of `bins` equal bins, cumulated, linearly interpolated."""
-    width = N // bins
+    size = hist.size
+    width = size // bins
     counts = hist.reshape(bins, width).sum(axis=1)
     noisy = counts + secure_noise(bins, scale_fraction(delta, eps))
     ends = np.cumsum(noisy)
-    x = np.arange(width - 1, N, width)
-    return np.interp(np.arange(N), x, ends, left=0)
+    x = np.arange(width - 1, size, width)
+    return np.interp(np.arange(size), x, ends, left=0)
 
 
 def adaptive_prefix(prefix: np.ndarray, eps: float, queries: int, total: float) -> np.ndarray:
     """Sarus 'adaptive': noisy counts below a point, each next point bisecting the widest gap in
     estimated quantile; eps split evenly over the queries; the CDF interpolated between them."""
-    known = {-1: 0.0, N - 1: total}
+    size = prefix.size
+    known = {-1: 0.0, size - 1: total}
     scale = scale_fraction(1, eps / queries)
     for _ in range(queries):
         xs = sorted(known)
@@ -69,7 +80,7 @@ def adaptive_prefix(prefix: np.ndarray, eps: float, queries: int, total: float) 
         known[mid] = float(prefix[mid] + secure_noise(1, scale)[0])
     xs = sorted(known)
     vals = np.clip(np.maximum.accumulate([known[x] for x in xs]), 0, total)
-    return np.interp(np.arange(N), xs, vals)
+    return np.interp(np.arange(size), xs, vals)
 
 
 def quantile_error(true_prefix: np.ndarray, est, total: float, public_n: bool) -> float:
@@ -81,7 +92,7 @@ def quantile_error(true_prefix: np.ndarray, est, total: float, public_n: bool) -
         q_est = est.grid.index(est.quantile(PS))
     else:
         f_est = np.maximum.accumulate(est) / (total if public_n else max(float(est[-1]), 1.0))
-        q_est = np.minimum(np.searchsorted(f_est, PS, side="left"), N - 1)
+        q_est = np.minimum(np.searchsorted(f_est, PS, side="left"), true_prefix.size - 1)
     return float(np.mean(np.abs(q_true - q_est)))
 
 
@@ -89,23 +100,24 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--runs", type=int, default=20)
     ap.add_argument("--relation", default="substitution", choices=["substitution", "add-remove"])
+    ap.add_argument("--n", type=int, default=10_000, help="how many values the sparse data set has (1e3 .. 1e6)")
     args = ap.parse_args()
     rel, runs = args.relation, args.runs
     d_in = 2 if rel == "substitution" else 1
-    grid = Grid.integers(N)
-    L = 10
-    for name, data in datasets().items():
+    for name, (data, size) in datasets(args.n).items():
+        grid = Grid.integers(size)
+        L = int(np.log2(size))
         prefix = dpcdf.prefix_counts(data, grid)
-        hist = np.bincount(data, minlength=N)
+        hist = np.bincount(data, minlength=size)
         total = float(data.size)
-        print(f"\n{name}, N = {N}, relation = {rel}, {runs} runs: counts MSE (quantile error)")
+        print(f"\n{name}, N = {size}, relation = {rel}, {runs} runs: counts MSE (quantile error)")
         print(f"{'method':<44}" + "".join(f"{'eps=' + str(e):>22}" for e in (0.1, 0.5, 1.0)))
         rows: dict[str, list[str]] = {}
         best = {}
         for eps in (0.1, 0.5, 1.0):
             methods = {
                 "paper eq. 2, scale (L+1)/eps (raw)": lambda: dpcdf.release_ecdf(
-                    data, grid, eps, dpcdf.PathMechanism(N, eps, rel, calibration="paper"), rel, "none").raw,
+                    data, grid, eps, dpcdf.PathMechanism(size, eps, rel, calibration="paper"), rel, "none").raw,
                 "  theory 2(L+1)^3/eps^2": None,
                 "path, exact sensitivity (raw)": lambda: dpcdf.release_ecdf(data, grid, eps, "path", rel, "none").raw,
                 "path, exact sensitivity + monotone": lambda: dpcdf.release_ecdf(data, grid, eps, "path", rel).counts,
@@ -120,7 +132,7 @@ def main() -> None:
                     rows.setdefault(label, []).append(f"{2 * (L + 1) ** 3 / eps**2:>22.0f}")
                     continue
                 if fn is None:
-                    options = [4, 8, 16, 32, 64, 128, 256, 1024] if "histogram" in label else [4, 8, 16, 32, 64]
+                    options = [4, 8, 16, 32, 64, 128, 256, size] if "histogram" in label else [4, 8, 16, 32, 64]
                     make = (lambda k: histogram_prefix(hist, eps, k, d_in)) if "histogram" in label else (
                         lambda k: adaptive_prefix(prefix, eps, k, total))
                     trials = {k: [make(k) for _ in range(runs)] for k in options}
