@@ -18,7 +18,12 @@ POSTPROCESS = ("auto", "none", "monotone", "monotone-l1")
 
 
 def secure_node_noise(node_ids: np.ndarray, scale: Fraction) -> np.ndarray:
-    """Fresh CSPRNG noise for each node id (each id must be asked for once per release)."""
+    """Fresh CSPRNG noise for each node id (each id must be asked for once per release): DLap(scale),
+    or N_Z(0, scale) when the scale is a `zcdp.GaussianVariance`."""
+    from .zcdp import GaussianVariance, secure_dgauss
+
+    if isinstance(scale, GaussianVariance):
+        return secure_dgauss(np.asarray(node_ids).size, scale)
     return secure_noise(np.asarray(node_ids).size, scale)
 
 
@@ -141,11 +146,13 @@ def prefix_counts(values, grid: Grid) -> np.ndarray:
 def release_ecdf(
     values,
     grid: Grid,
-    epsilon: float,
+    epsilon: float | None = None,
     mechanism: str | Mechanism = "auto",
     relation: str = "substitution",
     postprocess_with: str = "auto",
     noise=secure_node_noise,
+    privacy: str = "pure",
+    rho: float | None = None,
 ) -> Release:
     """An epsilon-DP ECDF of `values` on `grid` (trusted curator: the caller holds the data).
 
@@ -153,9 +160,31 @@ def release_ecdf(
     with the least expected error for this grid, made consistent), or a mechanism object.
     relation: which neighbouring datasets the guarantee covers ("substitution": one value changes
     and n is public; "add-remove": one person joins or leaves). The returned `Release.statement`
-    says the guarantee. Raises ParameterError for bad epsilon, no data, or unknown names."""
-    epsilon = check_epsilon(epsilon)
+    says the guarantee. Raises ParameterError for bad epsilon, no data, or unknown names.
+    privacy="zcdp" with `rho` (and no epsilon): rho-zCDP with exact discrete Gaussian noise on a
+    binary tree (`zcdp.GaussianTreeMechanism`; mechanism "auto" or "tree" or such an object)."""
     relation = check_relation(relation)
+    if privacy == "zcdp":
+        from .zcdp import GaussianTreeMechanism, check_rho, gaussian_tree
+
+        if epsilon is not None:
+            raise ParameterError("privacy='zcdp' takes rho, not epsilon")
+        rho = check_rho(rho)
+        if isinstance(mechanism, GaussianTreeMechanism):
+            if mechanism.rho != rho or mechanism.relation != relation or mechanism.size != grid.size:
+                raise ParameterError("the mechanism's rho, relation and size must be the release's")
+            mech = mechanism
+        elif mechanism in ("auto", "tree"):
+            mech = gaussian_tree(grid.size, rho, relation) if isinstance(grid, Grid) else None
+        else:
+            raise ParameterError(f"privacy='zcdp' needs mechanism 'auto', 'tree' or a GaussianTreeMechanism, got {mechanism!r}")
+    elif privacy == "pure":
+        if rho is not None:
+            raise ParameterError("rho is for privacy='zcdp'")
+        epsilon = check_epsilon(epsilon)
+        mech = None
+    else:
+        raise ParameterError(f"privacy must be 'pure' or 'zcdp', got {privacy!r}")
     if not isinstance(grid, Grid):
         raise ParameterError(f"grid must be a dpcdf.Grid, got {type(grid).__name__}")
     v = np.asarray(values, dtype=np.float64).reshape(-1)
@@ -164,7 +193,8 @@ def release_ecdf(
     if postprocess_with not in POSTPROCESS:
         raise ParameterError(f"postprocess_with must be one of {POSTPROCESS}, got {postprocess_with!r}")
     prefix = prefix_counts(v, grid)
-    mech = _mechanism(mechanism, grid.size, epsilon, relation)
+    if mech is None:
+        mech = _mechanism(mechanism, grid.size, epsilon, relation)
     return finish_release(grid, mech, mech.noisy(prefix, noise), v.size, postprocess_with)
 
 
