@@ -8,7 +8,8 @@ portable level-by-level backend. All give bit-identical results (the tests pin t
 
 "auto" (the default) picks "vaes" (512-bit VAES + AVX-512), else "aesni", else "portable", and runs a
 self-test of the fused kernel against the portable backend before trusting it. Payload widths above
-`fast.MAX_WIDTH` always take the portable backend.
+`fast.MAX_WIDTH` and prime-field keys (group "p61": the fused kernels do Z_{2^k} arithmetic only)
+always take the portable backend.
 """
 from __future__ import annotations
 
@@ -111,7 +112,7 @@ def _fast_for(p: TreeParams) -> str | None:
     from . import fast
 
     name = current()
-    if name == "portable" or p.width > fast.MAX_WIDTH:
+    if name == "portable" or p.width > fast.MAX_WIDTH or p.prime:
         return None
     if _chosen != "auto" and not _self_test(name):
         raise FssError(f"the {name} kernel failed its self-test against the portable backend")

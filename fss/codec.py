@@ -3,13 +3,16 @@
 Single key (all integers little-endian, bit fields least significant bit first):
 
     header   8 bytes   version (1) | kind (1 DCF, 2 DPF) | party | bits | out_bits |
-                       flags (cmp code in bits 0-2: lt le gt ge eq = 0..4; bit 3 signed) | width u16
+                       flags (cmp code in bits 0-2: lt le gt ge eq = 0..4; bit 3 signed;
+                       bit 4 payloads in F_p, p = 2^61 - 1, with out_bits = 61) | width u16
     seed     16        party's root seed
     cw_seed  16*bits   seed correction per level; bit 0 of every one is reserved and zero
     cw_t     ceil(2*bits/8)       bit 2i = left, bit 2i+1 = right control-bit correction of level i
     cw_v     ceil(L*width*out_bits/8)   L = bits+1 (DCF) or 1 (DPF) payload corrections, level-major,
                        each element out_bits wide
-    padding bits at the end of cw_t and cw_v are zero.
+    padding bits at the end of cw_t and cw_v are zero; F_p payload corrections are below p.
+Bit 4 of the flags came with the prime field; keys without it are byte-identical to the first
+release, whose decoders refuse keys with it (any unexpected flag is a parameter mismatch).
 
 Batch: the same header with kind | 0x80, a u64 key count, then the bodies (everything after the
 header) of the keys in order. Decoding refuses anything else with `KeyFormatError`: wrong length,
@@ -107,6 +110,8 @@ def _parse_bodies(p: TreeParams, body: np.ndarray, out: dict[str, np.ndarray], l
         vb = np.zeros((m, count, 64), dtype=np.uint8)
         vb[:, :, : p.out_bits] = vbits[:, : count * p.out_bits].reshape(m, count, p.out_bits)
         vals = np.packbits(vb.reshape(m, -1), axis=1, bitorder="little").view("<u8").reshape(m, count)
+    if p.prime and np.any(vals >= np.uint64(p.modulus)):
+        raise KeyFormatError("a payload correction is not reduced mod p = 2^61 - 1")
     out["cw_v"][:, :, lo : lo + m] = vals.reshape(m, p.v_levels, p.width).transpose(1, 2, 0)
 
 

@@ -18,15 +18,21 @@ _CMP_ALIASES = {"<": "lt", "<=": "le", ">": "gt", ">=": "ge"}
 
 class DCF(TreeFunction):
     """f(x) = beta if `x cmp alpha` else 0, over x in [0, 2^bits) (or [-2^(bits-1), 2^(bits-1)) with
-    `signed=True`), with values in (Z_{2^out_bits})^width.
+    `signed=True`), with values in (Z_{2^out_bits})^width, or with `group="p61"` in F_p^width for the
+    prime p = 2^61 - 1 (`fss.field`; out_bits is then 61: leave it out or pass 61). The prime field
+    is what the servers' report check needs (docs/verification.md); its keys run on the portable
+    backend.
 
     cmp: "lt" (x < alpha, the default and the paper's), "le", "gt", "ge", or "<", "<=", ">", ">=".
-    Raises `ParameterError` for bits or out_bits outside 1..64, width outside 1..65535, or an
-    unknown cmp.
+    Raises `ParameterError` for bits or out_bits outside 1..64, width outside 1..65535, an
+    unknown cmp or group, or group "p61" with out_bits other than 61.
     """
 
-    def __init__(self, bits: int, out_bits: int = 64, width: int = 1, *, cmp: str = "lt", signed: bool = False):
-        self.params = TreeParams.make(KIND_DCF, bits, out_bits, width, _CMP_ALIASES.get(cmp, cmp), signed)
+    def __init__(
+        self, bits: int, out_bits: int | None = None, width: int = 1, *, cmp: str = "lt", signed: bool = False,
+        group: str = "ring",
+    ):
+        self.params = TreeParams.make(KIND_DCF, bits, out_bits, width, _CMP_ALIASES.get(cmp, cmp), signed, group)
 
     @property
     def cmp(self) -> str:

@@ -61,7 +61,8 @@ class TreeFunction:
     # --- gen -------------------------------------------------------------------------------
     def gen(self, alpha: int, beta: Payload = 1) -> tuple[Key, Key]:
         """Both parties' keys for the function with threshold `alpha` and payload `beta` (an int, or
-        `width` ints; each in [-2^(out_bits-1), 2^out_bits), taken mod 2^out_bits). Randomness from
+        `width` ints; each in [-2^(out_bits-1), 2^out_bits), taken mod 2^out_bits; for group "p61"
+        in (-p, p), taken mod p). Randomness from
         the OS CSPRNG. Raises `ParameterError` for alpha outside the domain or a bad beta."""
         return self._gen_with_randomness(alpha, beta, secrets.token_bytes(ROOT_BYTES))
 
@@ -106,8 +107,8 @@ class TreeFunction:
         return shares[0] if self.width == 1 else np.ascontiguousarray(shares.T)
 
     def eval(self, key: Key, x: int) -> Share:
-        """This party's share of f(x): an int in [0, 2^out_bits) for width 1, else a tuple.
-        The two parties' shares add up to f(x) mod 2^out_bits (see `reconstruct`)."""
+        """This party's share of f(x): an int in [0, 2^out_bits) (group "p61": [0, p)) for width 1,
+        else a tuple. The two parties' shares add up to f(x) mod 2^out_bits (or p; see `reconstruct`)."""
         batch = self._check_keys(key, Key)
         xi = inputs.point(self.params, x)
         row = backend.eval_batch(batch, np.array([xi], dtype=np.uint64))[:, 0]
@@ -131,9 +132,22 @@ class TreeFunction:
         return self._shape(backend.eval_sum(batch, pi).T)
 
     # --- reconstruction --------------------------------------------------------------------
+    @property
+    def group(self) -> str:
+        """"ring" (values in Z_{2^out_bits}) or "p61" (values in F_p, p = 2^61 - 1)."""
+        return self.params.group
+
+    @property
+    def modulus(self) -> int:
+        """Order of the payload group: 2^out_bits, or p = 2^61 - 1."""
+        return self.params.modulus
+
     def reconstruct(self, share0: object, share1: object, signed: bool = False) -> object:
         """share0 + share1 mod 2^out_bits (ints, tuples or arrays alike); with `signed`, read as
-        two's complement in [-2^(out_bits-1), 2^(out_bits-1))."""
+        two's complement in [-2^(out_bits-1), 2^(out_bits-1)). For group "p61": mod p, and with
+        `signed` read in (-p/2, p/2)."""
+        if self.params.prime:
+            return self._reconstruct_prime(share0, share1, signed)
         m, half = self.params.mask, 1 << (self.out_bits - 1)
 
         def one(a: int, b: int) -> int:
@@ -148,6 +162,22 @@ class TreeFunction:
                 return total.view(np.int64)
             wide = total.astype(np.int64)
             return np.where(wide >= half, wide - (m + 1), wide)
+        if isinstance(share0, tuple):
+            return tuple(one(a, b) for a, b in zip(share0, share1))
+        return one(share0, share1)
+
+    def _reconstruct_prime(self, share0: object, share1: object, signed: bool) -> object:
+        from . import field
+
+        q = self.params.modulus
+
+        def one(a: int, b: int) -> int:
+            v = (int(a) + int(b)) % q
+            return v - q if signed and v > q // 2 else v
+
+        if isinstance(share0, np.ndarray) or isinstance(share1, np.ndarray):
+            total = field.add(field.reduce64(share0), field.reduce64(share1))
+            return field.signed(total) if signed else total
         if isinstance(share0, tuple):
             return tuple(one(a, b) for a, b in zip(share0, share1))
         return one(share0, share1)

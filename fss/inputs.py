@@ -49,8 +49,11 @@ def payloads(p: TreeParams, betas: object, n: int) -> np.ndarray:
 
     Accepted: one int (every element of every key); for width 1 a 1-D array of n ints; for width > 1
     a sequence of width ints (the same vector for every key) or an (n, width) array. Each value lies in
-    [-2^(out_bits-1), 2^out_bits) and is taken mod 2^out_bits."""
-    arr = _int_array(betas, -(1 << (p.out_bits - 1)), p.mask, "beta")
+    [-2^(out_bits-1), 2^out_bits) and is taken mod 2^out_bits; for F_p (group "p61") in (-p, p), mod p."""
+    if p.prime:
+        arr = _int_array(betas, -(p.modulus - 1), p.modulus - 1, "beta")
+    else:
+        arr = _int_array(betas, -(1 << (p.out_bits - 1)), p.mask, "beta")
     w = p.width
     if arr.ndim == 0:
         arr = np.full((n, w), arr, np.uint64)
@@ -60,4 +63,8 @@ def payloads(p: TreeParams, betas: object, n: int) -> np.ndarray:
         arr = np.broadcast_to(arr, (n, w))
     elif arr.ndim != 2 or arr.shape != (n, w):
         raise ParameterError(f"beta of shape {arr.shape} does not fit {n} keys of width {w}")
-    return np.ascontiguousarray(arr) & np.uint64(p.mask)
+    arr = np.array(arr, dtype=np.uint64, order="C", ndmin=2)
+    if p.prime:  # negative values arrive in two's complement: -x -> p - x
+        neg = arr >= np.uint64(1 << 63)
+        return np.where(neg, np.uint64(p.modulus) - (np.uint64(0) - arr * neg), arr)
+    return arr & np.uint64(p.mask)

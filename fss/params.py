@@ -21,6 +21,10 @@ BATCH_HEADER_LEN = HEADER_LEN + 8  # + number of keys (u64 LE)
 CMP_CODES = {"lt": 0, "le": 1, "gt": 2, "ge": 3, "eq": 4}
 CMP_NAMES = {v: k for k, v in CMP_CODES.items()}
 SIGNED_FLAG = 0x08
+PRIME_FLAG = 0x10  # payloads in F_p, p = 2^61 - 1 (`fss.field`), out_bits = 61; else Z_{2^out_bits}
+GROUPS = ("ring", "p61")
+PRIME_BITS = 61
+PRIME = (1 << PRIME_BITS) - 1
 MAX_WIDTH = 0xFFFF
 LAMBDA_BYTES = 16
 
@@ -40,7 +44,8 @@ def check_int(name: str, value: object, lo: int, hi: int) -> int:
 
 @dataclass(frozen=True)
 class TreeParams:
-    """Everything a key depends on. `cmp` is one of lt, le, gt, ge (DCF) or eq (DPF)."""
+    """Everything a key depends on. `cmp` is one of lt, le, gt, ge (DCF) or eq (DPF). `prime`:
+    payloads in F_p with p = 2^61 - 1 (out_bits is then 61) instead of Z_{2^out_bits}."""
 
     kind: int
     bits: int
@@ -48,10 +53,22 @@ class TreeParams:
     width: int
     cmp: str
     signed: bool
+    prime: bool = False
 
     @classmethod
-    def make(cls, kind: int, bits: object, out_bits: object, width: object, cmp: str, signed: object) -> "TreeParams":
+    def make(
+        cls, kind: int, bits: object, out_bits: object, width: object, cmp: str, signed: object, group: str = "ring"
+    ) -> "TreeParams":
+        if group not in GROUPS:
+            raise ParameterError(f"group must be one of {GROUPS}, got {group!r}")
         bits = check_int("bits", bits, 1, 64)
+        if group == "p61":
+            if out_bits is None:
+                out_bits = PRIME_BITS
+            if isinstance(out_bits, bool) or out_bits != PRIME_BITS:
+                raise ParameterError(f"a group='p61' function has out_bits = {PRIME_BITS}, got {out_bits!r}")
+        elif out_bits is None:
+            out_bits = 64
         out_bits = check_int("out_bits", out_bits, 1, 64)
         width = check_int("width", width, 1, MAX_WIDTH)
         if not isinstance(signed, bool):
@@ -59,7 +76,7 @@ class TreeParams:
         allowed = ("lt", "le", "gt", "ge") if kind == KIND_DCF else ("eq",)
         if cmp not in allowed:
             raise ParameterError(f"cmp must be one of {allowed}, got {cmp!r}")
-        return cls(kind, bits, out_bits, width, cmp, signed)
+        return cls(kind, bits, out_bits, width, cmp, signed, group == "p61")
 
     # --- derived quantities -------------------------------------------------------------
     @property
@@ -68,9 +85,24 @@ class TreeParams:
         return self.kind == KIND_DCF
 
     @property
+    def group(self) -> str:
+        return "p61" if self.prime else "ring"
+
+    @property
+    def modulus(self) -> int:
+        """The payload group's order: 2^out_bits, or the prime p = 2^61 - 1."""
+        return PRIME if self.prime else 1 << self.out_bits
+
+    @property
+    def words_per_element(self) -> int:
+        """64-bit PRG words per payload element: one (Z_{2^k}), or a whole block (F_p, reduced from
+        128 bits, so within 2^-122 of uniform)."""
+        return 2 if self.prime else 1
+
+    @property
     def value_blocks(self) -> int:
-        """AES blocks that hold one payload vector: each element takes one 64-bit word."""
-        return (self.width + 1) // 2
+        """AES blocks that hold one payload vector: each element takes one 64-bit word (two for F_p)."""
+        return (self.width * self.words_per_element + 1) // 2
 
     @property
     def eval_blocks(self) -> int:
@@ -81,7 +113,7 @@ class TreeParams:
     @property
     def expand_blocks(self) -> int:
         """AES blocks expanding both children of a node costs: two seeds, plus (DCF) `width` value blocks."""
-        return 2 + (self.width if self.level_payload else 0)
+        return 2 + (self.width * self.words_per_element if self.level_payload else 0)
 
     @property
     def v_levels(self) -> int:
@@ -90,6 +122,7 @@ class TreeParams:
 
     @property
     def mask(self) -> int:
+        """2^out_bits - 1 (for F_p this is p itself: canonical elements are below it)."""
         return (1 << self.out_bits) - 1
 
     @property
@@ -147,7 +180,7 @@ class TreeParams:
         return 0, self.domain_mask
 
     def flags(self) -> int:
-        return CMP_CODES[self.cmp] | (SIGNED_FLAG if self.signed else 0)
+        return CMP_CODES[self.cmp] | (SIGNED_FLAG if self.signed else 0) | (PRIME_FLAG if self.prime else 0)
 
     def header(self, party: int, batch: bool = False) -> bytes:
         kind = self.kind | (BATCH_FLAG if batch else 0)
@@ -156,5 +189,6 @@ class TreeParams:
     def describe(self) -> str:
         name = "DCF" if self.kind == KIND_DCF else "DPF"
         sign = ", signed" if self.signed else ""
-        return f"{name}(bits={self.bits}, out_bits={self.out_bits}, width={self.width}, cmp={self.cmp}{sign})"
+        group = ", group=p61" if self.prime else ""
+        return f"{name}(bits={self.bits}, out_bits={self.out_bits}, width={self.width}, cmp={self.cmp}{sign}{group})"
 

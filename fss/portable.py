@@ -4,6 +4,10 @@ Each level costs one pycryptodome ECB call over every key's PRG blocks (`prg.mmo
 numba kernel for the bookkeeping (`_kernels`). Inputs here are already validated and mapped to the
 internal domain (x xor c, see `TreeParams.input_xor`); payloads are (width, n) uint64 reduced mod
 2^out_bits. It needs no AES instructions of its own.
+
+Prime-field keys (`TreeParams.prime`, F_p with p = 2^61 - 1) walk the tree with the same kernels
+(seeds and control bits: `has_v=False`) and do the payload arithmetic here in numpy with `fss.field`;
+each payload element is a whole PRG block reduced mod p (see `fss.reference`).
 """
 from __future__ import annotations
 
@@ -12,7 +16,8 @@ import dataclasses
 import numpy as np
 
 from . import _kernels as K
-from .keys import KeyBatch, to_groups
+from . import field as F
+from .keys import KeyBatch, from_groups, to_groups
 from .params import TreeParams
 from .prg import mmo_blocks
 
@@ -33,6 +38,11 @@ def _mmo(fill, *args, shape) -> np.ndarray:
 def convert(p: TreeParams, s: np.ndarray) -> np.ndarray:
     """Leaf seeds (2, n) -> payloads (width, n): the high word for width 1, else LEAF blocks."""
     n = s.shape[1]
+    if p.prime:
+        if p.width == 1:  # the seed without its control bit (127 bits), mod p
+            return F.reduce128((s[0] >> np.uint64(1)) | (s[1] << np.uint64(63)), s[1] >> np.uint64(1))[None, :]
+        out = _mmo(K.fill_leaf, s, shape=(n, p.width))  # LEAF block e for element e
+        return np.ascontiguousarray(F.reduce128(out[..., 0], out[..., 1]).T)
     if p.width == 1:
         return s[1:2].copy()
     out = _mmo(K.fill_leaf, s, shape=(n, p.value_blocks))
@@ -57,16 +67,64 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
     for i in range(p.bits):
         out = np.stack([_mmo(K.fill_expand, s[b], shape=(n, nb)) for b in (0, 1)])
         level_v = cw_v[i] if p.level_payload else cw_v[0]
-        K.gen_level(out, s, t, v_alpha, _level_bits(alphas, p, i), below, cw_seed[i], cw_t[i], level_v, p.level_payload)
-    K.gen_leaf(convert(p, s[0]), convert(p, s[1]), t[1], v_alpha, equal, cw_v[-1])
-    cw_v &= np.uint64(p.mask)
+        a_bits = _level_bits(alphas, p, i)
+        if p.prime and p.level_payload:
+            _gen_payload_prime(p, out, t[1], v_alpha, a_bits, below, level_v)  # before t changes
+        K.gen_level(out, s, t, v_alpha, a_bits, below, cw_seed[i], cw_t[i], level_v, p.level_payload and not p.prime)
+    if p.prime:
+        c = F.add(F.sub(F.sub(convert(p, s[1]), convert(p, s[0])), v_alpha), equal)
+        cw_v[-1] = np.where(t[1].astype(bool), F.neg(c), c)
+    else:
+        K.gen_leaf(convert(p, s[0]), convert(p, s[1]), t[1], v_alpha, equal, cw_v[-1])
+        cw_v &= np.uint64(p.mask)
     k0 = KeyBatch.from_logical(p, 0, roots[0], cw_seed, cw_t, cw_v)
     return k0, dataclasses.replace(k0, party=1, seeds=to_groups(roots[1]))
+
+
+def _gen_payload_prime(p, out, t1, v_alpha, a_bits, below, cw_out) -> None:
+    """One level's payload correction over F_p (BCG+21 Fig. 1, step 4; as `_kernels.gen_level`):
+    writes cw_out (width, n) and advances v_alpha in place. out (2, n, 2 + 2*width, 2): both parties'
+    blocks, VALUE block side*width + e at position 2 + side*width + e."""
+    n, w = a_bits.shape[0], p.width
+    vals = F.reduce128(out[:, :, 2:, 0], out[:, :, 2:, 1]).reshape(2, n, 2, w).transpose(0, 2, 3, 1)  # (b, side, e, k)
+    keep = a_bits.astype(bool)
+    v_keep = np.where(keep, vals[:, 1], vals[:, 0])
+    v_lose = np.where(keep, vals[:, 0], vals[:, 1])
+    vcw = F.sub(F.sub(v_lose[1], v_lose[0]), v_alpha)
+    vcw = F.add(vcw, np.where(keep, below, np.uint64(0)))  # beta on the left (lost) child: x < alpha
+    cw_out[...] = np.where(t1.astype(bool), F.neg(vcw), vcw)
+    v_alpha[...] = F.add(F.sub(F.add(v_alpha, v_keep[0]), v_keep[1]), vcw)
+
+
+def _eval_batch_prime(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
+    """`eval_batch` over F_p: the kernels walk seeds and control bits, numpy adds the payloads."""
+    p, n = batch.params, len(batch)
+    s = np.moveaxis(batch.seeds, 0, 1).reshape(2, -1)[:, :n].copy()
+    t = np.full(n, batch.party, np.uint8)
+    acc = np.zeros((p.width, n), np.uint64)
+    cw_v = from_groups(batch.cw_v, n).astype(np.uint64)  # (v_levels, width, n)
+    for i in range(p.bits):
+        d = _level_bits(xs, p, i)
+        out = _mmo(K.fill_eval, s, d, 2 * p.width, shape=(n, p.eval_blocks))  # VALUE blocks d*width + e
+        t_old = t.astype(bool)
+        K.eval_level(out, s, t, acc, batch.cw_seed[:, i], batch.cw_t[:, i], batch.cw_v[:, 0], d, False)
+        if p.level_payload:
+            v = F.reduce128(out[:, 1:, 0], out[:, 1:, 1]).T
+            acc = F.add(acc, F.add(v, np.where(t_old, cw_v[i], np.uint64(0))))
+    return _finish_prime(acc, convert(p, s), t, cw_v[-1], batch.party)
+
+
+def _finish_prime(acc, conv, t, cw_last, party) -> np.ndarray:
+    """(-1)^party * (acc + Convert(s) + t * CW_{n+1}) over F_p."""
+    v = F.add(F.add(acc, conv), np.where(t.astype(bool), cw_last, np.uint64(0)))
+    return F.neg(v) if party == 1 else v
 
 
 def eval_batch(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
     """Shares (width, n) of key k at internal point xs[k], reduced mod 2^out_bits."""
     p, n = batch.params, len(batch)
+    if p.prime:
+        return _eval_batch_prime(batch, xs)
     s = np.moveaxis(batch.seeds, 0, 1).reshape(2, -1)[:, :n].copy()  # a copy: the walk updates it in place
     t = np.full(n, batch.party, np.uint8)
     acc = np.zeros((p.width, n), np.uint64)
@@ -85,7 +143,9 @@ def eval_sum(batch: KeyBatch, points: np.ndarray) -> np.ndarray:
     p, n = batch.params, len(batch)
     sums = np.zeros((points.shape[0], p.width), np.uint64)
     for j, x in enumerate(points):
-        if n:
+        if n and p.prime:
+            sums[j] = F.sum(eval_batch(batch, np.full(n, x, np.uint64)), axis=1)
+        elif n:
             sums[j] = K.sum_columns(eval_batch(batch, np.full(n, x, np.uint64)), np.uint64(p.mask))
     return sums
 
@@ -103,6 +163,9 @@ def eval_full(batch: KeyBatch) -> np.ndarray:
         t_next = np.empty(2 * m, np.uint8)
         K.full_level(out, s, t, cw_seed[i, 0, 0], cw_seed[i, 1, 0], cw_t[i, 0], s_next, t_next)
         s, t = s_next, t_next
+    if p.prime:
+        cw_last = np.broadcast_to(cw_v[-1].astype(np.uint64), (p.width, s.shape[1]))
+        return _finish_prime(np.zeros((p.width, s.shape[1]), np.uint64), convert(p, s), t, cw_last, batch.party)
     acc = np.zeros((p.width, s.shape[1]), np.uint64)
     cw_last = to_groups(np.ascontiguousarray(np.broadcast_to(cw_v[-1], acc.shape)))
     K.finish_eval(acc, convert(p, s), t, cw_last, batch.party == 1)

@@ -7,6 +7,10 @@ per-level payload) works on internal inputs x' = x xor c in [0, 2^bits) and comp
     f'(x') = beta_below * [x' < alpha'] + beta_equal * [x' == alpha']   (mod 2^out_bits, per element)
 
 `TreeParams.input_xor` gives c and which of beta_below, beta_equal are beta or zero.
+
+The payload group is Z_{2^out_bits} or, with `TreeParams.prime`, F_p (p = 2^61 - 1): the walk is the
+same, arithmetic is mod `TreeParams.modulus`, and each F_p element is a whole PRG block mod p (VALUE
+block d*width + e for child d's element e; at the leaf (s >> 1) mod p for width 1, else LEAF block e).
 """
 from __future__ import annotations
 
@@ -30,14 +34,16 @@ class RefKey:
 def function_value(p: TreeParams, alpha: int, beta: list[int], x: int) -> list[int]:
     """The shared function itself, straight from its definition (the truth the shares must add to)."""
     holds = {"lt": x < alpha, "le": x <= alpha, "gt": x > alpha, "ge": x >= alpha, "eq": x == alpha}[p.cmp]
-    return [b & p.mask for b in beta] if holds else [0] * p.width
+    return [b % p.modulus for b in beta] if holds else [0] * p.width
 
 
 def _expand(p: TreeParams, s: int, side: int) -> tuple[int, int, list[int]]:
     """Child `side` (0 left, 1 right) of seed s: (seed with bit 0 cleared, control bit, payload)."""
     b0 = expand_one(s, ROLE_RIGHT if side else ROLE_LEFT, 0)
     v = []
-    if p.level_payload:
+    if p.level_payload and p.prime:
+        v = [expand_one(s, ROLE_VALUE, side * p.width + e) % p.modulus for e in range(p.width)]
+    elif p.level_payload:
         for e in range(p.width):
             word = side * p.width + e  # both children's words, packed densely into VALUE blocks
             block = expand_one(s, ROLE_VALUE, word // 2)
@@ -46,7 +52,12 @@ def _expand(p: TreeParams, s: int, side: int) -> tuple[int, int, list[int]]:
 
 
 def convert(p: TreeParams, s: int) -> list[int]:
-    """Leaf seed -> payload vector: the seed's high word for width 1, else LEAF-role blocks."""
+    """Leaf seed -> payload vector: the seed's high word for width 1, else LEAF-role blocks (F_p: the
+    seed without its control bit, or whole LEAF blocks, mod p)."""
+    if p.prime:
+        if p.width == 1:
+            return [(s >> 1) % p.modulus]
+        return [expand_one(s, ROLE_LEAF, e) % p.modulus for e in range(p.width)]
     if p.width == 1:
         return [(s >> 64) & p.mask]
     out = []
@@ -56,15 +67,15 @@ def convert(p: TreeParams, s: int) -> list[int]:
     return out
 
 
-def _neg_if(cond: int, v: list[int], mask: int) -> list[int]:
-    return [(-x) & mask for x in v] if cond else list(v)
+def _neg_if(cond: int, v: list[int], modulus: int) -> list[int]:
+    return [(-x) % modulus for x in v] if cond else list(v)
 
 
 def gen(p: TreeParams, alpha: int, beta: list[int], seed0: int, seed1: int) -> tuple[RefKey, RefKey]:
     """Both parties' keys for public-domain alpha and payload beta, from the two root seeds."""
-    m, n, w = p.mask, p.bits, p.width
+    m, n, w = p.modulus, p.bits, p.width
     a = (alpha & p.domain_mask) ^ p.input_xor
-    beta = [b & m for b in beta]
+    beta = [b % m for b in beta]
     below = beta if p.beta_below else [0] * w
     equal = beta if p.beta_equal else [0] * w
     s, t = [seed0, seed1], [0, 1]
@@ -78,11 +89,11 @@ def gen(p: TreeParams, alpha: int, beta: list[int], seed0: int, seed1: int) -> t
         t_cw = (kids[0][0][1] ^ kids[1][0][1] ^ a_i ^ 1, kids[0][1][1] ^ kids[1][1][1] ^ a_i)
         if p.level_payload:
             v0l, v1l = kids[0][lose][2], kids[1][lose][2]
-            vcw = [(v1l[e] - v0l[e] - v_alpha[e] + (below[e] if lose == 0 else 0)) & m for e in range(w)]
+            vcw = [(v1l[e] - v0l[e] - v_alpha[e] + (below[e] if lose == 0 else 0)) % m for e in range(w)]
             vcw = _neg_if(t[1], vcw, m)
             v0k, v1k = kids[0][keep][2], kids[1][keep][2]
             signed_cw = _neg_if(t[1], vcw, m)
-            v_alpha = [(v_alpha[e] - v1k[e] + v0k[e] + signed_cw[e]) & m for e in range(w)]
+            v_alpha = [(v_alpha[e] - v1k[e] + v0k[e] + signed_cw[e]) % m for e in range(w)]
             cw_v.append(vcw)
         cw_seed.append(s_cw)
         cw_t.append(t_cw)
@@ -90,14 +101,14 @@ def gen(p: TreeParams, alpha: int, beta: list[int], seed0: int, seed1: int) -> t
             sk, tk, _ = kids[b][keep]
             s[b], t[b] = (sk ^ s_cw, tk ^ t_cw[keep]) if t[b] else (sk, tk)
     c0, c1 = convert(p, s[0]), convert(p, s[1])
-    last = [(c1[e] - c0[e] - v_alpha[e] + equal[e]) & m for e in range(w)]
+    last = [(c1[e] - c0[e] - v_alpha[e] + equal[e]) % m for e in range(w)]
     cw_v.append(_neg_if(t[1], last, m))
     return (RefKey(0, seed0, cw_seed, cw_t, cw_v), RefKey(1, seed1, list(cw_seed), list(cw_t), list(cw_v)))
 
 
 def eval(p: TreeParams, key: RefKey, x: int) -> list[int]:  # noqa: A001 - the algorithm's name
     """Party key.party's share of f(x), x in the public domain."""
-    m, n, w = p.mask, p.bits, p.width
+    m, n, w = p.modulus, p.bits, p.width
     xi = (x & p.domain_mask) ^ p.input_xor
     s, t = key.seed, key.party
     acc = [0] * w
@@ -108,11 +119,11 @@ def eval(p: TreeParams, key: RefKey, x: int) -> list[int]:  # noqa: A001 - the a
             s_next ^= key.cw_seed[i]
             t_next ^= key.cw_t[i][d]
         if p.level_payload:
-            add = [(v[e] + (key.cw_v[i][e] if t else 0)) & m for e in range(w)]
-            acc = [(acc[e] + a) & m for e, a in enumerate(_neg_if(key.party, add, m))]
+            add = [(v[e] + (key.cw_v[i][e] if t else 0)) % m for e in range(w)]
+            acc = [(acc[e] + a) % m for e, a in enumerate(_neg_if(key.party, add, m))]
         s, t = s_next, t_next
-    leaf = [(c + (key.cw_v[-1][e] if t else 0)) & m for e, c in enumerate(convert(p, s))]
-    return [(acc[e] + a) & m for e, a in enumerate(_neg_if(key.party, leaf, m))]
+    leaf = [(c + (key.cw_v[-1][e] if t else 0)) % m for e, c in enumerate(convert(p, s))]
+    return [(acc[e] + a) % m for e, a in enumerate(_neg_if(key.party, leaf, m))]
 
 
 def encode(p: TreeParams, key: RefKey) -> bytes:
