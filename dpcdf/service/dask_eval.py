@@ -72,6 +72,7 @@ class DaskEvaluator:
                 self.client = Client(address, timeout=timeout)
             except (OSError, TimeoutError) as exc:
                 raise DaskError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+        self.client.run(_warm_up)  # the workers load the kernels now, not at the first query
 
     def workers(self) -> list[str]:
         return sorted(self.client.scheduler_info()["workers"])
@@ -141,6 +142,12 @@ def _mapped(directory: str, file: str, digest: str) -> np.ndarray:
             _open.clear()
         _open[key] = segments.open_array(key[0])
     return _open[key]
+
+
+def _warm_up() -> None:
+    from fss import backend
+
+    backend.warm_up()
 
 
 def _threads() -> int | None:
