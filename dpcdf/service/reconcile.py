@@ -18,19 +18,23 @@ server to the other for this task, with no further credential.
   compare the two servers' hashes but not test a guessed set against them (a plain hash let an analyst
   who knows everyone else's report ids tell whether one more person had reported).
 - A report's bucket (of 2^16): the first two bytes of its value.
-The three messages (no cap on their size: they never pass through the analyst):
+The messages (no cap on the number of differences: they never pass through the analyst):
 1. server 0 -> 1: its bucket digests (the XOR of its ids' values under a second PRF key, 16 bytes each);
-2. server 1 -> 0: the buckets whose digests differ, and all of its report ids in each;
-3. server 0 -> 1: server 1's listed ids that server 0 lacks; server 0 drops its own reports in the
-   listed buckets that server 1 lacks, server 1 drops the ids of message 3, and both are done.
+2. server 1 -> 0 (the answer): the buckets whose digests differ, and all of its report ids in each;
+3. server 0 -> 1: server 1's listed ids that server 0 lacks, in chunks of CHUNK_IDS (so no request
+   outgrows the body limit); server 0 drops its own reports in the listed buckets that server 1 lacks;
+4. server 1 -> 0 (the answer to each chunk): a sealed acknowledgement of the chunk's index, after
+   dropping its ids; at the last chunk both are done.
 `step` plays one server's part; the servers' HTTP handlers only carry the messages.
 
 What each party learns. Report ids are 16 random bytes, independent of the values, so: server 0 learns
 server 1's ids in the differing buckets and which of its own reports are one-sided, server 1 which of
 its reports server 0 lacks, neither anything about a value. The analyst learns only the outcome: n
 (under substitution, where it is public) and the set hash, which is equal on both servers exactly when
-they hold one set; a one-sided report changes neither what the analyst sees (beyond n) nor whether
-the close succeeds. Every report both servers hold is kept (only ids one server lacks are dropped).
+they hold one set; a one-sided report changes neither what the analyst sees after the close (beyond
+n) nor whether it succeeds. (While collecting, under substitution, each server's status shows its own
+count, so the analyst can see how many uploads reached one server only so far: crashed uploads,
+nothing about values; between the freeze and the end of the exchange it shows none.) Every report both servers hold is kept (only ids one server lacks are dropped).
 Re-running the exchange is safe at any point (a server crashed mid-close, a message resent): the sets
 only shrink, by ids the other server lacks, so a repeated exchange drops nothing more.
 """
@@ -56,6 +60,7 @@ BUCKETS = 1 << (8 * BUCKET_BYTES)
 DIGEST = 16
 ID_BYTES = 16
 _NONCE = 12
+CHUNK_IDS = 1 << 20  # report ids per part of message 3: 16 MiB, well under a server's 64 MiB body limit
 
 
 class SyncError(DpcdfError):
@@ -180,30 +185,36 @@ def open_sealed(key: bytes, fingerprint: bytes, message: object, expected: tuple
 
 @dataclass(frozen=True)
 class Step:
-    """One server's move: the message for the other server (None after the last), the reports this
-    server drops now, and whether its part is done (it may then answer queries)."""
+    """One server's move: the messages for the other server (none after the last), the reports this
+    server drops now, and whether its part is done (it may then answer queries; server 0 only once
+    server 1 has acknowledged every message 3, see `check_ack`)."""
 
-    reply: bytes | None
+    replies: tuple[bytes, ...]
     drop: frozenset[bytes]
     done: bool
 
 
-def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: bytes | None) -> Step:
+def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: bytes | None,
+         chunk_ids: int = CHUNK_IDS) -> Step:
     """Server `party`'s answer to the other server's message `sync` (None: the close starts) over its
-    frozen report ids: server 0 sends 1; server 1 answers 1 with 2; server 0 answers 2 with 3, dropping
-    its one-sided reports; server 1 drops those listed in 3. Raises SyncError for a message out of
-    turn, forged or of another task."""
+    frozen report ids: server 0 sends 1; server 1 answers 1 with 2; server 0 answers 2 with message 3
+    in chunks of at most `chunk_ids` ids (each with its index and a last flag, so that no request
+    outgrows a body limit), dropping its one-sided reports; server 1 drops the ids of each chunk and
+    acknowledges it with a sealed message 4, and is done at the last. Raises SyncError for a message
+    out of turn, forged or of another task."""
     if sync is None:
         if party != 0:
             raise SyncError("server 1 closes with server 0's sync message")
-        return Step(seal(key, 1, fingerprint, bucket_digests(key, ids)), frozenset(), False)
+        return Step((seal(key, 1, fingerprint, bucket_digests(key, ids)),), frozenset(), False)
     if party == 1:
         rnd, payload = open_sealed(key, fingerprint, sync, (1, 3))
         if rnd == 3:
-            return Step(None, frozenset(read_id_list(payload)) & frozenset(ids), True)
+            index, last = int.from_bytes(payload[:4], "big"), payload[4:5] == b"\x01"
+            ack = seal(key, 4, fingerprint, payload[:4])
+            return Step((ack,), frozenset(read_id_list(payload[5:])) & frozenset(ids), last)
         differ = differing(bucket_digests(key, ids), payload)
         grouped = members(ids, buckets(key, ids), differ)
-        return Step(seal(key, 2, fingerprint, bitmap(differ) + id_table(differ, grouped)), frozenset(), False)
+        return Step((seal(key, 2, fingerprint, bitmap(differ) + id_table(differ, grouped)),), frozenset(), False)
     _, payload = open_sealed(key, fingerprint, sync, (2,))
     differ = from_bitmap(payload[:BUCKETS // 8])
     theirs = read_id_table(payload[BUCKETS // 8:], differ)
@@ -213,7 +224,19 @@ def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: byt
     for b in differ.tolist():
         drop |= set(grouped[b]) - theirs[b]
         they_drop |= theirs[b] - set(grouped[b])
-    return Step(seal(key, 3, fingerprint, id_list(sorted(they_drop))), frozenset(drop), True)
+    listed = sorted(they_drop)
+    starts = range(0, max(len(listed), 1), chunk_ids)
+    chunks = tuple(seal(key, 3, fingerprint, k.to_bytes(4, "big") + (b"\x01" if start + chunk_ids >= len(listed) else b"\x00")
+                        + id_list(listed[start:start + chunk_ids])) for k, start in enumerate(starts))
+    return Step(chunks, frozenset(drop), True)
+
+
+def check_ack(key: bytes, fingerprint: bytes, message: bytes, index: int) -> None:
+    """Server 1's acknowledgement of chunk `index` of message 3, or SyncError (anything else: an
+    empty or foreign answer is not taken as success)."""
+    _, payload = open_sealed(key, fingerprint, message, (4,))
+    if payload != index.to_bytes(4, "big"):
+        raise SyncError(f"server 1 acknowledged another chunk than {index}")
 
 
 def _subkey(key: bytes, label: bytes) -> bytes:

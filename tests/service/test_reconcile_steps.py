@@ -11,13 +11,18 @@ KEY, FP = secrets.token_bytes(32), secrets.token_bytes(32)
 ids = st.sets(st.binary(min_size=16, max_size=16), max_size=12)
 
 
-def play(ids0: list[bytes], ids1: list[bytes], key: bytes = KEY, fp: bytes = FP) -> list[reconcile.Step]:
-    """Server 0 starts, then 1, 0, 1, each on its own set, each reply sent to the other."""
-    steps, sync = [], None
-    for party, mine in ((0, ids0), (1, ids1), (0, ids0), (1, ids1)):
-        steps.append(reconcile.step(key, fp, party, mine, sync))
-        sync = steps[-1].reply
-    return steps
+def play(ids0: list[bytes], ids1: list[bytes], key: bytes = KEY, fp: bytes = FP, chunk_ids: int = 1 << 20) -> list[reconcile.Step]:
+    """Server 0 starts, server 1 answers, server 0 sends message 3 in chunks, server 1 takes each and
+    acknowledges it; returns [0's start, 1's answer, 0's drops, 1's merged drops (done at the last)]."""
+    first = reconcile.step(key, fp, 0, ids0, None)
+    second = reconcile.step(key, fp, 1, ids1, first.replies[0])
+    third = reconcile.step(key, fp, 0, ids0, second.replies[0], chunk_ids)
+    fourth = [reconcile.step(key, fp, 1, ids1, chunk) for chunk in third.replies]
+    for k, move in enumerate(fourth):
+        reconcile.check_ack(key, fp, move.replies[0], k)
+    assert [m.done for m in fourth] == [False] * (len(fourth) - 1) + [True]
+    merged = reconcile.Step((), frozenset().union(*(m.drop for m in fourth)), True)
+    return [first, second, third, merged]
 
 
 @settings(max_examples=25, deadline=None, suppress_health_check=[HealthCheck.too_slow])
@@ -27,7 +32,7 @@ def test_exactly_the_one_sided_ids_are_dropped(common, only0, only1):
     ids0, ids1 = sorted(common | only0), sorted(common | only1)
     steps = play(ids0, ids1)
     assert [s.done for s in steps] == [False, False, True, True]
-    assert steps[0].drop == steps[1].drop == frozenset() and steps[3].reply is None
+    assert steps[0].drop == steps[1].drop == frozenset()
     assert steps[2].drop == only0 and steps[3].drop == only1
     kept0, kept1 = set(ids0) - steps[2].drop, set(ids1) - steps[3].drop
     assert kept0 == kept1 == common
@@ -38,14 +43,14 @@ def test_identical_sets_drop_nothing():
     same = sorted(secrets.token_bytes(16) for _ in range(50))
     steps = play(same, list(same))
     assert all(s.drop == frozenset() for s in steps)
-    assert steps[2].reply is not None and reconcile.read_id_list(b"") == []
+    assert len(steps[2].replies) == 1 and reconcile.read_id_list(b"") == []
 
 
 def test_messages_out_of_turn_forged_or_of_another_task_raise_sync_error():
     mine = [secrets.token_bytes(16) for _ in range(5)]
-    first = reconcile.step(KEY, FP, 0, mine, None).reply
-    second = reconcile.step(KEY, FP, 1, mine, first).reply
-    third = reconcile.step(KEY, FP, 0, mine, second).reply
+    first = reconcile.step(KEY, FP, 0, mine, None).replies[0]
+    second = reconcile.step(KEY, FP, 1, mine, first).replies[0]
+    third = reconcile.step(KEY, FP, 0, mine, second).replies[0]
     forged = bytearray(first)
     forged[-1] ^= 1
     cases = [(1, None, "server 1 closes with server 0's"), (0, first, "round 2 here, not 1"),
@@ -67,6 +72,18 @@ def test_any_number_of_differences_is_reconciled_exactly():
     only1 = [secrets.token_bytes(16) for _ in range(4000)]
     steps = play(common + only0, only1 + common)
     assert steps[2].drop == frozenset(only0) and steps[3].drop == frozenset(only1)
+
+
+def test_message_3_comes_in_chunks_each_acknowledged_and_an_empty_or_wrong_ack_is_refused():
+    common = [secrets.token_bytes(16) for _ in range(50)]
+    only1 = [secrets.token_bytes(16) for _ in range(25)]
+    steps = play(common, common + only1, chunk_ids=10)
+    assert len(steps[2].replies) == 3 and steps[3].drop == frozenset(only1)
+    ack = reconcile.step(KEY, FP, 1, common + only1, steps[2].replies[1]).replies[0]
+    reconcile.check_ack(KEY, FP, ack, 1)
+    for bad, index in ((b"", 1), (ack, 0), (steps[2].replies[0], 0)):
+        with pytest.raises(reconcile.SyncError):
+            reconcile.check_ack(KEY, FP, bad, index)
 
 
 def test_malformed_id_tables_and_lists_are_sync_errors():

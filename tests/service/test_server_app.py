@@ -42,7 +42,9 @@ def test_task_ids_cannot_be_probed_without_the_token(client_and_task):
     for path in (f"/tasks/{unknown}/close", f"/tasks/{unknown}/query"):
         assert client.post(path, content=b'{"kind": "prefix", "indices": [1]}', headers=JSON).status_code == 401
     assert client.get(f"/tasks/{task_id}", headers={"authorization": "Bearer wrong"}).status_code == 401
-    assert client.get(f"/tasks/{unknown}", headers={"authorization": f"Bearer {TOKEN}"}).status_code == 404
+    probes = [client.get(f"/tasks/{t}", headers={"authorization": f"Bearer {TOKEN}"}) for t in (unknown, "other-task")]
+    wrong = client.get(f"/tasks/{task_id}", headers={"authorization": "Bearer made-up"})
+    assert {(a.status_code, a.text) for a in probes + [wrong]} == {(401, wrong.text)}  # a made-up token tells nothing
     status = client.get(f"/tasks/{task_id}", headers={"authorization": f"Bearer {TOKEN}"})
     assert status.status_code == 200 and status.json() == {"task_id": task_id, "reports": 0, "closed": False, "min_batch": 0}
 

@@ -41,12 +41,16 @@ def operator(srv: Annotated[Server, Depends(server)],
 
 def analyst_task(task_id: str, srv: Annotated[Server, Depends(server)],
                  credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_bearer)]) -> TaskState:
-    """The task, for its analyst only. Without a bearer token the answer is 401 whether or not the
-    task exists, so task ids cannot be probed without one; then 404 for an unknown task, and 401
-    for a token that is not the task's."""
+    """The task, for its analyst only: 401 without a bearer token, with another token, or for a task
+    that does not exist (the same answer, so task ids cannot be probed with a made-up token)."""
     if credentials is None:
         raise HttpError(401, UNAUTHORIZED)
-    st = srv.task(task_id)
+    try:
+        st = srv.task(task_id)
+    except HttpError as exc:
+        if exc.status != 404:
+            raise
+        raise HttpError(401, UNAUTHORIZED) from None
     if not secrets.compare_digest(token_hash(credentials.credentials), st.config.token_hash):
         raise HttpError(401, UNAUTHORIZED)
     return st

@@ -12,7 +12,7 @@ from ...hpke import public_key
 from ...http import ServerError, fetch
 from ...store import AlreadyAnswered
 from ...task import TaskConfig
-from ..deps import THROTTLED, AnalystTaskDep, OperatorDep, RawBody, ServerDep, TaskDep
+from ..deps import THROTTLED, AnalystTaskDep, OperatorDep, RawBody, ServerDep
 from ..errors import HttpError
 from ..models import CloseResponse, TaskRegistered, TaskStatus, errors
 from ..state import Server, TaskState, pair_key
@@ -20,7 +20,7 @@ from ..state import Server, TaskState, pair_key
 router = APIRouter(prefix="/tasks", tags=["tasks"])
 
 OCTETS = "application/octet-stream"
-PEER_TIMEOUT = 600  # seconds for server 1's part of a close (10^6 reports: a few seconds)
+PEER_TIMEOUT = 60  # seconds per socket operation with server 1 (its part for 10^6 reports: a few seconds)
 _SEALED = {"type": "string", "format": "binary", "description": "a reconciliation message, AES-GCM under the servers' key"}
 _OCTET_BODY = {"requestBody": {"required": True, "content": {OCTETS: {"schema": _SEALED}}}}
 _OCTET_ANSWER = {"description": "server 1's reply (empty after the last message)", "content": {OCTETS: {"schema": _SEALED}}}
@@ -50,10 +50,13 @@ def register(srv: ServerDep, _: OperatorDep, raw: RawBody) -> TaskRegistered:
     return TaskRegistered(task_id=config.task_id, fingerprint=config.fingerprint.hex())
 
 
-@router.get("/{task_id}", response_model=TaskStatus, responses=errors(401, 404))
+@router.get("/{task_id}", response_model=TaskStatus, responses=errors(401))
 def status(task_id: str, srv: ServerDep, st: AnalystTaskDep) -> TaskStatus:
+    """While collecting, this server's count of stored reports (under substitution; reports that
+    reached this server only are in it until the close); once closed, the reconciled count, none
+    between the two (a count that changed at the reconciliation would show what it dropped)."""
     frozen = srv.store.frozen(task_id)
-    n = frozen[1] if frozen else srv.store.count(task_id)
+    n = reconciled_view(srv, st)["n"] if frozen else srv.store.count(task_id)
     return TaskStatus(task_id=task_id, reports=n if st.config.n_public else None, closed=frozen is not None,
                       min_batch=st.config.min_batch)
 
@@ -78,29 +81,29 @@ def close(srv: ServerDep, st: AnalystTaskDep) -> CloseResponse:
             raise HttpError(403, f"the task has {store.count(task_id)} reports; queries need at least {st.config.min_batch}")
         store.freeze(task_id, st.set_hash)
         helper = f"{st.config.servers[1]}/tasks/{task_id}/sync"
-        message = None
-        while True:
-            move = _play(srv, st, message)
-            if move.reply is None:
-                break
-            try:
-                message = fetch("POST", helper, move.reply, content_type=OCTETS, timeout=PEER_TIMEOUT)
-            except ServerError as exc:
-                raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
-            if move.done:
-                break
+        key, fp = st.pair_key, st.config.fingerprint
+        try:
+            answer = _peer(helper, _play(srv, st, None).replies[0])
+            for index, chunk in enumerate(_play(srv, st, answer).replies):
+                reconcile.check_ack(key, fp, _peer(helper, chunk), index)
+        except reconcile.SyncError as exc:  # a peer answer that is not server 1's
+            raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
         store.mark(task_id, "reconciled")
         return CloseResponse(party=0, **reconciled_view(srv, st))
 
 
-@router.post("/{task_id}/sync", response_class=Response, responses={**errors(400, 404, 409), 200: _OCTET_ANSWER},
+@router.post("/{task_id}/sync", response_class=Response, responses={**errors(400, 409), 200: _OCTET_ANSWER},
              openapi_extra=_OCTET_BODY)
-def sync(srv: ServerDep, st: TaskDep, raw: RawBody) -> Response:
+def sync(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
     """Server 0's reconciliation messages to server 1 (binary). No token: a message counts only if it
     opens under the key the two servers share for this task (AES-GCM under K, bound to the round and
     the task), which no client or analyst can compute. The first message closes the collection here."""
     if srv.party != 1:
         raise HttpError(400, "only server 1 takes reconciliation messages")
+    try:
+        st = srv.task(task_id)
+    except HttpError:  # an unknown task gets the answer a forged message gets: no probing task ids here
+        raise HttpError(400, "the sync message is not the other server's for this task") from None
     try:  # one that does not open (forged, another task's) is refused before it closes the collection
         reconcile.open_sealed(st.pair_key, st.config.fingerprint, raw, (1, 3))
     except reconcile.SyncError as exc:
@@ -110,7 +113,16 @@ def sync(srv: ServerDep, st: TaskDep, raw: RawBody) -> Response:
         move = _play(srv, st, raw)
         if move.done:
             srv.store.mark(st.config.task_id, "reconciled")
-    return Response(move.reply or b"", media_type=OCTETS)
+    return Response(move.replies[0], media_type=OCTETS)
+
+
+def _peer(url: str, message: bytes) -> bytes:
+    """One message to server 1 and its answer; 502 if it does not come (PEER_TIMEOUT per socket
+    operation, so a peer that accepts but never answers holds the close for a minute, not forever)."""
+    try:
+        return fetch("POST", url, message, content_type=OCTETS, timeout=PEER_TIMEOUT)
+    except ServerError as exc:
+        raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
 
 
 def _play(srv: Server, st: TaskState, message: bytes | None) -> reconcile.Step:
