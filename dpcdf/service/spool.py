@@ -77,7 +77,7 @@ class Spool:
     @classmethod
     def open(cls, path: str | Path, fingerprint: bytes, values: np.ndarray, labels: np.ndarray | None = None) -> "Spool":
         path = str(path)
-        lock = None if path == ":memory:" else _exclusive(path + ".lock")
+        lock = None if path == ":memory:" else _exclusive(os.path.realpath(path) + ".lock")  # one lock per file, links too
         new = path == ":memory:" or not Path(path).exists()
         db = sqlite3.connect(path, isolation_level=None)
         if path != ":memory:":
@@ -125,9 +125,12 @@ class Spool:
 
     def add(self, first_row: int, reports: list[tuple[bytes, bytes]]) -> None:
         """Commits (report id, report bytes) for rows first_row, first_row + 1, ... in one transaction."""
-        with self._transaction():
-            self.db.executemany("INSERT INTO reports VALUES (?, ?, ?)",
-                                ((first_row + i, rid, body) for i, (rid, body) in enumerate(reports)))
+        try:
+            with self._transaction():
+                self.db.executemany("INSERT INTO reports VALUES (?, ?, ?)",
+                                    ((first_row + i, rid, body) for i, (rid, body) in enumerate(reports)))
+        except sqlite3.IntegrityError:  # only another writer gets here: rows are never made twice
+            raise SpoolBusy(f"{self.path}: rows {first_row}.. were spooled by another process meanwhile") from None
 
     def unacknowledged(self, party: int, limit: int) -> list[tuple[int, bytes]]:
         """Up to `limit` (row, report) that server `party` has neither acknowledged nor rejected."""
