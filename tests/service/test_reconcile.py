@@ -10,6 +10,7 @@ from dpcdf.service.http import ServerError, fetch, http
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.client import make_reports
 from dpcdf.service.processes import free_port, start_server, stop
+from dpcdf.service.segments import task_dir
 from dpcdf.service.wire import encode_batch
 from dpcdf.release.ecdf import prefix_counts
 from helpers import GRID, OPERATOR, TESTING, urls, values
@@ -76,6 +77,8 @@ def test_ten_thousand_one_sided_reports_close_with_exactly_the_two_sided_ones(se
         assert res["accepted"] == count
     analyst = Analyst(config, token)
     assert analyst.close() == 300
+    for _, _, data in procs["exact"]:  # the close wrote each server's key shares into its segments
+        assert list(task_dir(data, config.task_id).glob("*.npy")), data
     counts, n = analyst.prefix_counts(range(64))
     np.testing.assert_array_equal(counts, prefix_counts(vals, config.make_grid()))
 

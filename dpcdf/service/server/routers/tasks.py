@@ -89,6 +89,7 @@ def close(srv: ServerDep, st: AnalystTaskDep) -> CloseResponse:
         except reconcile.SyncError as exc:  # a peer answer that is not server 1's
             raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
         store.mark(task_id, "reconciled")
+        st.refresh(store, store.frozen(task_id).seq)  # the key shares into their segments, once, now
         return CloseResponse(party=0, **reconciled_view(srv, st))
 
 
@@ -113,6 +114,7 @@ def sync(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
         move = _play(srv, st, raw)
         if move.done:
             srv.store.mark(st.config.task_id, "reconciled")
+            st.refresh(srv.store, srv.store.frozen(st.config.task_id).seq)  # segments written at the close
     return Response(move.replies[0], media_type=OCTETS)
 
 
