@@ -171,7 +171,7 @@ def main() -> None:
 
 def zcdp_block(data, grid, prefix, hist, total, rel, runs) -> None:
     rhos = (0.005, 0.125, 0.5)  # eps^2 / 2 for eps = 0.1, 0.5, 1
-    print(f"zCDP, same data and relation: counts MSE (quantile error)")
+    print("zCDP, same data and relation: counts MSE (quantile error)")
     print(f"{'method':<44}" + "".join(f"{'rho=' + str(r):>22}" for r in rhos))
     rows = {"ours zCDP: discrete Gaussian b=2 tree": lambda r: dpcdf.release_ecdf(data, grid, privacy="zcdp", rho=r, relation=rel),
             "OpenDP zCDP b=2 + consistency": lambda r: opendp_zcdp_prefix(hist, r, 2, rel == "substitution")}

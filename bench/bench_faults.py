@@ -11,7 +11,6 @@ dropped at the close, the sustained rate per server, and the close's time.
 from __future__ import annotations
 
 import argparse
-import os
 import signal
 import sys
 import tempfile

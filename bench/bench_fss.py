@@ -16,7 +16,6 @@ import time
 
 import numpy as np
 from Crypto.Cipher import AES
-from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 

@@ -21,7 +21,6 @@ def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "tree",
     with tempfile.TemporaryDirectory(prefix="dpcdf-demo-") as tmp:
         procs = []
         try:
-            t0 = time.perf_counter()
             for party in (0, 1):
                 procs.append(start_server(party, f"{tmp}/server{party}"))
             urls = [url for _, url in procs]

@@ -25,7 +25,6 @@ A worker evaluates one piece at a time with as many kernel threads as it has Das
 """
 from __future__ import annotations
 
-import os
 import threading
 from pathlib import Path
 

@@ -209,9 +209,8 @@ def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: byt
     if party == 1:
         rnd, payload = open_sealed(key, fingerprint, sync, (1, 3))
         if rnd == 3:
-            index, last = int.from_bytes(payload[:4], "big"), payload[4:5] == b"\x01"
-            ack = seal(key, 4, fingerprint, payload[:4])
-            return Step((ack,), frozenset(read_id_list(payload[5:])) & frozenset(ids), last)
+            ack = seal(key, 4, fingerprint, payload[:4])  # acknowledges the chunk's index
+            return Step((ack,), frozenset(read_id_list(payload[5:])) & frozenset(ids), payload[4:5] == b"\x01")
         differ = differing(bucket_digests(key, ids), payload)
         grouped = members(ids, buckets(key, ids), differ)
         return Step((seal(key, 2, fingerprint, bitmap(differ) + id_table(differ, grouped)),), frozenset(), False)

@@ -1,6 +1,5 @@
 """No compile wait: a fresh process loads the compiled kernels from the on-disk cache (`fss._cache`)
 instead of compiling them, gets the same bits, and recompiles when the package's sources change."""
-import gc
 import hashlib
 import json
 import os

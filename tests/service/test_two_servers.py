@@ -18,7 +18,7 @@ from dpcdf.analyst import Analyst
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.client import make_reports
-from dpcdf.service.wire import Report, encode_batch
+from dpcdf.service.wire import encode_batch
 from dpcdf.service.processes import start_server, stop
 from dpcdf.release.ecdf import prefix_counts
 from dpcdf.service.task import TaskConfig
