@@ -10,7 +10,7 @@ stored reports grow only by the reports an upload acknowledged, no open collecti
 closed report set changes, no task's reconciled mark changes.
 
 Sized for CI: a fixed seed, a thousand requests per fuzzing test, under a minute for the file on two
-busy cores; HYPOTHESIS_PROFILE=thorough runs ten times as many, with fresh randomness (about ten
+busy cores; HYPOTHESIS_PROFILE=thorough runs ten times as many, with fresh randomness (about four
 minutes). A failure names the request; the servers' state carries over from one request to the next,
 so a state change may be reported as flaky (hypothesis cannot replay it on the changed state)."""
 from __future__ import annotations
