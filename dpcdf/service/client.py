@@ -135,10 +135,11 @@ def _upload(config: TaskConfig, store: Spool, batch: int, progress: bool, retry_
     """Sends each server its unacknowledged reports, a batch at a time, taking turns; records every
     answer in the spool before the next request."""
     active = {0, 1}
-    waited, tries = {0: 0.0, 1: 0.0}, {0: 0, 1: 0}
+    waited, tries, after = {0: 0.0, 1: 0.0}, {0: 0, 1: 0}, {0: -1, 1: -1}
+    acked = {party: store.acknowledged(party) for party in (0, 1)}
     while active:
         for party in sorted(active):
-            rows = store.unacknowledged(party, batch)
+            rows = store.unacknowledged(party, batch, after[party])
             if not rows:
                 active.discard(party)
                 continue
@@ -160,9 +161,10 @@ def _upload(config: TaskConfig, store: Spool, batch: int, progress: bool, retry_
             waited[party], tries[party] = 0.0, 0
             refused = {rows[r["index"]][0]: str(r["error"]) for r in res["rejected"]}
             store.record(party, [row for row, _ in rows if row not in refused], refused)
+            after[party], acked[party] = rows[-1][0], acked[party] + len(rows) - len(refused)
         if progress:
-            st = store.status()
-            bar = "#" * (30 * st.complete // max(st.rows, 1))
-            print(f"\r[{bar:<30}] {st.complete}/{st.rows} reports on both servers", end="", file=sys.stderr, flush=True)
+            done = min(acked.values())
+            bar = "#" * (30 * done // max(store.rows, 1))
+            print(f"\r[{bar:<30}] {done}/{store.rows} reports on both servers", end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)

@@ -132,11 +132,16 @@ class Spool:
         except sqlite3.IntegrityError:  # only another writer gets here: rows are never made twice
             raise SpoolBusy(f"{self.path}: rows {first_row}.. were spooled by another process meanwhile") from None
 
-    def unacknowledged(self, party: int, limit: int) -> list[tuple[int, bytes]]:
-        """Up to `limit` (row, report) that server `party` has neither acknowledged nor rejected."""
+    def unacknowledged(self, party: int, limit: int, after: int = -1) -> list[tuple[int, bytes]]:
+        """Up to `limit` (row, report) after row `after` that server `party` has neither acknowledged
+        nor rejected (one primary-key probe per row, so a whole upload stays linear in its rows)."""
         return [(r, bytes(b)) for r, b in self.db.execute(
-            "SELECT row, body FROM reports WHERE row NOT IN (SELECT row FROM acks WHERE party = ?) ORDER BY row LIMIT ?",
-            (party, limit))]
+            "SELECT row, body FROM reports AS r WHERE row > ? AND NOT EXISTS "
+            "(SELECT 1 FROM acks AS a WHERE a.row = r.row AND a.party = ?) ORDER BY row LIMIT ?", (after, party, limit))]
+
+    def acknowledged(self, party: int) -> int:
+        """How many reports server `party` has acknowledged."""
+        return self.db.execute("SELECT COUNT(*) FROM acks WHERE party = ? AND rejected IS NULL", (party,)).fetchone()[0]
 
     def record(self, party: int, acked: list[int], rejected: dict[int, str]) -> None:
         """Server `party`'s answer for some rows: stored (new or duplicate), or refused for good."""
