@@ -10,10 +10,17 @@ their hyper-parameter picked by an oracle grid search, which favours them). Colu
 error of the prefix counts over the grid; in parentheses: quantile error (mean |q - q_hat| in grid
 units over p = 0.01 .. 0.99; ours through `Release.quantile`, the others by inverting their estimate
 at its first crossing; under add/remove each divides by its own estimate of n, which is not public).
+
+--zcdp adds rho-zCDP rows at rho = eps^2 / 2: ours (`privacy="zcdp"`: discrete Gaussian b = 2 tree,
+consistent, monotone) and OpenDP's make_b_ary_tree + make_gaussian (discrete Gaussian on integers)
+made consistent, its scale calibrated to the tree's exact L2 sensitivity under the relation
+(`opendp_zcdp_scale`), so both put the same sigma^2 on every node: 10 / rho (substitution) or
+11 / (2 rho) (add/remove) on the 2^10 grid.
 """
 from __future__ import annotations
 
 import argparse
+import functools
 
 import numpy as np
 
@@ -52,16 +59,50 @@ def opendp_prefix(hist: np.ndarray, eps: float, b: int, d_in: int) -> np.ndarray
     return np.cumsum(np.asarray(leaves[:size], dtype=np.float64))
 
 
-def opendp_zcdp_prefix(hist: np.ndarray, rho: float, b: int, substitution: bool) -> np.ndarray:
-    """OpenDP's b-ary tree with Gaussian noise at rho-zCDP, made consistent. Under substitution the
-    histogram's L2 change is sqrt(2) (not an int), so the scale is searched at d_in = 1, rho / 2."""
+def tree_l2_sq_sensitivity(layers: int, relation: str) -> int:
+    """The squared L2 change of a full b-ary tree's node vector (all `layers` levels, the root
+    included, as OpenDP's make_b_ary_tree builds it) between neighbours: under substitution one unit
+    leaves one leaf and joins another, so at most two nodes of every level but the root (which holds
+    n either way) change by 1: 2 (layers - 1); under add/remove one node of every level changes by 1:
+    layers. Both are attained (the first and the last leaf)."""
+    return 2 * (layers - 1) if relation == "substitution" else layers
+
+
+@functools.lru_cache(maxsize=None)
+def opendp_zcdp_scale(size: int, rho: float, b: int, relation: str) -> float:
+    """The Gaussian scale that makes OpenDP's b-ary tree + make_gaussian rho-zCDP under `relation`,
+    calibrated with the tree's exact L2 sensitivity (`tree_l2_sq_sensitivity`): the measurement's
+    map(d) = d^2 / (2 scale^2), so the scale is searched at d_in = 1, d_out = rho / Delta2.
+    (OpenDP's own stability map for the tree, d_in * layers, is an L1 bound: chaining through it at
+    d_in = 1 would calibrate to Delta^2 = layers^2, e.g. 121 instead of 20 or 11 on a 2^10 grid.)"""
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+    space = dp.vector_domain(dp.atom_domain(T=int)), dp.l2_distance(T=int)
+    tree = dp.t.make_b_ary_tree(*space, leaf_count=size, branching_factor=b)
+    layers = int(tree.map(1))  # OpenDP's L2 map is d_in * layers
+    delta2 = tree_l2_sq_sensitivity(layers, relation)
+    lo, hi = np.zeros(size, np.int64), np.zeros(size, np.int64)
+    lo[0], hi[-1] = 1, 1
+    diff = np.asarray(tree(lo.tolist()), np.int64) - np.asarray(tree(hi.tolist()), np.int64)
+    assert int((diff**2).sum()) == 2 * (layers - 1)  # the substitution bound, attained by OpenDP's tree
+    assert int((np.asarray(tree(lo.tolist()), np.int64) ** 2).sum()) == layers  # add/remove, attained
+    gauss = lambda s: dp.m.make_gaussian(tree.output_domain, tree.output_metric, s)  # noqa: E731
+    scale = dp.binary_search_param(gauss, d_in=1, d_out=rho / delta2)
+    assert gauss(scale).map(1) * delta2 <= rho * (1 + 1e-9)
+    return float(scale)
+
+
+def opendp_zcdp_prefix(hist: np.ndarray, rho: float, b: int, relation: str) -> np.ndarray:
+    """OpenDP's b-ary tree with (discrete) Gaussian noise at rho-zCDP under `relation` (scale from
+    `opendp_zcdp_scale`), made consistent."""
     import opendp.prelude as dp
 
     dp.enable_features("contrib")
     space = dp.vector_domain(dp.atom_domain(T=int)), dp.l2_distance(T=int)
     size = hist.size
     tree = dp.t.make_b_ary_tree(*space, leaf_count=size, branching_factor=b)
-    meas = dp.binary_search_chain(lambda s: tree >> dp.m.then_gaussian(s), d_in=1, d_out=rho / 2 if substitution else rho)
+    meas = tree >> dp.m.then_gaussian(opendp_zcdp_scale(size, rho, b, relation))
     leaves = dp.t.make_consistent_b_ary_tree(branching_factor=b)(meas([int(v) for v in hist]))
     return np.cumsum(np.asarray(leaves[:size], dtype=np.float64))
 
@@ -174,7 +215,7 @@ def zcdp_block(data, grid, prefix, hist, total, rel, runs) -> None:
     print("zCDP, same data and relation: counts MSE (quantile error)")
     print(f"{'method':<44}" + "".join(f"{'rho=' + str(r):>22}" for r in rhos))
     rows = {"ours zCDP: discrete Gaussian b=2 tree": lambda r: dpcdf.release_ecdf(data, grid, privacy="zcdp", rho=r, relation=rel),
-            "OpenDP zCDP b=2 + consistency": lambda r: opendp_zcdp_prefix(hist, r, 2, rel == "substitution")}
+            "OpenDP zCDP b=2 + consistency": lambda r: opendp_zcdp_prefix(hist, r, 2, rel)}
     for label, fn in rows.items():
         cells = []
         for r in rhos:
