@@ -14,7 +14,8 @@ from .mechanisms import Mechanism, PathMechanism, TreeMechanism, check_epsilon, 
 from .noise import secure_noise
 
 MECHANISMS = ("auto", "path", "tree")
-POSTPROCESS = ("auto", "none", "monotone", "monotone-l1")
+POSTPROCESS = ("auto", "none", "monotone", "monotone-l1", "sparse")
+SPARSE_TAU, SPARSE_RELATIVE = 1.5, 4.0  # the "sparse" fit's thresholds, in noise sds (data-independent)
 
 
 def secure_node_noise(node_ids: np.ndarray, scale: Fraction) -> np.ndarray:
@@ -202,8 +203,16 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     """The post-processing every release shares (central, or the analyst's over two servers):
     `noisy` is the mechanism's release (`Mechanism.noisy` / `gather`: the path mechanism's noisy
     prefix counts, the tree's noisy node counts per level), each value carrying `copies` independent
-    noises; n is public under substitution."""
+    noises; n is public under substitution. postprocess_with: "auto"/"monotone" (consistent, then
+    the L2 monotone fit), "monotone-l1", "none", or "sparse" (trees only: the data-adaptive consistent
+    fit of `TreeMechanism.consistent` with tau = 1.5, which takes nodes within 1.5 noise sds of zero
+    and 4 sds below an even share of their parent as empty, keeping the parent's total; then the
+    monotone fit). All of them are post-processing of the one release: no privacy cost."""
     raw, fitted = mech.estimate(noisy, copies)
+    if postprocess_with == "sparse":  # post-processing of the same release: no privacy cost
+        if not isinstance(mech, TreeMechanism):
+            raise ParameterError(f"postprocess_with='sparse' needs a tree release, not the {mech.name} mechanism")
+        fitted = mech.consistent(noisy, copies, threshold=SPARSE_TAU, relative=SPARSE_RELATIVE)
     substitution = mech.relation == "substitution"
     total = float(n) if substitution else float(max(fitted[-1], 1.0))
     sd = float(np.sqrt(mech.expected_mse() * copies))

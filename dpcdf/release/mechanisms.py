@@ -464,11 +464,22 @@ class TreeMechanism(Mechanism):
             start = start + digit * width
         return est
 
-    def consistent(self, nodes: list[np.ndarray], copies: int = 1) -> np.ndarray:
+    def consistent(self, nodes: list[np.ndarray], copies: int = 1, threshold: float | None = None,
+                   weight: float = 1e-3, relative: float | None = None) -> np.ndarray:
         """Least-squares consistent leaf counts (Hay et al. 2010, with per-level variances as in
         Honaker 2015): inverse-variance merges bottom-up, then the parents' surplus is split among
         the children in proportion to their variances top-down. Returns prefix counts. `copies`:
-        how many independent noises each node carries (2 over two servers)."""
+        how many independent noises each node carries (2 over two servers).
+
+        `threshold` = tau (the data-adaptive fit for sparse data, `postprocess_with="sparse"`): in the
+        top-down pass a child is taken as empty when its bottom-up estimate e lies within tau sd of
+        zero (|e| <= tau sd, sd its own noise sd: a fixed, data-independent multiple of the noise)
+        and at least `relative` sd (default tau) below an even share of its parent's total, or when
+        its parent was taken as empty. An empty child's estimate is 0 and its share of the parent's
+        surplus is scaled by `weight`: a tiny weight, not a hard zero, so the parent's total is
+        always kept (the earlier hard zeroing of subtrees lost it). Pure post-processing of the
+        released node counts: no privacy cost.
+        """
         b, h = self.shape.branching, self.shape.height
         var = self.variances() * copies
         est, evar = [nodes[0].copy()], [np.full(nodes[0].size, var[0])]
@@ -486,12 +497,19 @@ class TreeMechanism(Mechanism):
             est.append(e_l)
             evar.append(v_l)
         final = est[h]
+        zero = np.zeros(final.size, bool)  # nodes taken as empty (adaptive fit only)
         for level in range(h - 1, -1, -1):
             parent = np.repeat(final, b)[: est[level].size]
-            s = np.repeat(_group_sum(est[level], b, final.size), b)[: est[level].size]
-            v = np.repeat(_group_sum(evar[level], b, final.size), b)[: est[level].size]
-            share = np.where(v > 0, evar[level] / np.where(v > 0, v, 1), 0.0)
-            final = est[level] + share * (parent - s)
+            e_l, w_l = est[level], evar[level]
+            if threshold is not None:
+                kids = np.repeat(_group_sum(np.ones(e_l.size), b, final.size), b)[: e_l.size]
+                sd = threshold * np.sqrt(w_l)
+                small = np.repeat(zero, b)[: e_l.size] | ((np.abs(e_l) <= sd) & (parent / kids - e_l >= (threshold if relative is None else relative) * np.sqrt(w_l)))
+                e_l, w_l, zero = np.where(small, 0.0, e_l), np.where(small, weight * w_l, w_l), small
+            s = np.repeat(_group_sum(e_l, b, final.size), b)[: e_l.size]
+            v = np.repeat(_group_sum(w_l, b, final.size), b)[: e_l.size]
+            share = np.where(v > 0, w_l / np.where(v > 0, v, 1), 0.0)
+            final = e_l + share * (parent - s)
         return np.cumsum(final)
 
     def expected_mse(self) -> float:
