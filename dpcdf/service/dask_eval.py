@@ -139,6 +139,8 @@ def _mapped(directory: str, file: str, digest: str) -> np.ndarray:
     if key not in _open:
         if len(_open) >= _MAX_OPEN:
             _open.clear()
+        if segments.sha256(Path(key[0])) != digest:  # a file swapped or changed since the server checked it
+            raise segments.SegmentError(f"{key[0]} is not the segment the server recorded (checksum differs)")
         _open[key] = segments.open_array(key[0])
     return _open[key]
 

@@ -22,9 +22,11 @@ The messages (no cap on the number of differences: they never pass through the a
 1. server 0 -> 1: its bucket digests (the XOR of its ids' values under a second PRF key, 16 bytes each);
 2. server 1 -> 0 (the answer): the buckets whose digests differ, and all of its report ids in each;
 3. server 0 -> 1: server 1's listed ids that server 0 lacks, in chunks of CHUNK_IDS (so no request
-   outgrows the body limit); server 0 drops its own reports in the listed buckets that server 1 lacks;
-4. server 1 -> 0 (the answer to each chunk): a sealed acknowledgement of the chunk's index, after
-   dropping its ids; at the last chunk both are done.
+   outgrows the body limit), each with the keyed hash of server 0's set after its own drops (server 0
+   drops its reports in the listed buckets that server 1 lacks);
+4. server 1 -> 0 (the answer to each chunk): after dropping the chunk's ids, the chunk's index and
+   digest and the hash of its own set. Each server is done only when the two hashes are equal, so a
+   lost, replayed or reordered message can delay the close, never end it on two different sets.
 `step` plays one server's part; the servers' HTTP handlers only carry the messages.
 
 What each party learns. Report ids are 16 random bytes, independent of the values, so: server 0 learns
@@ -185,23 +187,26 @@ def open_sealed(key: bytes, fingerprint: bytes, message: object, expected: tuple
 
 @dataclass(frozen=True)
 class Step:
-    """One server's move: the messages for the other server (none after the last), the reports this
-    server drops now, and whether its part is done (it may then answer queries; server 0 only once
-    server 1 has acknowledged every message 3, see `check_ack`)."""
+    """One server's move: the messages for the other server, the reports this server drops now, and
+    whether its part is done (it may then answer queries). For server 0's message 3, `acks` holds the
+    exact payload of server 1's acknowledgement of each chunk (`check_ack`)."""
 
     replies: tuple[bytes, ...]
     drop: frozenset[bytes]
     done: bool
+    acks: tuple[bytes, ...] = ()
 
 
 def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: bytes | None,
-         chunk_ids: int = CHUNK_IDS) -> Step:
+         chunk_ids: int | None = None) -> Step:
     """Server `party`'s answer to the other server's message `sync` (None: the close starts) over its
     frozen report ids: server 0 sends 1; server 1 answers 1 with 2; server 0 answers 2 with message 3
-    in chunks of at most `chunk_ids` ids (each with its index and a last flag, so that no request
-    outgrows a body limit), dropping its one-sided reports; server 1 drops the ids of each chunk and
-    acknowledges it with a sealed message 4, and is done at the last. Raises SyncError for a message
-    out of turn, forged or of another task."""
+    in chunks of at most `chunk_ids` ids (default CHUNK_IDS), each carrying its index, a last flag and
+    the keyed hash of server 0's set after its drops; server 1 drops each chunk's ids and acknowledges
+    it with message 4 (the chunk's index and digest, and the hash of its own set after the drops), and
+    is done only when that hash equals server 0's, so a lost, replayed or reordered chunk can never
+    leave the two servers reconciled on different sets. Raises SyncError for a message out of turn,
+    forged or of another task."""
     if sync is None:
         if party != 0:
             raise SyncError("server 1 closes with server 0's sync message")
@@ -209,8 +214,13 @@ def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: byt
     if party == 1:
         rnd, payload = open_sealed(key, fingerprint, sync, (1, 3))
         if rnd == 3:
-            ack = seal(key, 4, fingerprint, payload[:4])  # acknowledges the chunk's index
-            return Step((ack,), frozenset(read_id_list(payload[5:])) & frozenset(ids), payload[4:5] == b"\x01")
+            if len(payload) < _CHUNK_HEAD:
+                raise SyncError("the sync message is truncated")
+            drop = frozenset(read_id_list(payload[_CHUNK_HEAD:])) & frozenset(ids)
+            last = payload[4:5] == b"\x01"
+            mine = _raw_hash(key, [i for i in ids if i not in drop]) if last else _NO_HASH
+            ack = seal(key, 4, fingerprint, _ack(payload, mine))
+            return Step((ack,), drop, last and hmac.compare_digest(mine, payload[5:_CHUNK_HEAD]))
         differ = differing(bucket_digests(key, ids), payload)
         grouped = members(ids, buckets(key, ids), differ)
         return Step((seal(key, 2, fingerprint, bitmap(differ) + id_table(differ, grouped)),), frozenset(), False)
@@ -223,19 +233,37 @@ def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: byt
     for b in differ.tolist():
         drop |= set(grouped[b]) - theirs[b]
         they_drop |= theirs[b] - set(grouped[b])
-    listed = sorted(they_drop)
-    starts = range(0, max(len(listed), 1), chunk_ids)
-    chunks = tuple(seal(key, 3, fingerprint, k.to_bytes(4, "big") + (b"\x01" if start + chunk_ids >= len(listed) else b"\x00")
-                        + id_list(listed[start:start + chunk_ids])) for k, start in enumerate(starts))
-    return Step(chunks, frozenset(drop), True)
+    final = _raw_hash(key, [i for i in ids if i not in drop])
+    listed, size = sorted(they_drop), chunk_ids or CHUNK_IDS
+    starts = range(0, max(len(listed), 1), size)
+    bodies = [k.to_bytes(4, "big") + (b"\x01" if start + size >= len(listed) else b"\x00") + final
+              + id_list(listed[start:start + size]) for k, start in enumerate(starts)]
+    acks = tuple(_ack(body, final if body[4:5] == b"\x01" else _NO_HASH) for body in bodies)  # must end at `final`
+    return Step(tuple(seal(key, 3, fingerprint, body) for body in bodies), frozenset(drop), True, acks)
 
 
-def check_ack(key: bytes, fingerprint: bytes, message: bytes, index: int) -> None:
-    """Server 1's acknowledgement of chunk `index` of message 3, or SyncError (anything else: an
-    empty or foreign answer is not taken as success)."""
+def check_ack(key: bytes, fingerprint: bytes, message: bytes, expected: bytes) -> None:
+    """Server 1's acknowledgement of a chunk of message 3 must be exactly `expected` (its index and
+    digest, and at the last chunk the hash of a set equal to server 0's); anything else, an empty or
+    foreign answer included, is a SyncError."""
     _, payload = open_sealed(key, fingerprint, message, (4,))
-    if payload != index.to_bytes(4, "big"):
-        raise SyncError(f"server 1 acknowledged another chunk than {index}")
+    if not hmac.compare_digest(payload[:36], expected[:36]):
+        raise SyncError("server 1 acknowledged another chunk")
+    if not hmac.compare_digest(payload, expected):
+        raise SyncError("server 1's report set differs from server 0's after the drops")
+
+
+_CHUNK_HEAD = 4 + 1 + 32  # index, last flag, server 0's set hash after its drops
+_NO_HASH = bytes(32)  # in the acks of all but the last chunk
+
+
+def _ack(chunk: bytes, set_digest: bytes) -> bytes:
+    """Message 4's payload: the chunk's index and SHA-256, and the acknowledging server's set hash."""
+    return chunk[:4] + hashlib.sha256(chunk).digest() + set_digest
+
+
+def _raw_hash(key: bytes, ids: list[bytes]) -> bytes:
+    return bytes.fromhex(set_hash(key, ids))
 
 
 def _subkey(key: bytes, label: bytes) -> bytes:

@@ -95,7 +95,8 @@ def write(directory: str | Path, batches: Iterable[KeyBatch], set_hash: str) -> 
     return records
 
 
-def _sha256(path: Path) -> str:
+def sha256(path: Path) -> str:
+    """The file's SHA-256, hex (what the store records for each segment file)."""
     with open(path, "rb") as f:
         return hashlib.file_digest(f, "sha256").hexdigest()
 
@@ -124,7 +125,7 @@ def load(directory: str | Path, files: Sequence[SegmentFile], dcf: DCF, party: i
         for name in ARRAYS:
             path = directory / recs[name].file
             try:
-                if verify and _sha256(path) != recs[name].sha256:
+                if verify and sha256(path) != recs[name].sha256:
                     raise SegmentError(f"{path} does not match its recorded SHA-256")
                 arrays.append(open_array(path))
             except (OSError, ValueError) as exc:

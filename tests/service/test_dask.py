@@ -98,3 +98,19 @@ def test_two_servers_one_on_a_local_cluster_answer_the_exact_counts(tmp_path):
         for proc, _ in procs:
             stop(proc)
     assert not any(w.is_running() and w.status() != psutil.STATUS_ZOMBIE for w in workers)  # stopped with the server
+
+
+def test_a_worker_never_maps_a_segment_other_than_the_recorded_one(tmp_path):
+    """A segment file swapped or changed on disk after the server checked it (another task's, say) is
+    refused by the worker that maps it, not evaluated (found by a review: workers used it unchecked)."""
+    from dpcdf.service import dask_eval, segments
+
+    path = tmp_path / "00000.seeds.npy"
+    np.save(path, np.arange(32, dtype=np.uint64))
+    good = segments.sha256(path)
+    assert np.array_equal(dask_eval._mapped(str(tmp_path), path.name, good), np.arange(32, dtype=np.uint64))
+    dask_eval._open.clear()  # a restarted worker
+    path.unlink()
+    np.save(path, np.arange(32, dtype=np.uint64)[::-1].copy())  # swapped under the same name
+    with pytest.raises(segments.SegmentError, match="not the segment the server recorded"):
+        dask_eval._mapped(str(tmp_path), path.name, good)

@@ -17,9 +17,12 @@ def play(ids0: list[bytes], ids1: list[bytes], key: bytes = KEY, fp: bytes = FP,
     first = reconcile.step(key, fp, 0, ids0, None)
     second = reconcile.step(key, fp, 1, ids1, first.replies[0])
     third = reconcile.step(key, fp, 0, ids0, second.replies[0], chunk_ids)
-    fourth = [reconcile.step(key, fp, 1, ids1, chunk) for chunk in third.replies]
-    for k, move in enumerate(fourth):
-        reconcile.check_ack(key, fp, move.replies[0], k)
+    fourth, mine = [], list(ids1)
+    for chunk in third.replies:  # server 1 applies each chunk's drops before the next, as its store does
+        fourth.append(reconcile.step(key, fp, 1, mine, chunk))
+        mine = [i for i in mine if i not in fourth[-1].drop]
+    for move, expected in zip(fourth, third.acks):
+        reconcile.check_ack(key, fp, move.replies[0], expected)
     assert [m.done for m in fourth] == [False] * (len(fourth) - 1) + [True]
     merged = reconcile.Step((), frozenset().union(*(m.drop for m in fourth)), True)
     return [first, second, third, merged]
@@ -78,12 +81,32 @@ def test_message_3_comes_in_chunks_each_acknowledged_and_an_empty_or_wrong_ack_i
     common = [secrets.token_bytes(16) for _ in range(50)]
     only1 = [secrets.token_bytes(16) for _ in range(25)]
     steps = play(common, common + only1, chunk_ids=10)
-    assert len(steps[2].replies) == 3 and steps[3].drop == frozenset(only1)
-    ack = reconcile.step(KEY, FP, 1, common + only1, steps[2].replies[1]).replies[0]
-    reconcile.check_ack(KEY, FP, ack, 1)
-    for bad, index in ((b"", 1), (ack, 0), (steps[2].replies[0], 0)):
+    third = steps[2]
+    assert len(third.replies) == 3 and steps[3].drop == frozenset(only1)
+    first_ack = reconcile.step(KEY, FP, 1, common + only1, third.replies[0]).replies[0]
+    reconcile.check_ack(KEY, FP, first_ack, third.acks[0])
+    for bad, expected in ((b"", third.acks[0]), (first_ack, third.acks[1]), (third.replies[0], third.acks[0])):
         with pytest.raises(reconcile.SyncError):
-            reconcile.check_ack(KEY, FP, bad, index)
+            reconcile.check_ack(KEY, FP, bad, expected)
+
+
+def test_a_lost_or_replayed_chunk_never_ends_the_close_on_two_sets():
+    """The review's attack: chunk 0 never reaches server 1 (its old ack is replayed), the last does.
+    Server 1 is not done, and its ack of the last chunk does not match: server 0 refuses it."""
+    common = [secrets.token_bytes(16) for _ in range(40)]
+    only1 = [secrets.token_bytes(16) for _ in range(25)]
+    ids1 = common + only1
+    first = reconcile.step(KEY, FP, 0, common, None)
+    second = reconcile.step(KEY, FP, 1, ids1, first.replies[0])
+    third = reconcile.step(KEY, FP, 0, common, second.replies[0], chunk_ids=10)
+    last = reconcile.step(KEY, FP, 1, ids1, third.replies[-1])  # the last chunk arrives alone
+    assert not last.done
+    with pytest.raises(reconcile.SyncError, match="differs from server 0's"):
+        reconcile.check_ack(KEY, FP, last.replies[0], third.acks[-1])
+    other = reconcile.step(KEY, FP, 0, common[1:], second.replies[0], chunk_ids=10)  # an earlier exchange's list
+    stale = reconcile.step(KEY, FP, 1, ids1, other.replies[0])
+    with pytest.raises(reconcile.SyncError, match="another chunk"):  # an ack of another exchange's chunk 0
+        reconcile.check_ack(KEY, FP, stale.replies[0], third.acks[0])
 
 
 def test_malformed_id_tables_and_lists_are_sync_errors():

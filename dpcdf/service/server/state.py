@@ -44,6 +44,11 @@ class TaskState:
         # interleave with the task's answers; other tasks' closes and queries do not wait for it
         self.answering = threading.Lock()
 
+    def forget_keys(self) -> None:
+        """Drops the loaded key shares (after the report set changed): the next refresh reloads them."""
+        with self.lock:
+            self.shards, self.seq, self.sealed = [], 0, False
+
     def refresh(self, store: Store, upto: int) -> list[KeyBatch]:
         """The key shares of the frozen report set (reports up to sequence number `upto`). Once the
         task is reconciled: its segments, mapped from DATA/segments/<task> (checksums verified at the

@@ -84,8 +84,9 @@ def close(srv: ServerDep, st: AnalystTaskDep) -> CloseResponse:
         key, fp = st.pair_key, st.config.fingerprint
         try:
             answer = _peer(helper, _play(srv, st, None).replies[0])
-            for index, chunk in enumerate(_play(srv, st, answer).replies):
-                reconcile.check_ack(key, fp, _peer(helper, chunk), index)
+            last = _play(srv, st, answer)
+            for chunk, expected in zip(last.replies, last.acks):
+                reconcile.check_ack(key, fp, _peer(helper, chunk), expected)
         except reconcile.SyncError as exc:  # a peer answer that is not server 1's
             raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
         store.mark(task_id, "reconciled")
@@ -107,8 +108,8 @@ def sync(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
         raise HttpError(400, "the sync message is not the other server's for this task") from None
     try:  # one that does not open (forged, another task's) is refused before it closes the collection
         reconcile.open_sealed(st.pair_key, st.config.fingerprint, raw, (1, 3))
-    except reconcile.SyncError as exc:
-        raise HttpError(400, str(exc)) from None
+    except reconcile.SyncError:  # the same answer as for an unknown task
+        raise HttpError(400, "the sync message is not the other server's for this task") from None
     with st.answering:
         srv.store.freeze(st.config.task_id, st.set_hash)
         move = _play(srv, st, raw)
@@ -135,6 +136,7 @@ def _play(srv: Server, st: TaskState, message: bytes | None) -> reconcile.Step:
     except reconcile.SyncError as exc:
         raise HttpError(400, str(exc)) from None
     if move.drop:
+        st.forget_keys()  # the loaded key shares were of the larger set
         try:
             srv.store.exclude(task_id, sorted(move.drop), st.set_hash)
         except AlreadyAnswered:
