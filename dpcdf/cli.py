@@ -5,7 +5,6 @@ import argparse
 import dataclasses
 import csv
 import json
-import os
 import sys
 from pathlib import Path
 
@@ -14,6 +13,7 @@ import numpy as np
 from .analyst import Analyst
 from .errors import DpcdfError
 from .service.client import UploadIncomplete, create_task, submit
+from .service.files import write_secret
 from .service.task import TaskConfig
 
 
@@ -121,9 +121,7 @@ def main(argv: list[str] | None = None) -> int:
             config, token = create_task(args.servers, parse_grid(args.grid), args.epsilon, args.mechanism,
                                         args.relation, _min_batch(args), args.kem, admin_tokens=admin[:2] if admin else None)
             Path(args.out).write_text(config.to_json())
-            fd = os.open(args.out + ".token", os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-            with os.fdopen(fd, "w") as f:
-                f.write(token)
+            write_secret(args.out + ".token", token.encode())
             print(f"task {config.task_id} on both servers; config {args.out}, analyst token {args.out}.token")
         elif args.cmd == "submit":
             config = TaskConfig.from_json(Path(args.task).read_text())

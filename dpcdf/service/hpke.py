@@ -9,13 +9,13 @@ directory (0600), made at first start; its public keys are served at GET /hpke.
 """
 from __future__ import annotations
 
-import os
 from pathlib import Path
 
 from cryptography.hazmat.primitives import hpke, serialization
 from cryptography.hazmat.primitives.asymmetric import mlkem, x25519
 
 from ..errors import ParameterError
+from .files import write_secret
 
 KEMS = {"x25519": hpke.KEM.X25519, "mlkem768-x25519": hpke.KEM.MLKEM768_X25519}
 _X_LEN = 32
@@ -47,16 +47,6 @@ def public_key(kem: str, hex_key: str):
         raise ParameterError(f"not a {kem} public key: {exc}") from None
 
 
-def _write_secret(path: Path, data: bytes) -> None:
-    tmp = path.with_suffix(".tmp")
-    fd = os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600)
-    with os.fdopen(fd, "wb") as f:
-        f.write(data)
-        f.flush()
-        os.fsync(f.fileno())
-    os.replace(tmp, path)
-
-
 class ServerKeys:
     """A server's private keys for every KEM, loaded from (or made in) its data directory."""
 
@@ -64,10 +54,10 @@ class ServerKeys:
         xpath, mpath = data_dir / "hpke_x25519.pem", data_dir / "hpke_mlkem768.seed"
         if not xpath.exists():
             key = x25519.X25519PrivateKey.generate()
-            _write_secret(xpath, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+            write_secret(xpath, key.private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
                                                    serialization.NoEncryption()))
         if not mpath.exists():
-            _write_secret(mpath, mlkem.MLKEM768PrivateKey.generate().private_bytes_raw())
+            write_secret(mpath, mlkem.MLKEM768PrivateKey.generate().private_bytes_raw())
         self.x25519 = serialization.load_pem_private_key(xpath.read_bytes(), password=None)
         self.mlkem = mlkem.MLKEM768PrivateKey.from_seed_bytes(mpath.read_bytes())
 

@@ -27,6 +27,7 @@ from typing import Iterator
 import numpy as np
 
 from ..errors import DpcdfError
+from .files import create_private
 
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
@@ -78,11 +79,10 @@ class Spool:
     def open(cls, path: str | Path, fingerprint: bytes, values: np.ndarray, labels: np.ndarray | None = None) -> "Spool":
         path = str(path)
         lock = None if path == ":memory:" else _exclusive(os.path.realpath(path) + ".lock")  # one lock per file, links too
-        new = path == ":memory:" or not Path(path).exists()
+        if path != ":memory:":
+            create_private(path)
         db = sqlite3.connect(path, isolation_level=None)
         if path != ":memory:":
-            if new:
-                os.chmod(path, 0o600)
             db.execute("PRAGMA journal_mode=WAL")
         db.execute("PRAGMA synchronous=FULL")
         db.executescript(SCHEMA)

@@ -9,7 +9,6 @@ are read inside the same transaction, so they cannot go stale between the check 
 and a failure anywhere rolls the whole write back."""
 from __future__ import annotations
 
-import os
 import sqlite3
 import threading
 import time
@@ -19,6 +18,7 @@ from pathlib import Path
 from typing import Callable, Iterator, NamedTuple, Sequence
 
 from ..errors import DpcdfError
+from .files import create_private
 
 
 class StoreError(DpcdfError):
@@ -134,10 +134,7 @@ SetHash = Callable[[list[bytes]], str]
 class Store:
     def __init__(self, path: Path | str):
         path = Path(path)
-        try:  # created 0600 before SQLite opens it: it holds noise seeds and key shares
-            os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
-        except FileExistsError:
-            pass
+        create_private(path)  # before SQLite opens it: it holds noise seeds and key shares
         self.path = path
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self.lock = threading.RLock()  # handlers run in a thread pool; one connection, one writer at a time

@@ -20,6 +20,7 @@ from fss import KeyBatch, backend
 from .. import reconcile
 from ..aggregate import Aggregator
 from .. import segments
+from ..files import write_secret
 from ..hpke import ServerKeys
 from ..store import Store
 from ..task import TaskConfig, token_hash
@@ -127,9 +128,7 @@ def operator_token(data: Path, path: str | Path | None) -> str:
         return os.environ[ADMIN_ENV]
     file = Path(path) if path is not None else data / "admin.token"
     if path is None and not file.exists():
-        fd = os.open(file, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600)
-        with os.fdopen(fd, "w") as f:
-            f.write(secrets.token_urlsafe(32))
+        write_secret(file, secrets.token_urlsafe(32).encode())
     try:
         token = file.read_text().strip()
     except OSError as exc:
