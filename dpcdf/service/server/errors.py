@@ -14,11 +14,11 @@ NOT_JSON = "the body must be JSON"
 
 
 class HttpError(DpcdfError):
-    """A request the server refuses, with the HTTP status to answer."""
+    """A request the server refuses, with the HTTP status (and any headers) to answer."""
 
-    def __init__(self, status: int, message: str):
+    def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
-        self.status, self.message = status, message
+        self.status, self.message, self.headers = status, message, headers
 
 
 def problem(error: dict) -> str:
@@ -33,7 +33,7 @@ def problem(error: dict) -> str:
 
 
 async def http_error(request: Request, exc: HttpError) -> JSONResponse:
-    return JSONResponse({"error": exc.message}, status_code=exc.status)
+    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:

@@ -13,8 +13,6 @@ from contextlib import contextmanager
 from pathlib import Path
 from typing import Iterator
 
-from starlette.exceptions import HTTPException
-
 from fss import KeyBatch, backend
 
 from .. import reconcile
@@ -85,13 +83,11 @@ ANALYST_LIMIT = 2  # expensive requests (closes, queries) in flight per analyst 
 RETRY_AFTER = 2  # seconds, in the 429's Retry-After header
 
 
-class Throttled(DpcdfError, HTTPException):
-    """429 with a Retry-After header: too many of one analyst's expensive requests at once. An
-    HTTPException too, so the app's Starlette handler answers {"error": ...} with its headers."""
+class Throttled(HttpError):
+    """429 with a Retry-After header: too many of one analyst's expensive requests at once."""
 
     def __init__(self, message: str, retry_after: int = RETRY_AFTER):
-        DpcdfError.__init__(self, message)
-        HTTPException.__init__(self, 429, message, headers={"Retry-After": str(retry_after)})
+        super().__init__(429, message, {"Retry-After": str(retry_after)})
 
 
 class Limiter:
