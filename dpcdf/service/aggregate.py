@@ -60,9 +60,6 @@ class Aggregator:
 
         return noise
 
-    def noise(self, ids: np.ndarray, scale: Fraction) -> np.ndarray:
-        return self.noise_fn(0)(ids, scale)
-
     def _add(self, shares: np.ndarray, noise_of) -> np.ndarray:
         """shares + each element's noise (int64 noise, added mod 2^64)."""
         if self.dcf.width == 1:
