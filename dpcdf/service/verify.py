@@ -19,6 +19,12 @@ V = V_0 + V_1 = (sum_i r_i D_i)^2 - sum_i r_i^2 D_i + s * top, which is 0 for ev
 for any other report, a nonzero polynomial of degree 2 in (r, s): accepted with probability <= 2/p.
 `check_value` computes V directly from the reconstructed vector (for the tests' exhaustive count
 over a small prime).
+
+The service runs the same check through `Check` (one per payload kind), which works on the grid
+values y directly (the weights of D folded into y, computed once per close), also opens `top` so that
+a rejection has a reason class ("weight": the report's total is not 1; "shape": total 1 but not a
+single unit step), and moves only arrays between the servers: round one opens (n, E) elements,
+round two one element per report.
 """
 from __future__ import annotations
 
@@ -28,6 +34,9 @@ import secrets
 import numpy as np
 
 from fss import field as F
+
+from ..errors import ParameterError
+from . import _sketch
 
 P = F.P
 DOMAIN = b"fss-dpcdf/verify/challenges/v1"
@@ -161,3 +170,93 @@ def check_value(d: object, r: object, s: object, delta: object = 0, p: int = P) 
     z = np.sum(r * body, axis=-1) % p
     big_l = np.sum((r * r % p) * body % p, axis=-1) % p
     return (z * z - big_l + s * top + delta) % p
+
+
+# --- the service's interface: one `Check` per payload kind ------------------------------------------
+OK, WEIGHT, SHAPE, RANGE = 0, 1, 2, 3
+REASONS = {WEIGHT: "weight", SHAPE: "shape", RANGE: "range"}
+"""Why a report was excluded (the class a failed check falls in; honest reports never fail):
+weight: its grid values do not add up to one report (payload 0, 2, 10^6, -1, a step outside the
+grid, labels that sum to 0 or 2); shape: total weight 1 but not one unit step (two steps, a step
+up and one down, a label outside {0, 1}, keys that disagree); range: a calibration probability
+outside [0, 2^16]."""
+
+
+class Check:
+    """The check of one payload kind over a grid of `size` points, in the two rounds the servers run.
+
+        x_0, x_1 = check.client_extras(betas)                 # the client, one row per report
+        msg_b, st_b = check.round_one(b, y_b, x_b, ch)        # each server; sends msg_b (n, E)
+        opened = msg_0 + msg_1                                 # (mod p)
+        v_b = check.round_two(b, st_b, opened, x_b)           # each server; sends v_b (n,)
+        reasons = check.verdicts(opened, v_0 + v_1)           # 0 = counts, else a REASONS key
+
+    y_b: the server's shares of every report's values at the grid points, (n, size) or
+    (n, size, width); ch = check.challenges(key, context), the same on both servers."""
+
+    def __init__(self, payload: str, size: int):
+        if payload not in PAYLOADS:
+            raise ParameterError(f"reports of payload {payload!r} cannot be verified (verified payloads: {PAYLOADS})")
+        self.payload, self.size = payload, int(size)
+        self.width = 1 if payload == "count" else 2
+
+    extras = 2  # field elements the client adds per server and report: shares of (a, a^2)
+    opened = 2  # elements each server sends per report in round one: (e, top)
+
+    def challenges(self, key: bytes, context: bytes) -> "Challenges":
+        r, s = challenges(key, context, self.size * self.width)
+        return Challenges.fold(r, s, self.size, self.width)
+
+    def client_extras(self, betas: object = None, randomness: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """The client's shares of its pair (a, a^2) per report: ((n, 2), (n, 2)). `betas`: one row per
+        report (only its count matters here)."""
+        n = int(np.asarray(betas).shape[0])
+        (a0, big0), (a1, big1) = client_pairs(n, randomness)
+        return np.stack([a0, big0], axis=1), np.stack([a1, big1], axis=1)
+
+    def _y(self, y: np.ndarray) -> np.ndarray:
+        y = np.ascontiguousarray(y, dtype=np.uint64)
+        if y.ndim == 2 and self.width == 1:
+            y = y[:, :, None]
+        if y.shape[1:] != (self.size, self.width):
+            raise ParameterError(f"grid values of shape (n, {self.size}, {self.width}) expected, got {y.shape}")
+        return y
+
+    def round_one(self, party: int, y: np.ndarray, extras: np.ndarray, ch: "Challenges") -> tuple[np.ndarray, np.ndarray]:
+        """(message (n, 2): e_b = z_b - a_b and top_b; state (n, 2): L_b and s * top_b), where
+        z_b = sum_i r_i D_b,i and L_b = sum_i r_i^2 D_b,i are taken on y_b with the folded weights."""
+        y = self._y(y)
+        z, big_l, top = _sketch.sketch(y, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0))
+        a = _u64(extras)[:, 0]
+        msg = np.stack([F.sub(z, a), top], axis=1)
+        return msg, np.stack([big_l, F.mul(top, np.full_like(top, ch.s))], axis=1)
+
+    def round_two(self, party: int, state: np.ndarray, opened: np.ndarray, extras: np.ndarray) -> np.ndarray:
+        """V_b = [b = 0] e^2 + 2 e a_b + A_b - L_b + s top_b (`second_message`)."""
+        e, x = _u64(opened)[:, 0], _u64(extras)
+        sq = F.add(F.mul(F.add(e, e), x[:, 0]), x[:, 1])
+        if party == 0:
+            sq = F.add(sq, F.mul(e, e))
+        return F.add(F.sub(sq, state[:, 0]), state[:, 1])
+
+    def verdicts(self, opened: np.ndarray, v: np.ndarray) -> np.ndarray:
+        """Per report: OK (0), WEIGHT if the opened top is not 0, else SHAPE if V is not 0 (uint8)."""
+        top = _u64(opened)[:, 1]
+        return np.where(top != 0, WEIGHT, np.where(_u64(v) != 0, SHAPE, OK)).astype(np.uint8)
+
+
+class Challenges:
+    """The challenges of one close folded into weights on the grid values: with r_{i,c} the challenge
+    of D's entry i of component c (r_N = 0), wz[i, c] = r_i - r_{i+1} and wl[i, c] = r_i^2 - r_{i+1}^2,
+    so that sum_i r_i D_i = sum_i wz_i y_i (summation by parts) and likewise for L."""
+
+    def __init__(self, wz: np.ndarray, wl: np.ndarray, s: np.uint64):
+        self.wz, self.wl, self.s = wz, wl, np.uint64(s)
+
+    @classmethod
+    def fold(cls, r: np.ndarray, s: object, size: int, width: int) -> "Challenges":
+        r = _u64(r).reshape(width, size).T  # component c's challenges are r[c*size : (c+1)*size]
+        nxt = np.zeros_like(r)
+        nxt[:-1] = r[1:]
+        r2, nxt2 = F.mul(r, r), F.mul(nxt, nxt)
+        return cls(np.ascontiguousarray(F.sub(r, nxt)), np.ascontiguousarray(F.sub(r2, nxt2)), _u64(s))
