@@ -149,6 +149,12 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
     return fast.gen_batch(p, alphas, betas, roots, name == "vaes")
 
 
+def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool) -> np.ndarray:
+    """(n, size, width) shares of every key at internal points start + j (or, with `reverse`,
+    start + size - 1 - j) for j in 0 .. size - 1."""
+    return portable.eval_grid(batch, start, size, reverse)
+
+
 def eval_full(batch: KeyBatch) -> np.ndarray:
     return portable.eval_full(batch)
 

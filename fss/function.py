@@ -9,7 +9,7 @@ import numpy as np
 from . import backend, codec, inputs
 from .errors import KeyFormatError, KeyMismatchError, ParameterError
 from .keys import Key, KeyBatch
-from .params import TreeParams
+from .params import TreeParams, check_int
 
 Payload = Union[int, Sequence[int]]
 Share = Union[int, tuple]
@@ -130,6 +130,24 @@ class TreeFunction:
         if pi.ndim != 1:
             raise ParameterError(f"points must be one-dimensional, got shape {pi.shape}")
         return self._shape(backend.eval_sum(batch, pi).T)
+
+    def eval_grid(self, keys: KeyBatch, size: int) -> np.ndarray:
+        """Every key's shares at the points x = 0 .. size - 1 (for signed functions lo .. lo + size - 1,
+        lo = -2^(bits-1)), size in 1 .. 2^bits: uint64 array (n, size) for width 1, else (n, size, width),
+        in the payload group (mod 2^out_bits, or canonical in [0, p) for group "p61"). Entry [k, j]
+        equals `eval_batch` of key k at point lo + j, but each key walks its tree once for all points:
+        about 2 * size node children, i.e. 2 + width (ring) or 2 + 2 width (p61) AES blocks per internal
+        node, plus the leaf conversion for width > 1. Raises `ParameterError` for a bad size and
+        `KeyMismatchError` for keys of another function."""
+        batch = self._check_keys(keys, KeyBatch)
+        p = self.params
+        size = check_int("size", size, 1, 1 << p.bits)
+        # user point lo + j is internal point j xor input_xor = j, or 2^bits - 1 - j for gt and ge
+        # (input_xor's sign bit cancels lo's): the internal range reversed
+        reverse = p.cmp in ("gt", "ge")
+        start = (1 << p.bits) - size if reverse else 0
+        out = backend.eval_grid(batch, start, size, reverse)
+        return out.reshape(len(batch), size) if p.width == 1 else out
 
     # --- reconstruction --------------------------------------------------------------------
     @property

@@ -21,6 +21,8 @@ from .keys import KeyBatch, from_groups, to_groups
 from .params import TreeParams
 from .prg import mmo_blocks
 
+_NOT1 = ~np.uint64(1)
+
 
 def _level_bits(values: np.ndarray, p: TreeParams, level: int) -> np.ndarray:
     """Bit `level` (0 = most significant of `bits`) of every value, as uint8."""
@@ -171,3 +173,72 @@ def eval_full(batch: KeyBatch) -> np.ndarray:
     K.finish_eval(acc, convert(p, s), t, cw_last, batch.party == 1)
     acc &= np.uint64(p.mask)
     return acc
+
+
+def grid_chunk(p: TreeParams, size: int) -> int:
+    """Keys per pass of the portable `eval_grid`: about 2^17 tree nodes a level at most."""
+    return max(1, (1 << 17) // size)
+
+
+def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool) -> np.ndarray:
+    """Shares (n, size, width) of every key at the internal points start .. start + size - 1
+    (start + size <= 2^bits): entry j is point start + j, or with `reverse` point start + size - 1 - j.
+    Level by level over all keys' nodes: level i holds the prefixes of the range's points, each
+    expanded into both children (`fill_expand`: LEFT, RIGHT, VALUE blocks), and the children outside
+    the range's prefixes dropped (at most one at each end)."""
+    p, n, w = batch.params, len(batch), batch.params.width
+    out = np.empty((n, size, w), np.uint64)
+    seeds, cw_seed, cw_t, cw_v = batch.logical()
+    cw_v = cw_v.astype(np.uint64)
+    step = grid_chunk(p, size)
+    for k in range(0, n, step):
+        ks = slice(k, min(n, k + step))
+        part = _grid_keys(p, batch.party, seeds[:, ks], cw_seed[..., ks], cw_t[:, ks], cw_v[..., ks], start, size)
+        out[ks] = part[:, ::-1] if reverse else part
+    return out
+
+
+def _grid_keys(p: TreeParams, party: int, seeds, cw_seed, cw_t, cw_v, start: int, size: int) -> np.ndarray:
+    """`eval_grid` for the keys of the logical arrays given (n keys): (n, size, width), internal order."""
+    n, w, bits = seeds.shape[1], p.width, p.bits
+    last = start + size - 1
+    s = seeds.reshape(2, n, 1).copy()  # (word, key, node)
+    t = np.full((n, 1), party, np.uint8)
+    acc = np.zeros((w, n, 1), np.uint64)
+    nb = p.expand_blocks
+    for i in range(bits):
+        m = s.shape[2]
+        out = _mmo(K.fill_expand, s.reshape(2, n * m), shape=(n * m, nb)).reshape(n, m, nb, 2)
+        tm = np.uint64(0) - t.astype(np.uint64)  # all ones where t
+        kid_s, kid_t, kid_acc = [], [], []
+        for side in (0, 1):
+            lo, hi = out[:, :, side, 0], out[:, :, side, 1]
+            kid_s.append(np.stack([(lo & _NOT1) ^ (cw_seed[i, 0][:, None] & tm), hi ^ (cw_seed[i, 1][:, None] & tm)]))
+            kid_t.append((lo & np.uint64(1)).astype(np.uint8) ^ (((cw_t[i] >> np.uint8(side)) & np.uint8(1))[:, None] & t))
+            if not p.level_payload:
+                kid_acc.append(acc)
+            elif p.prime:  # VALUE block side*width + e, reduced mod p
+                v = F.reduce128(out[:, :, 2 + side * w : 2 + (side + 1) * w, 0], out[:, :, 2 + side * w : 2 + (side + 1) * w, 1])
+                v = np.moveaxis(v, 2, 0)
+                kid_acc.append(F.add(acc, F.add(v, cw_v[i][:, :, None] & tm)))
+            else:  # word side*width + e of the VALUE blocks, two words a block
+                words = out[:, :, 2:, :].reshape(n, m, -1)[:, :, side * w : (side + 1) * w]
+                kid_acc.append(acc + np.moveaxis(words, 2, 0) + (cw_v[i][:, :, None] & tm))
+        # children in prefix order (left, right of each node), then only the prefixes of the range
+        first = 2 * (start >> (bits - i))
+        keep = slice((start >> (bits - 1 - i)) - first, (last >> (bits - 1 - i)) - first + 1)
+        s = np.stack(kid_s, axis=-1).reshape(2, n, 2 * m)[:, :, keep].copy()
+        t = np.stack(kid_t, axis=-1).reshape(n, 2 * m)[:, keep].copy()
+        acc = np.stack(kid_acc, axis=-1).reshape(w, n, 2 * m)[:, :, keep].copy()
+    m = s.shape[2]
+    conv = convert(p, s.reshape(2, n * m)).reshape(w, n, m)
+    cw_last = np.broadcast_to(cw_v[-1][:, :, None], (w, n, m))
+    t = t.reshape(n, m)
+    if p.prime:
+        v = _finish_prime(acc, conv, t, cw_last, party)
+    else:
+        v = acc + conv + (cw_last & (np.uint64(0) - t.astype(np.uint64)))
+        if party == 1:
+            v = np.uint64(0) - v
+        v &= np.uint64(p.mask)
+    return np.ascontiguousarray(np.moveaxis(v, 0, -1))

@@ -1,0 +1,150 @@
+"""eval_grid: every key's shares at the first `size` points of the domain, pinned to eval_batch at each
+point (both parties, every comparison, signed or not, both groups, widths 1-3, the DPF too), to the
+function's values after reconstruction, and on every backend to the portable one."""
+import numpy as np
+import pytest
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from fss import DCF, DPF, Key, KeyBatch, KeyMismatchError, ParameterError, backend, portable
+
+from helpers import CMPS
+
+KINDS = CMPS + ("eq",)
+P = (1 << 61) - 1
+
+
+def make(kind, bits, width=1, signed=False, group="ring", out_bits=None):
+    if kind == "eq":
+        return DPF(bits, out_bits, width, signed=signed, group=group)
+    return DCF(bits, out_bits, width, cmp=kind, signed=signed, group=group)
+
+
+def truth(fn, alphas, xs, betas):
+    """(n, size, width): betas[k] where `xs[j] cmp alphas[k]`, else 0."""
+    a, x = np.asarray(alphas, object)[:, None], np.asarray(xs, object)[None, :]
+    holds = {"lt": x < a, "le": x <= a, "gt": x > a, "ge": x >= a, "eq": x == a}[fn.params.cmp].astype(bool)
+    return np.where(holds[:, :, None], betas[:, None, :], np.uint64(0)).astype(np.uint64)
+
+
+def points_of(fn, size):
+    lo = fn.params.domain_range()[0]
+    return [lo + j for j in range(size)]
+
+
+def by_eval_batch(fn, keys, xs):
+    """(n, size, width) from one eval_batch over every (key, point) pair."""
+    n, m = len(keys), len(xs)
+    got = fn.eval_batch(keys.select(np.repeat(np.arange(n), m)), np.tile(np.array(xs, dtype=object), n))
+    return got.reshape(n, m, fn.width)
+
+
+def check(fn, alphas, betas, size, k0, k1):
+    xs = points_of(fn, size)
+    g0, g1 = fn.eval_grid(k0, size), fn.eval_grid(k1, size)
+    shape = (len(alphas), size) if fn.width == 1 else (len(alphas), size, fn.width)
+    assert g0.shape == g1.shape == shape and g0.dtype == g1.dtype == np.uint64
+    g0, g1 = g0.reshape(len(alphas), size, fn.width), g1.reshape(len(alphas), size, fn.width)
+    bound = P if fn.params.prime else 1 << fn.out_bits
+    assert int(g0.max(initial=0)) < bound and int(g1.max(initial=0)) < bound
+    np.testing.assert_array_equal(g0, by_eval_batch(fn, k0, xs))
+    np.testing.assert_array_equal(g1, by_eval_batch(fn, k1, xs))
+    np.testing.assert_array_equal(fn.reconstruct(g0, g1), truth(fn, alphas, xs, betas))
+
+
+@st.composite
+def setups(draw):
+    kind = draw(st.sampled_from(KINDS))
+    group = draw(st.sampled_from(["ring", "p61"]))
+    bits = draw(st.one_of(st.integers(1, 12), st.sampled_from([16, 33, 63, 64])))
+    out_bits = None if group == "p61" else draw(st.one_of(st.integers(1, 64), st.sampled_from([1, 32, 64])))
+    width = draw(st.integers(1, 3))
+    fn = make(kind, bits, width, draw(st.booleans()), group, out_bits)
+    lo, hi = fn.params.domain_range()
+    n = draw(st.integers(1, 20))
+    edges = st.sampled_from([lo, hi, lo + 1, hi - 1, 0, -1, 1])
+    alphas = draw(st.lists(st.one_of(edges, st.integers(lo, hi)), min_size=n, max_size=n))
+    alphas = [min(max(a, lo), hi) for a in alphas]
+    size = draw(st.one_of(st.integers(1, min(1 << bits, 300)), st.sampled_from([1, min(1 << bits, 256)])))
+    m = fn.params.modulus
+    betas = np.array(draw(st.lists(st.lists(st.integers(0, m - 1), min_size=width, max_size=width),
+                                   min_size=n, max_size=n)), dtype=np.uint64)
+    return fn, alphas, betas, size
+
+
+@pytest.mark.usefixtures("each_backend")
+@settings(max_examples=40)
+@given(setup=setups())
+def test_equals_eval_batch_and_reconstructs(setup):
+    fn, alphas, betas, size = setup
+    k0, k1 = fn.gen_batch(np.array(alphas, dtype=object), betas if fn.width > 1 else betas[:, 0])
+    check(fn, alphas, betas, size, k0, k1)
+
+
+@pytest.mark.usefixtures("each_backend")
+@pytest.mark.parametrize("group", ["ring", "p61"])
+@pytest.mark.parametrize("signed", [False, True])
+@pytest.mark.parametrize("kind", KINDS)
+def test_every_alpha_every_size_on_small_domains(kind, signed, group):
+    for bits in range(1, 5):
+        width = 1 + bits % 3  # 2, 3, 1, 2
+        fn = make(kind, bits, width, signed, group, None if group == "p61" else 5 + bits)
+        lo, hi = fn.params.domain_range()
+        alphas = list(range(lo, hi + 1))
+        betas = (np.arange(len(alphas) * width, dtype=np.uint64).reshape(-1, width) * np.uint64(7) + np.uint64(1)) \
+            % np.uint64(fn.params.modulus)
+        k0, k1 = fn.gen_batch(alphas, betas if width > 1 else betas[:, 0])
+        for size in range(1, (1 << bits) + 1):
+            check(fn, alphas, betas, size, k0, k1)
+
+
+@pytest.mark.parametrize("fn", [DCF(10, group="p61", cmp="ge"), DCF(10, group="p61", cmp="ge", width=2),
+                                DCF(11, width=3, cmp="lt", group="p61", signed=True), DCF(11, 64, 1, cmp="gt"),
+                                DCF(9, 20, 3, cmp="le", signed=True), DPF(10, group="p61", width=2), DPF(8, 13)],
+                         ids=repr)
+def test_every_backend_equals_portable(fn):
+    n = 37  # two full groups of 16 and a partial one
+    lo, hi = fn.params.domain_range()
+    alphas = [lo, hi, 0] + [lo + (i * 7919) % (hi - lo + 1) for i in range(n - 3)]
+    k0, k1 = fn.gen_batch(alphas, -1)  # -1: the largest element, p - 1 or 2^out_bits - 1
+    for size in sorted({1, 5, min(1000, 1 << fn.bits), 1 << fn.bits}):
+        want = [portable.eval_grid(k, 0, size, False) for k in (k0, k1)]
+        for name in backend.available():
+            with backend.using(name):
+                for k, w in zip((k0, k1), want):
+                    np.testing.assert_array_equal(backend.eval_grid(k, 0, size, False), w)
+                    start = (1 << fn.bits) - size
+                    np.testing.assert_array_equal(backend.eval_grid(k, start, size, True),
+                                                  portable.eval_grid(k, start, size, True))
+    if fn.params.cmp in ("eq", "ge"):  # the largest payload, on the default backend
+        betas = np.full((n, fn.width), fn.params.modulus - 1, np.uint64)
+        check(fn, alphas, betas, min(300, 1 << fn.bits), k0, k1)
+
+
+def test_empty_batch_and_one_key():
+    fn = DCF(6, group="p61", cmp="ge")
+    k0, _ = fn.gen_batch([5, 9], 1)
+    empty = k0.select(np.arange(0))
+    assert fn.eval_grid(empty, 64).shape == (0, 64)
+    assert DCF(6, width=2).eval_grid(DCF(6, width=2).gen_batch([1], 1)[0].select(np.arange(0)), 3).shape == (0, 3, 2)
+
+
+def test_errors():
+    fn = DCF(8, group="p61", cmp="ge")
+    k0, _ = fn.gen_batch([3, 4], 1)
+    for bad in (0, -1, 257, 1 << 70):
+        with pytest.raises(ParameterError, match="size"):
+            fn.eval_grid(k0, bad)
+    for bad in (True, 2.0, "16", None):
+        with pytest.raises(ParameterError, match="size"):
+            fn.eval_grid(k0, bad)
+    with pytest.raises(KeyMismatchError):
+        DCF(8, cmp="ge").eval_grid(k0, 4)  # the ring, not F_p
+    with pytest.raises(KeyMismatchError):
+        DCF(8, group="p61", cmp="gt").eval_grid(k0, 4)
+    with pytest.raises(KeyMismatchError):
+        DPF(8, group="p61").eval_grid(k0, 4)
+    with pytest.raises(ParameterError, match="KeyBatch"):
+        fn.eval_grid(k0[0], 4)
+    assert isinstance(k0[0], Key) and isinstance(k0, KeyBatch)
+    assert fn.eval_grid(k0, 256).shape == (2, 256)
