@@ -1,5 +1,5 @@
-"""The verification's hot loop (numba): per report, the two weighted sums of its grid values that the
-check needs, and its top entry, in F_p (p = 2^61 - 1). See `verify.Check.round_one`."""
+"""The verification's hot loop (numba): per report, the weighted sums of its grid values that the
+check needs (and, for count/label, its top entry), in F_p (p = 2^61 - 1). See `verify.Check.round_one`."""
 from __future__ import annotations
 
 import numpy as np
@@ -63,3 +63,32 @@ def column_sums(y):
                 acc = _fold(acc + y[k, i, c])
             out[i, c] = acc
     return out
+
+
+
+@njit(parallel=True, cache=True)
+def sketch_calibration(y, w):
+    """The four weighted sums of a calibration report's check (`verify.Check`, payload
+    "calibration"): y (n, N, 3) canonical grid values of the components (1, label, q), w (N, 5)
+    folded weights (columns: unit/label sketch z on components 0 and 1, its L on components 0 and
+    1, the score check's rho). Per report: z = y0.w0 + y1.w1, l = y0.w2 + y1.w3, a = y0.w4 and
+    u = y2.w4 (mod p): six multiplications per grid point. Returns (n, 4) columns (z, l, a, u)."""
+    n, size, width = y.shape
+    res = np.empty((n, 4), np.uint64)
+    for k in prange(n):
+        z = np.uint64(0)
+        l = np.uint64(0)
+        a = np.uint64(0)
+        u = np.uint64(0)
+        for i in range(size):
+            y0 = y[k, i, 0]
+            y1 = y[k, i, 1]
+            z = _fold(z + _mul(y0, w[i, 0]) + _mul(y1, w[i, 1]))  # < 3p before folding
+            l = _fold(l + _mul(y0, w[i, 2]) + _mul(y1, w[i, 3]))
+            a = _fold(a + _mul(y0, w[i, 4]))
+            u = _fold(u + _mul(y[k, i, 2], w[i, 4]))
+        res[k, 0] = z
+        res[k, 1] = l
+        res[k, 2] = a
+        res[k, 3] = u
+    return res

@@ -24,7 +24,15 @@ The service runs the same check through `Check` (one per payload kind), which wo
 values y directly (the weights of D folded into y, computed once per close), also opens `top` so that
 a rejection has a reason class ("weight": the report's total is not 1; "shape": total 1 but not a
 single unit step), and moves only arrays between the servers: round one opens (n, E) elements,
-round two one element per report.
+round two one element per report (count, label) or three (calibration).
+
+Calibration reports (payload (1, label, q), q an integer in [0, 2^16]) are checked by three
+sub-checks, each opened as its own V: the sketch above on (D^(1), D^(0) - D^(1)) (unit step, label
+in {0, 1}), the score on the same step (sum_i rho_i (D^(2)_i - q D^(0)_i) = 0, the product through
+a client's Beaver triple) and the range of q (17 claimed bits, each checked as a unit vector
+(b_j, 1 - b_j) with its own pair, and sigma (q - sum_j w_j b_j)). The client supplies 56 elements
+per server (`calibration_extras`), the servers open 21 in round one and 3 in round two;
+`calibration_check_values` is the opened (V1, V2, V3) as a function of the reconstructed report.
 """
 from __future__ import annotations
 
@@ -40,7 +48,9 @@ from . import _sketch
 
 P = F.P
 DOMAIN = b"fss-dpcdf/verify/challenges/v1"
-PAYLOADS = ("count", "label")
+PAYLOADS = ("count", "label")  # the payloads of the single-sketch functions below
+CHECKED = ("count", "label", "calibration")  # the payloads `Check` verifies
+QMAX = 1 << 16  # a calibration report's q is an integer in [0, QMAX]: a probability in units of 2^-16
 
 
 def _u64(x: object) -> np.ndarray:
@@ -172,14 +182,143 @@ def check_value(d: object, r: object, s: object, delta: object = 0, p: int = P) 
     return (z * z - big_l + s * top + delta) % p
 
 
+# --- calibration reports (1, label, q): the pieces of the three sub-checks ----------------------------
+def range_weights(bound: int) -> list[int]:
+    """The weights of the range check of q in [0, bound]: 1, 2, .., 2^(m-1), bound - (2^m - 1) with
+    2^m <= bound < 2^(m+1). The sums sum_j w_j b_j over bits b in {0, 1}^(m+1) are exactly the
+    integers 0 .. bound (the first m weights give 0 .. 2^m - 1, the last one shifts that range up by
+    at most 2^m), so no bound check beyond the bits is needed. bound = 2^16: 1, 2, .., 2^15, 1."""
+    bound = int(bound)
+    if bound < 1:
+        raise ValueError(f"the range bound must be at least 1, got {bound}")
+    m = bound.bit_length() - 1
+    return [1 << j for j in range(m)] + [bound - ((1 << m) - 1)]
+
+
+RANGE_WEIGHTS = np.array(range_weights(QMAX), dtype=np.uint64)  # 1, 2, .., 2^15, 1
+BITS = len(RANGE_WEIGHTS)  # 17
+# The calibration extras, per server and report (columns of `calibration_extras`):
+X_PAIR = slice(0, 2)  # (a, A = a^2): the unit/label sketch's pair
+X_TRIPLE = slice(2, 5)  # (a', b', c' = a' b'): Beaver triple for q * sum_i rho_i D^(0)_i
+X_BITS = slice(5, 5 + BITS)  # b_0 .. b_16 with q = sum_j w_j b_j
+X_BIT_A = slice(5 + BITS, 5 + 2 * BITS)  # a_j: one pair (a_j, a_j^2) per bit, for its unit-vector check
+X_BIT_AA = slice(5 + 2 * BITS, 5 + 3 * BITS)  # A_j = a_j^2
+CALIBRATION_EXTRAS = 5 + 3 * BITS  # 56
+# opened in round one: e = z - a, top, q - a', sum_i rho_i D^(0)_i - b', and e_j = u_j - a_j per bit
+CALIBRATION_OPENED = 4 + BITS  # 21
+_SECRETS = 3 + BITS  # the client's uniform secrets per report: a, a', b', a_0 .. a_16
+CALIBRATION_RANDOMNESS = 16 * (_SECRETS + CALIBRATION_EXTRAS)  # bytes per report: 1216
+
+
+def _elements(x: object) -> np.ndarray:
+    """Integers of any sign and size (or canonical uint64 elements) -> canonical elements."""
+    arr = np.asarray(x)
+    if arr.dtype.kind in "ui" and (arr.size == 0 or (arr.min() >= 0 and arr.max() < P)):
+        return arr.astype(np.uint64)
+    return F.from_ints(np.asarray(x, dtype=object))
+
+
+def range_bits(q: object, bound: int = QMAX) -> np.ndarray:
+    """An honest client's bits of integers q in [0, bound] for `range_weights(bound)`: the last bit is
+    1 iff q >= 2^m, the others are the binary digits of what remains. (n,) -> (n, m + 1) uint64."""
+    q = np.asarray(q, dtype=np.int64)
+    if q.size and (q.min() < 0 or q.max() > bound):
+        raise ValueError(f"q must be in [0, {bound}]")
+    w = range_weights(bound)
+    m = len(w) - 1
+    last = (q >= (1 << m)).astype(np.int64)
+    rest = q - w[-1] * last
+    digits = (rest[..., None] >> np.arange(m, dtype=np.int64)) & 1
+    return np.concatenate([digits, last[..., None]], axis=-1).astype(np.uint64)
+
+
+def calibration_extras(
+    bits: object,
+    randomness: bytes | None = None,
+    *,
+    pair_error: object = 0,
+    triple_error: object = 0,
+    bit_pair_errors: object = 0,
+) -> tuple[np.ndarray, np.ndarray]:
+    """The additive shares ((n, 56), (n, 56)) of a calibration report's extras with the claimed bits
+    given explicitly: bits (n, BITS), any integers (taken mod p). An honest client passes
+    `range_bits(q)` (`Check.client_extras` does); a client crafting a malformed report may claim
+    anything, and may also err in its correlated randomness: `pair_error` = A - a^2,
+    `triple_error` = c' - a' b' (per report) and `bit_pair_errors` = A_j - a_j^2 (per report and bit),
+    all 0 for an honest client. Columns: X_PAIR, X_TRIPLE, X_BITS, X_BIT_A, X_BIT_AA. The secrets a,
+    a', b', a_j are uniform; server 0's shares are uniform, server 1's the difference.
+    `randomness`: CALIBRATION_RANDOMNESS bytes per report (the OS CSPRNG if None)."""
+    bits = _elements(bits)
+    if bits.ndim != 2 or bits.shape[1] != BITS:
+        raise ValueError(f"bits of shape (n, {BITS}) expected, got {bits.shape}")
+    n = bits.shape[0]
+    count = _SECRETS + CALIBRATION_EXTRAS
+    data = secrets.token_bytes(16 * count * n) if randomness is None else randomness
+    vals = elements_from_bytes(data, count * n).reshape(n, count) if n else np.zeros((0, count), np.uint64)
+    a, ta, tb, aj = vals[:, 0], vals[:, 1], vals[:, 2], vals[:, 3:_SECRETS]
+    x0 = vals[:, _SECRETS:]
+    x = np.empty((n, CALIBRATION_EXTRAS), np.uint64)
+    x[:, 0] = a
+    x[:, 1] = F.add(F.mul(a, a), np.broadcast_to(_elements(pair_error), (n,)))
+    x[:, 2], x[:, 3] = ta, tb
+    x[:, 4] = F.add(F.mul(ta, tb), np.broadcast_to(_elements(triple_error), (n,)))
+    x[:, X_BITS] = bits
+    x[:, X_BIT_A] = aj
+    x[:, X_BIT_AA] = F.add(F.mul(aj, aj), np.broadcast_to(_elements(bit_pair_errors), (n, BITS)))
+    return x0, F.sub(x, x0)
+
+
+def calibration_check_values(
+    y: object, bits: object, r: object, s: object, rho: object, sigma: object, rbits: object,
+    deltas: tuple = (0, 0, 0), bound: int = QMAX, p: int = P,
+) -> tuple:
+    """The three values (V1, V2, V3) a calibration check opens, as functions of the reconstructed
+    report: y (..., N, 3) the grid values of (1, label, q), bits (..., k) the claimed bits
+    (k = len(range_weights(bound))); challenges r (..., 2N), s, rho (..., N), sigma, rbits (..., k, 2);
+    the client's errors deltas = (A - a^2, c' - a' b', sum_j (A_j - a_j^2)). With D^(c) the
+    differences of y^(c), top = 1 - y^(0)_{N-1} and q = y^(2)_{N-1}:
+
+        V1 = check_value((D^(1), D^(0) - D^(1), top), r, s) + delta_1          unit and label
+        V2 = sum_i rho_i D^(2)_i - q * sum_i rho_i D^(0)_i - delta_2           score on alpha
+        V3 = sigma (q - sum_j w_j b_j) + sum_j (u_j^2 - L_j) + delta_3         range
+             u_j = r_j1 + (r_j0 - r_j1) b_j,  L_j = r_j1^2 + (r_j0^2 - r_j1^2) b_j
+
+    (u_j^2 - L_j = (b_j^2 - b_j)(r_j0 - r_j1)^2.) Mod p on Python ints (p = P) or int64 arrays
+    broadcast along the leading axes (p < 2^31), for the tests' exhaustive counts over small primes;
+    `Check` opens exactly these values (for bound = QMAX, p = P)."""
+    dt = object if p > 1 << 31 else np.int64
+
+    def arr(v: object) -> np.ndarray:
+        return np.asarray(np.asarray(v, dtype=dt) % p, dtype=dt)  # stays an array when 0-d
+
+    y, bits, r, rho, rbits, s, sigma = (arr(v) for v in (y, bits, r, rho, rbits, s, sigma))
+    d1_err, d2_err, d3_err = (arr(v) for v in deltas)
+    prev = np.zeros_like(y)
+    prev[..., 1:, :] = y[..., :-1, :]
+    d = (y - prev) % p
+    d0, d1, d2 = d[..., 0], d[..., 1], d[..., 2]
+    top, q = arr(1 - y[..., -1, 0]), arr(y[..., -1, 2])
+    v1 = check_value(np.concatenate([d1, (d0 - d1) % p, top[..., None]], axis=-1), r, s, d1_err, p)
+    v2 = (np.sum(rho * ((d2 - q[..., None] * d0 % p) % p) % p, axis=-1) - d2_err) % p
+    w = np.array(range_weights(bound), dtype=dt) % p
+    r0, r1 = rbits[..., 0], rbits[..., 1]
+    u = (r1 + (r0 - r1) % p * bits) % p
+    big_l = (r1 * r1 + (r0 * r0 - r1 * r1) % p * bits) % p
+    lin = (q - np.sum(w * bits % p, axis=-1)) % p
+    v3 = (sigma * lin + np.sum((u * u - big_l) % p, axis=-1) + d3_err) % p
+    return v1, v2, v3
+
+
 # --- the service's interface: one `Check` per payload kind ------------------------------------------
 OK, WEIGHT, SHAPE, RANGE = 0, 1, 2, 3
 REASONS = {WEIGHT: "weight", SHAPE: "shape", RANGE: "range"}
 """Why a report was excluded (the class a failed check falls in; honest reports never fail):
 weight: its grid values do not add up to one report (payload 0, 2, 10^6, -1, a step outside the
 grid, labels that sum to 0 or 2); shape: total weight 1 but not one unit step (two steps, a step
-up and one down, a label outside {0, 1}, keys that disagree); range: a calibration probability
-outside [0, 2^16]."""
+up and one down, a label outside {0, 1}, keys that disagree, a calibration score not on the
+report's step); range: a calibration report whose unit and score checks pass but whose range check
+fails (a probability q outside [0, 2^16], claimed bits that are not bits or do not add up to q, or
+a lying bit pair)."""
 
 
 class Check:
@@ -188,28 +327,52 @@ class Check:
         x_0, x_1 = check.client_extras(betas)                 # the client, one row per report
         msg_b, st_b = check.round_one(b, y_b, x_b, ch)        # each server; sends msg_b (n, E)
         opened = msg_0 + msg_1                                 # (mod p)
-        v_b = check.round_two(b, st_b, opened, x_b)           # each server; sends v_b (n,)
+        v_b = check.round_two(b, st_b, opened, x_b)           # each server; sends v_b
         reasons = check.verdicts(opened, v_0 + v_1)           # 0 = counts, else a REASONS key
 
     y_b: the server's shares of every report's values at the grid points, (n, size) or
-    (n, size, width); ch = check.challenges(key, context), the same on both servers."""
+    (n, size, width); ch = check.challenges(key, context), the same on both servers.
+    Per report: X = check.extras field elements from the client (x_b: (n, X)), E = check.opened
+    elements opened in round one, and check.check_values elements in round two: v_b has shape
+    (n,) if that is 1 (count, label), else (n, check_values) (calibration: 3). The service sends
+    v_b and sums the two parties' arrays elementwise mod p, whatever their shape, and `verdicts`
+    takes that sum."""
 
     def __init__(self, payload: str, size: int):
-        if payload not in PAYLOADS:
-            raise ParameterError(f"reports of payload {payload!r} cannot be verified (verified payloads: {PAYLOADS})")
+        if payload not in CHECKED:
+            raise ParameterError(f"reports of payload {payload!r} cannot be verified (verified payloads: {CHECKED})")
         self.payload, self.size = payload, int(size)
-        self.width = 1 if payload == "count" else 2
-
-    extras = 2  # field elements the client adds per server and report: shares of (a, a^2)
-    opened = 2  # elements each server sends per report in round one: (e, top)
+        self.width = {"count": 1, "label": 2, "calibration": 3}[payload]
+        calibration = payload == "calibration"
+        # field elements the client adds per server and report: shares of (a, a^2), or the calibration
+        # extras (`calibration_extras`)
+        self.extras = CALIBRATION_EXTRAS if calibration else 2
+        # elements each server sends per report in round one: (e, top), or `CALIBRATION_OPENED`
+        self.opened = CALIBRATION_OPENED if calibration else 2
+        # elements each server sends per report in round two: round_two returns (n,) if 1, else (n, k)
+        self.check_values = 3 if calibration else 1
 
     def challenges(self, key: bytes, context: bytes) -> "Challenges":
+        if self.payload == "calibration":
+            return CalibrationChallenges.derive(key, context, self.size)
         r, s = challenges(key, context, self.size * self.width)
         return Challenges.fold(r, s, self.size, self.width)
 
     def client_extras(self, betas: object = None, randomness: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
-        """The client's shares of its pair (a, a^2) per report: ((n, 2), (n, 2)). `betas`: one row per
-        report (only its count matters here)."""
+        """The client's shares of its extras per report: ((n, X), (n, X)), X = `self.extras`.
+        count, label: the pair (a, a^2); `betas`: one row per report (only its count matters).
+        calibration: `betas` (n, 3) rows (1, label, q) with q an integer in [0, QMAX] (else
+        `ParameterError`: a client crafting a malformed report uses `calibration_extras`), and the
+        extras are those of `calibration_extras` with q's bits (`range_bits`); `randomness`:
+        `CALIBRATION_RANDOMNESS` bytes per report (the OS CSPRNG if None)."""
+        if self.payload == "calibration":
+            rows = np.asarray(betas, dtype=object)
+            if rows.ndim != 2 or rows.shape[1] != 3:
+                raise ParameterError(f"calibration payloads are rows (1, label, q), got shape {rows.shape}")
+            q = [int(v) for v in rows[:, 2]]
+            if any(not 0 <= v <= QMAX or v != w for v, w in zip(q, rows[:, 2])):
+                raise ParameterError(f"a calibration probability q must be an integer in [0, {QMAX}]")
+            return calibration_extras(range_bits(np.array(q, dtype=np.int64)), randomness)
         n = int(np.asarray(betas).shape[0])
         (a0, big0), (a1, big1) = client_pairs(n, randomness)
         return np.stack([a0, big0], axis=1), np.stack([a1, big1], axis=1)
@@ -224,15 +387,21 @@ class Check:
 
     def round_one(self, party: int, y: np.ndarray, extras: np.ndarray, ch: "Challenges") -> tuple[np.ndarray, np.ndarray]:
         """(message (n, 2): e_b = z_b - a_b and top_b; state (n, 2): L_b and s * top_b), where
-        z_b = sum_i r_i D_b,i and L_b = sum_i r_i^2 D_b,i are taken on y_b with the folded weights."""
+        z_b = sum_i r_i D_b,i and L_b = sum_i r_i^2 D_b,i are taken on y_b with the folded weights.
+        calibration: message (n, CALIBRATION_OPENED), state (n, 3) (`_calibration_round_one`)."""
         y = self._y(y)
+        if self.payload == "calibration":
+            return _calibration_round_one(party, y, _u64(extras), ch)
         z, big_l, top = _sketch.sketch(y, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0))
         a = _u64(extras)[:, 0]
         msg = np.stack([F.sub(z, a), top], axis=1)
         return msg, np.stack([big_l, F.mul(top, np.full_like(top, ch.s))], axis=1)
 
     def round_two(self, party: int, state: np.ndarray, opened: np.ndarray, extras: np.ndarray) -> np.ndarray:
-        """V_b = [b = 0] e^2 + 2 e a_b + A_b - L_b + s top_b (`second_message`)."""
+        """V_b = [b = 0] e^2 + 2 e a_b + A_b - L_b + s top_b (`second_message`): (n,).
+        calibration: (n, 3), the three sub-checks' V_b (`_calibration_round_two`)."""
+        if self.payload == "calibration":
+            return _calibration_round_two(party, _u64(state), _u64(opened), _u64(extras))
         e, x = _u64(opened)[:, 0], _u64(extras)
         sq = F.add(F.mul(F.add(e, e), x[:, 0]), x[:, 1])
         if party == 0:
@@ -240,9 +409,15 @@ class Check:
         return F.add(F.sub(sq, state[:, 0]), state[:, 1])
 
     def verdicts(self, opened: np.ndarray, v: np.ndarray) -> np.ndarray:
-        """Per report: OK (0), WEIGHT if the opened top is not 0, else SHAPE if V is not 0 (uint8)."""
-        top = _u64(opened)[:, 1]
-        return np.where(top != 0, WEIGHT, np.where(_u64(v) != 0, SHAPE, OK)).astype(np.uint8)
+        """Per report: OK (0), WEIGHT if the opened top is not 0, else SHAPE if V is not 0 (uint8).
+        calibration (v of shape (n, 3): V of the unit/label, score and range sub-checks): WEIGHT if
+        top is not 0, else SHAPE if the unit/label or the score check fails, else RANGE if the range
+        check fails; a report counts iff top = 0 and all three V are 0."""
+        top, v = _u64(opened)[:, 1], _u64(v)
+        if self.payload == "calibration":
+            shape = (v[:, 0] != 0) | (v[:, 1] != 0)
+            return np.select([top != 0, shape, v[:, 2] != 0], [WEIGHT, SHAPE, RANGE], OK).astype(np.uint8)
+        return np.where(top != 0, WEIGHT, np.where(v != 0, SHAPE, OK)).astype(np.uint8)
 
 
 class Challenges:
@@ -260,3 +435,96 @@ class Challenges:
         nxt[:-1] = r[1:]
         r2, nxt2 = F.mul(r, r), F.mul(nxt, nxt)
         return cls(np.ascontiguousarray(F.sub(r, nxt)), np.ascontiguousarray(F.sub(r2, nxt2)), _u64(s))
+
+
+def _fold_weights(c: np.ndarray) -> np.ndarray:
+    """Weights c_i on the differences D_i = y_i - y_{i-1} -> weights c_i - c_{i+1} (c_N = 0) on y_i
+    (summation by parts), along axis 0."""
+    nxt = np.zeros_like(c)
+    nxt[:-1] = c[1:]
+    return F.sub(c, nxt)
+
+
+class CalibrationChallenges(Challenges):
+    """The challenges of a calibration close, all from one SHAKE-128 stream (`challenges` with length
+    3N + 1 + 2 BITS, sliced): r (2N) and s for the unit/label sketch, rho (N) for the score check,
+    sigma and one pair (r_j0, r_j1) per bit for the range check. Kept raw (r, s, rho, sigma, rbits)
+    and folded: wz, wl (N, 2) the unit/label sketch's weights on y^(0), y^(1) (the vector
+    (D^(1), D^(0) - D^(1)) puts r_{N+i} on D^(0)_i and r_i - r_{N+i} on D^(1)_i), w (N, 5) the
+    kernel's columns (wz, wl, folded rho), and the bits' u_j = bit_u0 + bit_u1 b_j,
+    L_j = bit_l0 + bit_l1 b_j."""
+
+    @classmethod
+    def derive(cls, key: bytes, context: bytes, size: int) -> "CalibrationChallenges":
+        vals, s = challenges(key, context, 3 * size + 1 + 2 * BITS)
+        return cls(vals[: 2 * size], s, vals[2 * size : 3 * size], vals[3 * size], vals[3 * size + 1 :].reshape(BITS, 2))
+
+    def __init__(self, r: np.ndarray, s: object, rho: np.ndarray, sigma: object, rbits: np.ndarray):
+        r, rho, rbits = _u64(r), _u64(rho), _u64(rbits)
+        size = rho.shape[0]
+        self.r, self.rho, self.sigma, self.rbits = r, rho, np.uint64(sigma), rbits
+        c0, c1 = r[size:], F.sub(r[:size], r[size:])
+        l0 = F.mul(c0, c0)
+        l1 = F.sub(F.mul(r[:size], r[:size]), l0)
+        wz = _fold_weights(np.stack([c0, c1], axis=1))
+        wl = _fold_weights(np.stack([l0, l1], axis=1))
+        super().__init__(np.ascontiguousarray(wz), np.ascontiguousarray(wl), _u64(s))
+        self.w = np.ascontiguousarray(np.column_stack([wz, wl, _fold_weights(rho)]))
+        r0, r1 = rbits[:, 0], rbits[:, 1]
+        self.bit_u0, self.bit_u1 = r1, F.sub(r0, r1)
+        self.bit_l0 = F.mul(r1, r1)
+        self.bit_l1 = F.sub(F.mul(r0, r0), self.bit_l0)
+
+
+def _calibration_round_one(party: int, y: np.ndarray, x: np.ndarray, ch: CalibrationChallenges) -> tuple[np.ndarray, np.ndarray]:
+    """Server `party`'s round one of a calibration check: y (n, N, 3), x (n, CALIBRATION_EXTRAS).
+
+    Local (linear) shares: z, L of the unit/label sketch, w = sum_i rho_i D^(0)_i and
+    u = sum_i rho_i D^(2)_i (the numba kernel, six multiplications per grid point), top = 1 - y^(0)_{N-1},
+    q = y^(2)_{N-1}, and per bit u_j, L_j. Message (n, 21): z - a, top, q - a', w - b', u_j - a_j.
+    State (n, 3): s * top - L, u, and sigma (q - sum_j w_j b_j) - sum_j L_j."""
+    sums = _sketch.sketch_calibration(y, ch.w)
+    z, big_l, w, u = sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3]
+    n = y.shape[0]
+    top = F.sub(np.full(n, 1 if party == 0 else 0, np.uint64), y[:, -1, 0])
+    q = np.ascontiguousarray(y[:, -1, 2])
+    bits = x[:, X_BITS]
+    uj = F.mul(bits, ch.bit_u1[None, :])
+    lj = F.mul(bits, ch.bit_l1[None, :])
+    if party == 0:  # the constant parts of u_j = r_j1 + (r_j0 - r_j1) b_j and of L_j
+        uj, lj = F.add(uj, ch.bit_u0[None, :]), F.add(lj, ch.bit_l0[None, :])
+    msg = np.empty((n, CALIBRATION_OPENED), np.uint64)
+    msg[:, 0] = F.sub(z, x[:, 0])
+    msg[:, 1] = top
+    msg[:, 2] = F.sub(q, x[:, 2])
+    msg[:, 3] = F.sub(w, x[:, 3])
+    msg[:, 4:] = F.sub(uj, x[:, X_BIT_A])
+    lin = F.sub(q, F.dot(bits, RANGE_WEIGHTS[None, :]))
+    state = np.empty((n, 3), np.uint64)
+    state[:, 0] = F.sub(F.mul(top, np.full(n, ch.s, np.uint64)), big_l)
+    state[:, 1] = u
+    state[:, 2] = F.sub(F.mul(lin, np.full(n, ch.sigma, np.uint64)), F.sum(lj, axis=1))
+    return msg, state
+
+
+def _calibration_round_two(party: int, state: np.ndarray, opened: np.ndarray, x: np.ndarray) -> np.ndarray:
+    """Server `party`'s three check values (n, 3), each a share of a square or product rebuilt from
+    the opened masked value (for any m and opened e = v - m: v^2 = e^2 + 2 e m + m^2, and
+    v v' = d f + d b' + f a' + a' b' with d = v - a', f = v' - b'):
+
+        V1_b = [b = 0] e^2 + 2 e a_b + A_b + s top_b - L_b
+        V2_b = u_b - ([b = 0] d f + d b'_b + f a'_b + c'_b)            d = q - a', f = w - b'
+        V3_b = sigma (q_b - sum_j w_j b_j,b) + sum_j ([b = 0] e_j^2 + 2 e_j a_j,b + A_j,b - L_j,b)"""
+    e, d, f, ej = opened[:, 0], opened[:, 2], opened[:, 3], opened[:, 4:]
+    out = np.empty((state.shape[0], 3), np.uint64)
+    sq = F.add(F.mul(F.add(e, e), x[:, 0]), x[:, 1])
+    prod = F.add(F.add(F.mul(d, x[:, 3]), F.mul(f, x[:, 2])), x[:, 4])
+    sqj = F.add(F.mul(F.add(ej, ej), x[:, X_BIT_A]), x[:, X_BIT_AA])
+    if party == 0:
+        sq = F.add(sq, F.mul(e, e))
+        prod = F.add(prod, F.mul(d, f))
+        sqj = F.add(sqj, F.mul(ej, ej))
+    out[:, 0] = F.add(sq, state[:, 0])
+    out[:, 1] = F.sub(state[:, 1], prod)
+    out[:, 2] = F.add(state[:, 2], F.sum(sqj, axis=1))
+    return out

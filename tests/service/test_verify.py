@@ -1,6 +1,9 @@
 """The report check of docs/verification.md (dpcdf.service.verify): honest reports always pass, every
 malformed class from issue 12 fails, a lying (a, A) pair gains nothing, and over small primes an
-exact count of the challenges shows that no malformed vector passes with probability above 2/p."""
+exact count of the challenges shows that no malformed vector passes with probability above 2/p.
+The same for `Check`, the service's two-round interface, with all three payloads (count, label,
+calibration (1, label, q)): reason classes, lying pairs, triples and bits, exhaustive small-prime
+counts of the three calibration sub-checks, uniformity of what the servers see."""
 from __future__ import annotations
 
 import hashlib
@@ -11,6 +14,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+from dpcdf.errors import ParameterError
 from dpcdf.service import verify as V
 from fss import field as F
 
@@ -338,3 +342,381 @@ def test_real_prime_field_keys_honest_and_tampered():
     # a tampered correction that no grid point's path uses leaves y honest (and the check then rightly
     # accepts); most tampering breaks y, so the comparison above is not vacuous
     assert (~honest[kinds == "tampered"]).sum() >= 12
+
+
+# --- the service's interface `Check`, all three payloads ------------------------------------------
+Q = 1 << 16
+
+
+def _cal(n_grid: int, alpha: int, label: int, q: int, q_alpha: int | None = None) -> list:
+    """A calibration report's grid values (1, label, q) * [i >= alpha] (the score at q_alpha if given)."""
+    return list(zip(_step(n_grid, alpha), _step(n_grid, alpha, label), _step(n_grid, alpha if q_alpha is None else q_alpha, q)))
+
+
+def _grid(ys: list, width: int) -> np.ndarray:
+    y = F.from_ints(np.array(ys, dtype=object))
+    return y.reshape(y.shape[0], y.shape[1], width) if width > 1 else y
+
+
+def _check_run(check, ys, betas=None, extras=None, label="check", context=b"task/frozen-hash"):
+    """Both servers' sides of `Check` on reconstructed grid values `ys`; returns
+    (reasons, opened (n, E), V = V_0 + V_1, challenges, extras x_0 + x_1, (V_0, V_1))."""
+    y = _grid(ys, check.width)
+    n = y.shape[0]
+    y0, y1 = V.share(y, _bytes(label + "/shares", 16 * y.size))
+    if extras is None:
+        betas = np.ones((n, 3), np.int64) if betas is None else betas
+        size = V.CALIBRATION_RANDOMNESS if check.payload == "calibration" else 48
+        extras = check.client_extras(betas, _bytes(label + "/extras", size * n))
+    x0, x1 = extras
+    assert x0.shape == x1.shape == (n, check.extras)
+    ch = check.challenges(KEY, context)
+    m0, st0 = check.round_one(0, y0, x0, ch)
+    m1, st1 = check.round_one(1, y1, x1, ch)
+    assert m0.shape == m1.shape == (n, check.opened)
+    opened = F.add(m0, m1)
+    v0, v1 = check.round_two(0, st0, opened, x0), check.round_two(1, st1, opened, x1)
+    assert v0.shape == ((n,) if check.check_values == 1 else (n, check.check_values))
+    v = F.add(v0, v1)
+    return check.verdicts(opened, v), opened, v, ch, F.add(x0, x1), (v0, v1)
+
+
+def test_check_sizes():
+    for payload, (x, e, k) in {"count": (2, 2, 1), "label": (2, 2, 1), "calibration": (56, 21, 3)}.items():
+        c = V.Check(payload, 8)
+        assert (c.extras, c.opened, c.check_values) == (x, e, k)
+    assert V.BITS == 17 and list(V.RANGE_WEIGHTS) == [1 << j for j in range(16)] + [1]
+    with pytest.raises(ParameterError):
+        V.Check("histogram", 8)
+
+
+Q_VALUES = st.one_of(st.sampled_from([0, 1, Q // 2, Q - 1, Q]), st.integers(0, Q))
+
+
+@settings(max_examples=30)
+@given(n_grid=st.integers(1, 40), data=st.data(), seed=st.binary(min_size=8, max_size=8))
+def test_check_honest_reports_always_pass(n_grid, data, seed):
+    rows = data.draw(st.lists(st.tuples(st.integers(0, n_grid - 1), st.integers(0, 1), Q_VALUES), min_size=1, max_size=5))
+    label = seed.hex()
+    reasons, *_ = _check_run(V.Check("count", n_grid), [_step(n_grid, a) for a, _, _ in rows], label=label)
+    assert (reasons == V.OK).all()
+    ys = [list(zip(_step(n_grid, a, lab), _step(n_grid, a, 1 - lab))) for a, lab, _ in rows]
+    reasons, *_ = _check_run(V.Check("label", n_grid), ys, label=label)
+    assert (reasons == V.OK).all()
+    check = V.Check("calibration", n_grid)
+    reasons, opened, v, *_ = _check_run(check, [_cal(n_grid, a, lab, q) for a, lab, q in rows], betas=[(1, lab, q) for _, lab, q in rows], label=label)
+    assert (reasons == V.OK).all() and (v == 0).all() and (opened[:, 1] == 0).all()
+
+
+def test_check_malformed_count_and_label_reasons():
+    n = N_GRID
+    count = {
+        "payload 0": ([0] * n, V.WEIGHT),
+        "payload 2": (_step(n, 4, 2), V.WEIGHT),
+        "payload 10^6": (_step(n, 4, 10**6), V.WEIGHT),
+        "payload -1": (_step(n, 4, -1), V.WEIGHT),
+        "step outside the grid": (_step(n + 4, n + 2)[:n], V.WEIGHT),
+        "two half steps (sum 1)": ([a + b for a, b in zip(_step(n, 2, H), _step(n, 6, H))], V.SHAPE),
+        "step of 2 then -1": ([a + b for a, b in zip(_step(n, 2, 2), _step(n, 8, -1))], V.SHAPE),
+        "up, down, up (net 1)": ([a - b + c for a, b, c in zip(_step(n, 1), _step(n, 5), _step(n, 9))], V.SHAPE),
+        "two steps of 1 (sum 2)": ([a + b for a, b in zip(_step(n, 2), _step(n, 7))], V.WEIGHT),
+        "honest": (_step(n, 5), V.OK),
+    }
+    reasons, *_ = _check_run(V.Check("count", n), [y for y, _ in count.values()], label="count-reasons")
+    assert dict(zip(count, reasons.tolist())) == {k: want for k, (_, want) in count.items()}
+    label = {
+        "both labels (1, 1)": (list(zip(_step(n, 3), _step(n, 3))), V.WEIGHT),
+        "(0, 0)": (list(zip([0] * n, [0] * n)), V.WEIGHT),
+        "(2, -1)": (list(zip(_step(n, 3, 2), _step(n, 3, -1))), V.SHAPE),
+        "(1/2, 1/2)": (list(zip(_step(n, 3, H), _step(n, 3, H))), V.SHAPE),
+        "label and 1 - label at different alphas": (list(zip(_step(n, 3), _step(n, 5))), V.WEIGHT),
+        "(1, 0) and (0, 1) at different alphas, ends at (0, 1)": (list(zip([a - b for a, b in zip(_step(n, 3), _step(n, 5))], _step(n, 5))), V.SHAPE),
+        "honest": (list(zip(_step(n, 3, 0), _step(n, 3, 1))), V.OK),
+    }
+    reasons, *_ = _check_run(V.Check("label", n), [y for y, _ in label.values()], label="label-reasons")
+    assert dict(zip(label, reasons.tolist())) == {k: want for k, (_, want) in label.items()}
+
+
+def _claims(q: int) -> list[list[int]]:
+    """Bits a client might claim for a score q outside [0, 2^16]: honest-looking bits of a nearby
+    value, bits that add up to q but are not all bits, and the largest sum of bits."""
+    near = [int(b) for b in V.range_bits([min(max(q, 0), Q)])[0]]
+    not_bits = [0] * V.BITS
+    not_bits[0] = q  # sum_j w_j b_j = q, but b_0 is no bit
+    spread = list(near)
+    spread[3] += (q - sum(w * b for w, b in zip(V.RANGE_WEIGHTS.tolist(), near))) * pow(8, -1, P)  # w_3 = 8
+    return [near, not_bits, spread, [1] * V.BITS]
+
+
+def _calibration_cases(n: int) -> tuple[list, list, list, list, list]:
+    """(names, grid values, claimed bits, expected reasons, (pair, triple, bit pair) errors)."""
+    cases = []
+
+    def add(name, y, bits, want, errors=(0, 0, 0)):
+        cases.append((name, y, bits, want, errors))
+
+    for q in (Q + 1, -1, 1 << 17, H, 10**9):
+        for k, bits in enumerate(_claims(q)):
+            add(f"q = {q}, claim {k}", _cal(n, 4, 1, q), bits, V.RANGE)
+    honest_bits = [int(b) for b in V.range_bits([300])[0]]
+    add("bits of another q (301)", _cal(n, 4, 1, 300), [int(b) for b in V.range_bits([301])[0]], V.RANGE)
+    add("q on another alpha", _cal(n, 4, 1, 300, q_alpha=7), honest_bits, V.SHAPE)
+    add("q on another alpha, label 0", _cal(n, 4, 0, 300, q_alpha=2), honest_bits, V.SHAPE)
+    add("score split over two alphas", list(zip(_step(n, 4), _step(n, 4), [a + b for a, b in zip(_step(n, 4, 100), _step(n, 8, 200))])), honest_bits, V.SHAPE)
+    add("label 2", _cal(n, 4, 2, 300), honest_bits, V.SHAPE)
+    add("label -1", _cal(n, 4, -1, 300), honest_bits, V.SHAPE)
+    add("label 1/2", _cal(n, 4, H, 300), honest_bits, V.SHAPE)
+    add("label on another alpha", list(zip(_step(n, 4), _step(n, 6), _step(n, 4, 300))), honest_bits, V.SHAPE)
+    add("first component 0", [(0, 0, 0)] * n, [0] * V.BITS, V.WEIGHT)
+    add("first component 2", list(zip(_step(n, 4, 2), _step(n, 4), _step(n, 4, 300))), honest_bits, V.WEIGHT)
+    add("two unit steps", list(zip([a + b for a, b in zip(_step(n, 2), _step(n, 6))], _step(n, 2), _step(n, 2, 300))), honest_bits, V.WEIGHT)
+    add("step outside the grid", [(0, 0, 0)] * n, honest_bits, V.WEIGHT)
+    add("up, down, up (net 1)", list(zip([a - b + c for a, b, c in zip(_step(n, 1), _step(n, 5), _step(n, 9))], _step(n, 9), _step(n, 9, 300))), honest_bits, V.SHAPE)
+    add("lying pair", _cal(n, 4, 1, 300), honest_bits, V.SHAPE, (1, 0, 0))
+    add("lying triple", _cal(n, 4, 1, 300), honest_bits, V.SHAPE, (0, P - 5, 0))
+    add("lying bit pair", _cal(n, 4, 1, 300), honest_bits, V.RANGE, (0, 0, 3))
+    add("lying bit pair cancelling the pair", _cal(n, 4, 1, 300), honest_bits, V.SHAPE, (1, 0, P - 1))
+    add("honest", _cal(n, 4, 1, 300), honest_bits, V.OK)
+    add("honest q = 2^16 as (1 .. 1, 1)", _cal(n, 4, 0, Q), [1] * V.BITS, V.OK)
+    add("honest q = 1 as b_16 = 1", _cal(n, 4, 0, 1), [0] * 16 + [1], V.OK)
+    return [list(col) for col in zip(*cases)]
+
+
+def _lying_extras(bits, errors, label):
+    n = len(bits)
+    pair, triple, bit = (F.from_ints([e[k] for e in errors]) for k in range(3))
+    bit_errors = np.zeros((n, V.BITS), np.uint64)
+    bit_errors[:, 5] = bit  # the error sits on one bit's pair
+    return V.calibration_extras(np.array(bits, dtype=object), _bytes(label, V.CALIBRATION_RANDOMNESS * n),
+                                pair_error=pair, triple_error=triple, bit_pair_errors=bit_errors)
+
+
+@pytest.mark.parametrize("context", [b"close-1", b"close-2"])
+def test_check_malformed_calibration_reasons(context):
+    names, ys, bits, want, errors = _calibration_cases(N_GRID)
+    check = V.Check("calibration", N_GRID)
+    extras = _lying_extras(bits, errors, "cal-malformed/" + context.decode())
+    reasons, *_ = _check_run(check, ys, extras=extras, label="cal-malformed", context=context)
+    assert dict(zip(names, reasons.tolist())) == dict(zip(names, want))
+
+
+def test_check_opens_exactly_the_calibration_polynomial():
+    """(V1, V2, V3) opened by `Check` equal `calibration_check_values` of the reconstructed report,
+    bits and client errors, so the exhaustive small-prime counts below count the protocol's own
+    acceptance."""
+    names, ys, bits, _, errors = _calibration_cases(N_GRID)
+    check = V.Check("calibration", N_GRID)
+    extras = _lying_extras(bits, errors, "cal-poly")
+    _, opened, v, ch, x, _ = _check_run(check, ys, extras=extras, label="cal-poly")
+    y = _grid(ys, 3)
+    args = ([int(t) for t in ch.r], int(ch.s), [int(t) for t in ch.rho], int(ch.sigma), [[int(t) for t in row] for row in ch.rbits])
+    for k in range(len(ys)):
+        want = V.calibration_check_values(y[k].astype(object), [int(b) for b in x[k, V.X_BITS]], *args, deltas=errors[k])
+        assert [int(t) for t in want] == [int(t) for t in v[k]], names[k]
+        assert int(opened[k, 1]) == (1 - int(y[k, -1, 0])) % P  # the opened top
+
+
+def test_lying_range_helps_only_with_known_challenges():
+    """q = 2^16 + 1 claimed as b_0 = 2 plus the bits of 2^16 - 1 (adds up to q; b_0 is no bit):
+    V3 = (b_0^2 - b_0)(r_00 - r_01)^2 + delta, which a client could cancel with delta if it knew the
+    challenges; against the servers' key it fails."""
+    n = N_GRID
+    bits = [2] + [1] * 15 + [1]
+    assert sum(w * b for w, b in zip(V.RANGE_WEIGHTS.tolist(), bits)) == Q + 1
+    check = V.Check("calibration", n)
+
+    def cancelling(key):
+        rb = V.CalibrationChallenges.derive(key, b"task/frozen-hash", n).rbits
+        t = (int(rb[0, 0]) - int(rb[0, 1])) % P
+        errors = np.zeros((1, V.BITS), np.uint64)
+        errors[0, 0] = (-2 * t * t) % P
+        return V.calibration_extras([bits], _bytes("cancel-range", V.CALIBRATION_RANDOMNESS), bit_pair_errors=errors)
+
+    ys = [_cal(n, 4, 1, Q + 1)]
+    reasons, *_ = _check_run(check, ys, extras=cancelling(b"the client's guess of the key....."), label="cancel-range")
+    assert reasons.tolist() == [V.RANGE]
+    reasons, *_ = _check_run(check, ys, extras=cancelling(KEY), label="cancel-range")
+    assert reasons.tolist() == [V.OK]  # why the challenges must stay unpredictable to the client
+
+
+def test_client_extras_refuses_a_probability_outside_the_range():
+    check = V.Check("calibration", 4)
+    for q in (-1, Q + 1, 1 << 17, 0.5):
+        with pytest.raises(ParameterError, match="integer in"):
+            check.client_extras([(1, 0, q)])
+    with pytest.raises(ParameterError, match="rows"):
+        check.client_extras([(1, 0)])
+    x0, x1 = check.client_extras([(1, 1, 0), (1, 0, Q)])
+    x = F.add(x0, x1)
+    assert x[0, V.X_BITS].tolist() == [0] * V.BITS and x[1, V.X_BITS].tolist() == [1] * V.BITS
+    assert (x[:, 1] == F.mul(x[:, 0], x[:, 0])).all() and (x[:, 4] == F.mul(x[:, 2], x[:, 3])).all()
+    assert (x[:, V.X_BIT_AA] == F.mul(x[:, V.X_BIT_A], x[:, V.X_BIT_A])).all()
+    q = np.arange(Q + 1)
+    assert (F.dot(V.range_bits(q), V.RANGE_WEIGHTS[None, :]) == q).all()  # every q has its bits
+    assert set(np.unique(V.range_bits(q)).tolist()) == {0, 1}
+
+
+def test_calibration_opened_values_look_uniform():
+    """4000 honest calibration reports with the same (alpha, label, q): every opened round-one value
+    but top (0) is a value minus a fresh uniform client secret, so each of the 20 columns spreads
+    evenly over F_p; V = 0 exactly."""
+    n_grid, n = 16, 4000
+    check = V.Check("calibration", n_grid)
+    y = np.broadcast_to(_grid([_cal(n_grid, 3, 1, 777)], 3), (n, n_grid, 3))
+    y0, y1 = V.share(np.ascontiguousarray(y))
+    x0, x1 = check.client_extras([(1, 1, 777)] * n)
+    ch = check.challenges(KEY, b"uniform")
+    m0, st0 = check.round_one(0, y0, x0, ch)
+    m1, st1 = check.round_one(1, y1, x1, ch)
+    opened = F.add(m0, m1)
+    v = F.add(check.round_two(0, st0, opened, x0), check.round_two(1, st1, opened, x1))
+    assert (v == 0).all() and (opened[:, 1] == 0).all()
+    x = F.add(x0, x1)
+    assert (F.add(opened[:, 2], x[:, 2]) == 777).all()  # q - a'
+    assert (F.add(opened[:, 3], x[:, 3]) == ch.rho[3]).all()  # sum rho_i D^(0)_i - b' = rho_alpha - b'
+    for col in [0] + list(range(2, check.opened)):
+        e = opened[:, col]
+        counts = np.bincount((e >> np.uint64(58)).astype(int), minlength=8)
+        assert counts.min() > n / 8 * 0.8 and counts.max() < n / 8 * 1.2, col
+        assert len(np.unique(e)) == n
+    low = np.bincount((opened[:, 4:] & np.uint64(7)).astype(int).ravel(), minlength=8)  # low bits, all bit columns
+    chi2 = float(((low - low.mean()) ** 2 / low.mean()).sum())
+    assert chi2 < 30  # 7 degrees of freedom: p < 1e-4
+
+
+def test_calibration_end_to_end_with_prime_field_keys():
+    """DCF(cmp="ge", width 3, group="p61") keys with payload (1, label, q): the servers' grid
+    evaluations go through `Check`; honest payloads pass, the others fail with their reason."""
+    from fss import DCF
+
+    bits, n_grid = 6, 40
+    fn = DCF(bits, width=3, cmp="ge", group="p61")
+    rows = [  # (alpha, payload, claimed q for the bits, reason)
+        (0, (1, 1, 0), 0, V.OK), (17, (1, 0, Q), Q, V.OK), (39, (1, 1, 12345), 12345, V.OK),
+        (5, (1, 1, Q + 1), Q, V.RANGE), (5, (1, 0, -1), 0, V.RANGE), (9, (1, 2, 7), 7, V.SHAPE),
+        (9, (0, 0, 7), 7, V.WEIGHT), (9, (2, 1, 7), 7, V.WEIGHT), (45, (1, 1, 7), 7, V.WEIGHT),
+    ]
+    k0, k1 = fn.gen_batch(np.array([a for a, *_ in rows]), np.array([list(b) for _, b, *_ in rows], dtype=object))
+    n = len(rows)
+    idx, xs = np.repeat(np.arange(n), n_grid), np.tile(np.arange(n_grid), n)
+    y0 = fn.eval_batch(k0.select(idx), xs).reshape(n, n_grid, 3)
+    y1 = fn.eval_batch(k1.select(idx), xs).reshape(n, n_grid, 3)
+    check = V.Check("calibration", n_grid)
+    x0, x1 = V.calibration_extras(V.range_bits([c for *_, c, _ in rows]))
+    ch = check.challenges(KEY, b"end-to-end calibration")
+    m0, st0 = check.round_one(0, y0, x0, ch)
+    m1, st1 = check.round_one(1, y1, x1, ch)
+    opened = F.add(m0, m1)
+    v = F.add(check.round_two(0, st0, opened, x0), check.round_two(1, st1, opened, x1))
+    assert check.verdicts(opened, v).tolist() == [want for *_, want in rows]
+
+
+# --- calibration: exact enumeration over small primes (on `calibration_check_values`) ------------------
+def _all(p: int, k: int) -> np.ndarray:
+    return np.array(list(itertools.product(range(p), repeat=k)), dtype=np.int64).reshape(-1, k)
+
+
+def _cal_values(p, y, bits, r=None, s=0, rho=None, sigma=0, rbits=None, deltas=(0, 0, 0), bound=1):
+    """calibration_check_values over F_p with the unused challenges set to 0."""
+    y = np.asarray(y)
+    n_grid, k = y.shape[-2], len(V.range_weights(bound))
+    r = np.zeros(2 * n_grid, np.int64) if r is None else r
+    rho = np.zeros(n_grid, np.int64) if rho is None else rho
+    rbits = np.zeros((k, 2), np.int64) if rbits is None else rbits
+    return V.calibration_check_values(y, bits, r, s, rho, sigma, rbits, deltas, bound, p)
+
+
+def test_exhaustive_calibration_unit_label():
+    """p = 19, N = 1: every (y^(0), y^(1)) in F_p^2 (the score irrelevant here), every (r_0, r_1, s):
+    V1 vanishes everywhere exactly for (1, label) with label in {0, 1}; every other pair passes with
+    probability at most 2/p (measured: exactly 1/p at N = 1)."""
+    p = 19
+    ch = _all(p, 3)
+    ys = _all(p, 2)
+    passes = []
+    for y0, y1 in ys:
+        v1, _, _ = _cal_values(p, np.broadcast_to([[y0, y1, 0]], (len(ch), 1, 3)), [0], r=ch[:, :2], s=ch[:, 2])
+        passes.append(int(np.count_nonzero(v1 == 0)))
+    passes = np.array(passes)
+    honest = (ys[:, 0] == 1) & (ys[:, 1] <= 1)
+    assert (passes[honest] == p**3).all()
+    assert passes[~honest].max() == p**2  # 1/p <= 2/p
+
+
+def test_exhaustive_calibration_score():
+    """p = 19, N = 2, D^(0) = e_alpha (the unit check passed): every score vector y^(2) in F_p^2, every
+    triple error delta, every rho in F_p^2. V2 = sum_i rho_i (D^(2)_i - q D^(0)_i) - delta vanishes
+    everywhere exactly when y^(2) is a step of any height q at alpha and delta = 0; otherwise with
+    probability exactly 1/p (a nonzero linear polynomial) or 0 (a constant)."""
+    p = 19
+    rho = _all(p, 2)
+    y2s = _all(p, 2)
+    for alpha in (0, 1):
+        unit = np.array(_step(2, alpha))
+        y = np.zeros((len(y2s), 1, 2, 3), np.int64)
+        y[:, 0, :, 0] = unit
+        y[:, 0, :, 2] = y2s
+        honest = (y2s[:, 0] == y2s[:, 1]) if alpha == 0 else (y2s[:, 0] == 0)
+        for delta in range(p):
+            _, v2, _ = _cal_values(p, y, [0], rho=rho[None, :, :], deltas=(0, delta, 0))
+            passes = np.count_nonzero(v2 == 0, axis=1)  # per y^(2), over all rho
+            good = honest & (delta == 0)
+            assert (passes[good] == p**2).all()
+            assert passes[~good].max() <= p, (alpha, delta)
+            assert passes[~good & honest].max(initial=0) == 0  # right shape, lying triple: a constant
+    assert honest.sum() == p  # one step per height q, for the last alpha
+
+
+@pytest.mark.parametrize("p, bound", [(5, 1), (11, 1), (5, 2), (5, 3)])
+def test_exhaustive_calibration_range(p, bound):
+    """Every score q in F_p (the report otherwise honest), every claimed bit vector in F_p^k, every
+    error delta of the bit pairs, every (sigma, r_j0, r_j1): V3 vanishes everywhere exactly when the
+    bits are bits adding up to q with weights `range_weights(bound)` and delta = 0, so q in
+    [0, bound]; every other input passes with probability at most 2/p (attained: a non-bit whose
+    (b^2 - b) t^2 + delta = 0 has two roots t)."""
+    w = V.range_weights(bound)
+    k = len(w)
+    ch = _all(p, 1 + 2 * k)
+    sigma, rbits = ch[:, 0], ch[:, 1:].reshape(-1, k, 2)
+    worst, honest_inputs = 0, 0
+    for q in range(p):
+        y = [[[1, 0, q]]]
+        for bits in _all(p, k):
+            for delta in range(p):
+                _, _, v3 = _cal_values(p, y, bits, sigma=sigma, rbits=rbits, deltas=(0, 0, delta), bound=bound)
+                passes = int(np.count_nonzero(v3 == 0))
+                if (bits <= 1).all() and sum(wj * int(b) for wj, b in zip(w, bits)) == q and delta == 0:
+                    assert passes == len(ch)
+                    honest_inputs += 1
+                else:
+                    worst = max(worst, passes)
+    assert honest_inputs == 2**k  # every bit vector, for the q it adds up to (all in [0, bound])
+    assert worst <= 2 * len(ch) // p
+    assert worst == 2 * len(ch) // p if p > 3 else True
+
+
+def test_exhaustive_calibration_joint():
+    """p = 3, N = 1, bound 1 (one bit): every report y in F_p^3, every claimed bit, every client error
+    triple (deltas), against every challenge (r_0, r_1, s, rho_0, sigma, r_00, r_01): the report counts
+    (V1 = V2 = V3 = 0) for all challenges exactly when it is honest, (1, label, q) with label and q in
+    {0, 1}, its bit is q and no error; any other input counts with probability at most 2/p. Each V
+    uses its own challenges, so the joint count is the product of the three sub-checks' counts (which
+    the larger-prime tests above bound one by one)."""
+    p = 3
+    ch = _all(p, 7)
+    r, s, rho, sigma, rbits = ch[:, :2], ch[:, 2], ch[:, 3:4], ch[:, 4], ch[:, 5:].reshape(-1, 1, 2)
+    ys = _all(p, 3).reshape(-1, 1, 1, 3)  # (reports, challenges broadcast, N = 1, 3)
+    worst, honest_count = 0, 0
+    for deltas in itertools.product(range(p), repeat=3):
+        for bit in range(p):
+            v1, v2, v3 = _cal_values(p, ys, [bit], r=r, s=s, rho=rho, sigma=sigma, rbits=rbits, deltas=deltas)
+            z1, z2, z3 = (np.count_nonzero(v == 0, axis=1) for v in (v1, v2, v3))
+            passes = np.count_nonzero((v1 == 0) & (v2 == 0) & (v3 == 0), axis=1)
+            assert (passes * len(ch) ** 2 == z1 * z2 * z3).all()
+            y = ys[:, 0, 0, :]
+            honest = (y[:, 0] == 1) & (y[:, 1] <= 1) & (y[:, 2] == bit) & (bit <= 1) & (deltas == (0, 0, 0))
+            assert (passes[honest] == len(ch)).all()
+            honest_count += int(honest.sum())
+            worst = max(worst, int(passes[~honest].max()))
+    assert honest_count == 4
+    assert worst <= 2 * len(ch) // p
