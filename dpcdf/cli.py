@@ -77,6 +77,8 @@ def main(argv: list[str] | None = None) -> int:
     t.add_argument("--min-batch", type=int, default=None, help="queries wait for this many reports "
                    "(default 100 under substitution; under add/remove it must be 0)")
     t.add_argument("--kem", default="x25519", choices=["x25519", "mlkem768-x25519"], help="HPKE KEM of the sealed shares")
+    t.add_argument("--unverified", action="store_true", help="count reports unchecked (default: the servers check "
+                   "every report at the close, for grids of up to 2^16 points; docs/verification.md)")
     t.add_argument("--out", default="task.json")
     t.add_argument("--admin-token-file", nargs="+", metavar="FILE", help="the servers' operator token (one "
                    "file for both, or one per server; default: $DPCDF_ADMIN_TOKEN)")
@@ -119,7 +121,8 @@ def main(argv: list[str] | None = None) -> int:
                 except OSError as exc:
                     raise DpcdfError(f"cannot read the operator token: {exc}") from None
             config, token = create_task(args.servers, parse_grid(args.grid), args.epsilon, args.mechanism,
-                                        args.relation, _min_batch(args), args.kem, admin_tokens=admin[:2] if admin else None)
+                                        args.relation, _min_batch(args), args.kem, admin_tokens=admin[:2] if admin else None,
+                                        verify=False if args.unverified else None)
             Path(args.out).write_text(config.to_json())
             write_secret(args.out + ".token", token.encode())
             print(f"task {config.task_id} on both servers; config {args.out}, analyst token {args.out}.token")

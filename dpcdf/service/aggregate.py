@@ -13,6 +13,7 @@ from typing import Callable
 import numpy as np
 
 from fss import DCF, KeyBatch
+from fss import field as F
 
 from ..errors import ParameterError
 from ..release.mechanisms import Mechanism
@@ -26,6 +27,19 @@ def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.nda
         if len(shard):
             total += dcf.eval_sum(shard, points)
     return total & np.uint64(dcf.params.mask)
+
+
+class Histogram:
+    """A verified task's histogram share: this server's share of the number of passing reports with
+    index <= i, for every grid index i (width elements each), in F_p. Made once at the close
+    (`verification.finish`); a query reads it in O(points), whatever the number of reports."""
+
+    def __init__(self, values: np.ndarray, set_hash: str):
+        self.values, self.set_hash = np.asarray(values, np.uint64), set_hash
+
+    def at(self, points: np.ndarray) -> np.ndarray:
+        out = self.values[np.asarray(points, np.int64)]
+        return out[:, 0] if out.shape[1] == 1 else out
 
 
 Evaluator = Callable[[DCF, list, np.ndarray], np.ndarray]
@@ -44,10 +58,14 @@ class Aggregator:
         self.keys = [prf_key(seed, label if dcf.width == 1 else f"{label}/{e}") for e in range(dcf.width)]
         self.group_key = prf_key(seed, f"{task_id}/groups")  # the once-only group sums (calibration tasks)
         self.noise_on = noise
+        self.prime = dcf.params.prime  # a verified task's shares are in F_p, p = 2^61 - 1
 
-    def sums(self, shards: list[KeyBatch], points: np.ndarray) -> np.ndarray:
-        """The noiseless sums over all shards at `points`: in-process, or by the evaluator."""
+    def sums(self, shards: "list[KeyBatch] | Histogram", points: np.ndarray) -> np.ndarray:
+        """The noiseless sums over all shards at `points`: in-process, or by the evaluator; for a
+        verified task, read from its histogram share (`Histogram`)."""
         points = np.asarray(points, np.int64)
+        if isinstance(shards, Histogram):
+            return shards.at(points)
         if self.evaluator is None or not any(len(s) for s in shards):
             return partial_sums(self.dcf, shards, points)
         return self.evaluator(self.dcf, shards, points)
@@ -60,13 +78,24 @@ class Aggregator:
 
         return noise
 
+    def _plus(self, shares: np.ndarray, noise: np.ndarray) -> np.ndarray:
+        """shares + integer noise in the DCF's group (mod 2^64, or mod p for a verified task)."""
+        noise = np.asarray(noise, np.int64)
+        if self.prime:
+            mag = F.reduce64(np.abs(noise).astype(np.uint64))  # |noise| < 2^62, far below p / 2
+            return F.add(shares, np.where(noise < 0, F.neg(mag), mag))
+        return shares + noise.view(np.uint64)
+
+    def _minus(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return F.sub(a, b) if self.prime else a - b
+
     def _add(self, shares: np.ndarray, noise_of) -> np.ndarray:
-        """shares + each element's noise (int64 noise, added mod 2^64)."""
+        """shares + each element's noise (int64 noise, added in the DCF's group)."""
         if self.dcf.width == 1:
-            return shares + noise_of(self.noise_fn(0)).astype(np.int64).view(np.uint64)
+            return self._plus(shares, noise_of(self.noise_fn(0)))
         out = shares.copy()
         for e in range(self.dcf.width):
-            out[:, e] += noise_of(self.noise_fn(e)).astype(np.int64).view(np.uint64)
+            out[:, e] = self._plus(out[:, e], noise_of(self.noise_fn(e)))
         return out
 
     def prefix_shares(self, shards: list[KeyBatch], indices: np.ndarray) -> np.ndarray:
@@ -91,7 +120,7 @@ class Aggregator:
         lo = np.zeros_like(hi)
         has_lo = starts > 0
         lo[has_lo] = sums[np.searchsorted(points, starts[has_lo] - 1)]
-        return self._add(hi - lo, lambda fn: mech.node_noise(level, np.arange(starts.size), fn))
+        return self._add(self._minus(hi, lo), lambda fn: mech.node_noise(level, np.arange(starts.size), fn))
 
     def group_shares(self, shards: list[KeyBatch], edges: np.ndarray, scales: list) -> np.ndarray:
         """Shares of every payload element summed over the index groups (.., e_1], (e_1, e_2], ...,
@@ -99,9 +128,9 @@ class Aggregator:
         size = self.mechanism.size
         points = np.concatenate([np.asarray(edges, np.int64), [size - 1]])
         sums = self.sums(shards, points).reshape(points.size, -1)
-        groups = sums - np.concatenate([np.zeros((1, sums.shape[1]), np.uint64), sums[:-1]])
+        groups = self._minus(sums, np.concatenate([np.zeros((1, sums.shape[1]), np.uint64), sums[:-1]]))
         ids = np.arange(points.size, dtype=np.uint64)
         for e, scale in enumerate(scales):
             eta = np.zeros(ids.size, np.int64) if not self.noise_on else prf_noise(self.group_key, ids + np.uint64((e + 1) << 32), scale)
-            groups[:, e] += eta.view(np.uint64)
+            groups[:, e] = self._plus(groups[:, e], eta)
         return groups

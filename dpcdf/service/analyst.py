@@ -1,5 +1,6 @@
-"""The analyst: asks both servers the same question, adds the shares mod 2^64, reads the sums as
-signed noisy counts, and post-processes them exactly like the central release. Each server adds its
+"""The analyst: asks both servers the same question, adds the shares mod 2^64 (mod p = 2^61 - 1 for a
+verified task), reads the sums as signed noisy counts, and post-processes them exactly like the
+central release. Each server adds its
 own full noise, so the answers are epsilon-DP even if the analyst colludes with one server; the
 price is twice the noise variance (the consistency step knows it)."""
 from __future__ import annotations
@@ -7,6 +8,8 @@ from __future__ import annotations
 import json
 
 import numpy as np
+
+from fss import field as F
 
 from ..errors import DpcdfError, ParameterError
 from ..release.ecdf import Release, finish_release
@@ -42,7 +45,13 @@ class Analyst:
                               "protocol); their answers do not add up")
         s0 = np.array([int(v) for v in answers[0]["shares"]], np.uint64)
         s1 = np.array([int(v) for v in answers[1]["shares"]], np.uint64)
-        total = (s0 + s1).view(np.int64)
+        moduli = {int(a.get("modulus", 1 << 64)) for a in answers}
+        if moduli == {1 << 64}:
+            total = (s0 + s1).view(np.int64)
+        elif moduli == {F.P}:  # a verified task: shares in F_p, counts and noise far below p / 2
+            total = F.signed(F.add(F.reduce64(s0), F.reduce64(s1)))
+        else:
+            raise ServerError(f"the servers' shares do not add up in one known group (moduli {sorted(moduli)})")
         width = int(answers[0].get("width", 1))
         n = answers[0]["n"]  # None under add/remove: the count is not public, the release estimates it
         return (total if width == 1 else total.reshape(-1, width)), (0 if n is None else int(n))

@@ -23,13 +23,14 @@ from ..release.calibration import fixed_point
 from .http import ServerError, http
 from .spool import Spool, SpoolStatus
 from .task import TaskConfig, token_hash
-from .wire import ID_BYTES, MAX_BATCH, Report, encode_batch, hpke_info
+from .wire import ID_BYTES, MAX_BATCH, Report, encode_batch, hpke_info, join_share
 
 
 def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
     """One report per value: the value's grid index alpha, the DCF key pair for [t >= alpha] (with
-    payload (label, 1 - label) for a label task), each key sealed to its server. Randomness: the
-    DCF's CSPRNG seeds, a random 16-byte report id."""
+    payload (label, 1 - label) for a label task), each key sealed to its server, followed for a
+    verified task by the client's shares of its check randomness. Randomness: the DCF's CSPRNG
+    seeds, the check's (`secrets`), a random 16-byte report id."""
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     if v.size == 0:
         raise ParameterError("no values to report")
@@ -49,6 +50,10 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
             raise ParameterError("labels belong to label tasks")
         betas = 1
     k0, k1 = config.dcf().gen_batch(alphas, betas)
+    extras = (None, None)
+    if config.verify:  # the client's shares of its check randomness, after each key (`wire.split_share`)
+        rows = np.broadcast_to(np.asarray(betas, np.int64).reshape(-1, config.width), (v.size, config.width))
+        extras = config.check().client_extras(rows)
     fp = config.fingerprint
     keys = [hpke.public_key(config.kem, h) for h in config.hpke_keys]
     suite, enc_len = hpke.suite(config.kem), hpke.enc_length(config.kem)
@@ -57,7 +62,8 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
         rid = secrets.token_bytes(ID_BYTES)
         sealed = []
         for party, batch in ((0, k0), (1, k1)):
-            out = suite.encrypt(batch[i].to_bytes(), keys[party], info=hpke_info(fp, rid, party))
+            share = batch[i].to_bytes() if extras[party] is None else join_share(batch[i].to_bytes(), extras[party][i])
+            out = suite.encrypt(share, keys[party], info=hpke_info(fp, rid, party))
             sealed.append((out[:enc_len], out[enc_len:]))
         reports.append(Report(fp, rid, (sealed[0], sealed[1])))
     return reports
@@ -65,9 +71,10 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
 
 def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, relation: str, min_batch: int,
                 kem: str = "x25519", payload: str = "count", split: float = 0.5,
-                admin_tokens: str | Sequence[str] | None = None) -> tuple[TaskConfig, str]:
+                admin_tokens: str | Sequence[str] | None = None, verify: bool | None = None) -> tuple[TaskConfig, str]:
     """The operator's step: fetches both servers' HPKE keys, registers the task with both (each needs
     its operator token: one for both, a pair, or $DPCDF_ADMIN_TOKEN), returns it and the analyst token.
+    verify: check every report at the close (`TaskConfig.verify`; None: where the task allows it).
 
     Whoever writes a task config chooses the servers' keys in it: clients must check that the keys
     are those of the two organisations they trust (an analyst who names a server it runs would get
@@ -80,7 +87,7 @@ def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, 
     keys = [http("GET", f"{url}/hpke")["keys"][kem] for url in servers]
     token = secrets.token_urlsafe(24)
     config = TaskConfig(grid, float(epsilon), mechanism, relation, int(min_batch), (servers[0], servers[1]),
-                        (keys[0], keys[1]), token_hash(token), payload=payload, split=split, kem=kem)
+                        (keys[0], keys[1]), token_hash(token), payload=payload, split=split, kem=kem, verify=verify)
     for url, operator in zip(servers, admin):
         http("POST", f"{url}/tasks", config.to_json().encode(), operator)
     return config, token

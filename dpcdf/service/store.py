@@ -43,9 +43,11 @@ class UnknownTask(StoreError, KeyError):
 
 class Mark(str, Enum):
     """A task's milestones, in the order they are reached. FROZEN is set by `Store.freeze` (it fixes
-    the report set); RECONCILED (its close is done) and ANSWERED (it answered a query) by `Store.mark`."""
+    the report set); RECONCILED (both servers hold one set), VERIFIED (verified tasks: the reports'
+    check is done and failures excluded) and ANSWERED (it answered a query) by `Store.mark`."""
     FROZEN = "frozen"
     RECONCILED = "reconciled"
+    VERIFIED = "verified"
     ANSWERED = "answered"
 
     @classmethod
@@ -114,6 +116,22 @@ CREATE TABLE IF NOT EXISTS segments (
 """
 
 
+# Added without a schema version change (at every open, when missing): verified tasks (issue 12).
+# tasks.verified_at: the close's report check is done; excluded.reason: NULL for a report dropped
+# by the reconciliation, else the check's reason class; histograms: the server's share of a
+# verified task's histogram (cumulative counts at every grid point), for the set it names.
+VERIFIED_SCHEMA = (
+    ("tasks", "verified_at", "ALTER TABLE tasks ADD COLUMN verified_at REAL"),
+    ("excluded", "reason", "ALTER TABLE excluded ADD COLUMN reason TEXT"),
+)
+HISTOGRAM_SCHEMA = """
+CREATE TABLE IF NOT EXISTS histograms (
+    task_id TEXT PRIMARY KEY REFERENCES tasks (task_id), set_hash TEXT NOT NULL, shape TEXT NOT NULL,
+    data BLOB NOT NULL, written REAL NOT NULL
+) STRICT
+"""
+
+
 class SegmentFile(NamedTuple):
     """One array file of one shard of a task's segments: its shard number, array name, the shard's
     key count, its file name (relative to the task's segment directory), the file's SHA-256 (hex),
@@ -126,7 +144,8 @@ class SegmentFile(NamedTuple):
     set_hash: str
 
 
-_MARK_COLUMN = {Mark.FROZEN: "closed_at", Mark.RECONCILED: "reconciled_at", Mark.ANSWERED: "answered_at"}
+_MARK_COLUMN = {Mark.FROZEN: "closed_at", Mark.RECONCILED: "reconciled_at", Mark.VERIFIED: "verified_at",
+                Mark.ANSWERED: "answered_at"}
 
 SetHash = Callable[[list[bytes]], str]
 
@@ -154,6 +173,10 @@ class Store:
                 elif version != SCHEMA_VERSION:
                     raise StoreError(f"{path} has store schema version {version}; this dpcdf reads {SCHEMA_VERSION}")
                 self.db.execute(SEGMENTS_SCHEMA)
+                for table, column, statement in VERIFIED_SCHEMA:
+                    if column not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
+                        self.db.execute(statement)
+                self.db.execute(HISTOGRAM_SCHEMA)
         except BaseException:
             self.db.close()
             raise
@@ -243,18 +266,20 @@ class Store:
                 "SELECT report_id FROM reports WHERE task_id = ? AND seq <= ? AND report_id NOT IN "
                 "(SELECT report_id FROM excluded WHERE task_id = ?) ORDER BY seq", (task_id, seq, task_id))]
 
-    def exclude(self, task_id: str, ids: Sequence[bytes], set_hash: SetHash) -> Frozen:
+    def exclude(self, task_id: str, ids: Sequence[bytes], set_hash: SetHash, reason: str | None = None) -> Frozen:
         """Drops reports from the closed set (they stay stored), before any answer: after one, a
         smaller set would let two answers differ by the dropped reports' exact contribution.
         Recomputes the set's count and hash in the same transaction; raises AlreadyAnswered after
-        an answer and CollectionOpen before the close."""
+        an answer and CollectionOpen before the close. `reason`: None for the reconciliation's
+        drops, else the report check's reason class (an id already excluded keeps its first reason)."""
         with self._transaction():
             seq, _, _, _, answered = self._state(task_id)
             if seq is None:
                 raise CollectionOpen(task_id)
             if answered is not None:
                 raise AlreadyAnswered(task_id)
-            self.db.executemany("INSERT OR IGNORE INTO excluded VALUES (?, ?)", ((task_id, bytes(i)) for i in ids))
+            self.db.executemany("INSERT OR IGNORE INTO excluded (task_id, report_id, reason) VALUES (?, ?, ?)",
+                                ((task_id, bytes(i), reason) for i in ids))
             kept = self.frozen_ids(task_id)
             fixed = Frozen(seq, len(kept), set_hash(kept))
             self.db.execute("UPDATE tasks SET report_count = ?, set_hash = ? WHERE task_id = ?", (fixed.count, fixed.digest, task_id))
@@ -301,6 +326,62 @@ class Store:
             self.db.executemany("INSERT OR IGNORE INTO reports (task_id, report_id, key_share, received) VALUES (?, ?, ?, ?)",
                                 ((task_id, bytes(rid), bytes(share), now) for rid, share in items))
             return self.db.total_changes - before
+
+    def rejections(self, task_id: str) -> dict[str, int]:
+        """How many reports the report check excluded, per reason class (reconciliation drops not
+        included)."""
+        with self.lock:
+            rows = self.db.execute("SELECT reason, COUNT(*) FROM excluded WHERE task_id = ? AND reason IS NOT NULL "
+                                   "GROUP BY reason ORDER BY reason", (task_id,)).fetchall()
+        return {r[0]: r[1] for r in rows}
+
+    def reconciled_ids(self, task_id: str) -> list[bytes]:
+        """The report ids of the closed set before the report check (only the reconciliation's drops
+        left out), sorted: the set both servers check, in the order both use."""
+        with self.lock:
+            seq = self._frozen_seq(task_id)
+            return [bytes(r[0]) for r in self.db.execute(
+                "SELECT report_id FROM reports WHERE task_id = ? AND seq <= ? AND report_id NOT IN "
+                "(SELECT report_id FROM excluded WHERE task_id = ? AND reason IS NULL) ORDER BY report_id",
+                (task_id, seq, task_id))]
+
+    def reconciled_shares(self, task_id: str, size: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
+        """(ids, shares) of `reconciled_ids` in that order, in lists of at most `size`."""
+        seq, last = self._frozen_seq(task_id), b""
+        while True:
+            with self.lock:
+                rows = self.db.execute(
+                    "SELECT report_id, key_share FROM reports WHERE task_id = ? AND seq <= ? AND report_id > ? AND "
+                    "report_id NOT IN (SELECT report_id FROM excluded WHERE task_id = ? AND reason IS NULL) "
+                    "ORDER BY report_id LIMIT ?", (task_id, seq, last, task_id, int(size))).fetchall()
+            if not rows:
+                return
+            last = bytes(rows[-1][0])
+            yield [bytes(r[0]) for r in rows], [bytes(r[1]) for r in rows]
+
+    def shares_by_id(self, task_id: str, ids: Sequence[bytes]) -> list[bytes]:
+        """The stored shares of these report ids, in the given order (KeyError for one not stored)."""
+        out = []
+        with self.lock:
+            for rid in ids:
+                row = self.db.execute("SELECT key_share FROM reports WHERE task_id = ? AND report_id = ?",
+                                      (task_id, bytes(rid))).fetchone()
+                if row is None:
+                    raise KeyError(rid.hex())
+                out.append(bytes(row[0]))
+        return out
+
+    def save_histogram(self, task_id: str, set_hash: str, shape: tuple[int, ...], data: bytes) -> None:
+        """Keeps this server's share of a verified task's histogram for the report set `set_hash`."""
+        with self._transaction():
+            self.db.execute("INSERT OR REPLACE INTO histograms VALUES (?, ?, ?, ?, ?)",
+                            (task_id, set_hash, ",".join(map(str, shape)), bytes(data), time.time()))
+
+    def histogram(self, task_id: str) -> tuple[str, tuple[int, ...], bytes] | None:
+        """(set hash, shape, bytes) of the task's stored histogram share, or None."""
+        with self.lock:
+            row = self.db.execute("SELECT set_hash, shape, data FROM histograms WHERE task_id = ?", (task_id,)).fetchone()
+        return None if row is None else (row[0], tuple(int(v) for v in row[1].split(",")), bytes(row[2]))
 
     def count(self, task_id: str) -> int:
         """How many distinct reports the task has stored (excluded ones included)."""

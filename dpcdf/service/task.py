@@ -16,6 +16,7 @@ from fss import DCF
 from ..errors import ParameterError
 from ..release.grid import Grid
 from ..release.calibration import group_scales
+from . import verify
 from .hpke import check_kem
 from ..release.mechanisms import PathMechanism, TreeMechanism, check_epsilon, check_relation
 
@@ -23,6 +24,7 @@ FORMAT = "dpcdf-task/v1"
 OUT_BITS = 64
 MAX_TREE_SIZE = 1 << 20
 MAX_QUERY_POINTS = 1 << 16  # prefix indices per query (the analyst splits larger requests)
+MAX_VERIFIED_GRID = 1 << 16  # grid points a verified task evaluates every report at, at the close
 
 
 @dataclass(frozen=True)
@@ -34,7 +36,14 @@ class TaskConfig:
     each curve epsilon/2 under add/remove, epsilon under substitution, as in `dpcdf.roc`);
     "calibration": each report carries (1, label, probability in units of 2^-16) for the
     Hosmer-Lemeshow statistic (split * epsilon for the ECDF of the probabilities, the rest for the
-    group sums, as in `dpcdf.hosmer_lemeshow`)."""
+    group sums, as in `dpcdf.hosmer_lemeshow`).
+
+    verify: the servers check every report at the close and count only well-formed ones (keys over
+    F_p plus the client's check randomness; `dpcdf.service.verify`, docs/verification.md) and answer
+    every query from a histogram share made once then. None (the default) means: verified when the
+    payload can be and the grid has at most MAX_VERIFIED_GRID points. A config without the field
+    (written before verification existed) is unverified, and an unverified task's JSON leaves the
+    field out, so its fingerprint is what it was."""
 
     grid: dict
     epsilon: float
@@ -47,6 +56,7 @@ class TaskConfig:
     payload: str = "count"
     split: float = 0.5
     kem: str = "x25519"
+    verify: bool | None = None
     task_id: str = field(default_factory=lambda: secrets.token_hex(16))
     format: str = FORMAT
 
@@ -80,6 +90,16 @@ class TaskConfig:
             raise ParameterError(f"the tree mechanism takes grids of up to {MAX_TREE_SIZE} points in a task "
                                  "(its planning would stall the server): use the path mechanism")
         self.make_mechanism()  # validates the grid, the noise scales and that the mechanism can be built
+        size = self.make_grid().size
+        if self.verify is None:
+            object.__setattr__(self, "verify", size <= MAX_VERIFIED_GRID and self.payload in verify.CHECKED)
+        if not isinstance(self.verify, bool):
+            raise ParameterError(f"verify must be true or false, got {self.verify!r}")
+        if self.verify:
+            if size > MAX_VERIFIED_GRID:
+                raise ParameterError(f"a verified task evaluates every report at every grid point at the close: at most "
+                                     f"{MAX_VERIFIED_GRID} points (this grid has {size}); use verify=false")
+            self.check()  # raises for a payload that cannot be verified
         if self.payload == "calibration":
             group_scales(self.epsilon, self.split)  # the group sums' noise scales are in range
 
@@ -125,11 +145,24 @@ class TaskConfig:
     def dcf(self) -> DCF:
         """The comparison every report shares: f_a(t) = beta if t >= a, so sum_a f_a(i) counts values
         <= t_i (beta = 1, or (label, 1 - label))."""
+        if self.verify:
+            return DCF(self.make_grid().bits, width=self.width, cmp="ge", group="p61")
         return DCF(self.make_grid().bits, OUT_BITS, self.width, cmp="ge")
+
+    def check(self) -> "verify.Check":
+        """The report check of a verified task (ParameterError for a payload that has none)."""
+        return verify.Check(self.payload, self.make_grid().size)
+
+    @property
+    def extras_bytes(self) -> int:
+        """Bytes after the key in each server's share: the client's check randomness (0 if unverified)."""
+        return 8 * self.check().extras if self.verify else 0
 
     def to_json(self) -> str:
         d = asdict(self)
         d["servers"], d["hpke_keys"] = list(self.servers), list(self.hpke_keys)
+        if not self.verify:
+            del d["verify"]  # configs from before verification: the same JSON, the same fingerprint
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -137,6 +170,7 @@ class TaskConfig:
         try:
             d = json.loads(text)
             d["servers"], d["hpke_keys"] = tuple(d["servers"]), tuple(d["hpke_keys"])
+            d.setdefault("verify", False)
             return cls(**d)
         except ParameterError:
             raise

@@ -9,6 +9,8 @@ Report (all lengths little-endian):
     magic b"DPR1" | task fingerprint (32) | report id (16) |
     for server 0 then 1: len(enc) u16 | enc | len(ciphertext) u32 | ciphertext
 A batch: count u32, then len(report) u32 | report for each.
+A share's plaintext: the DCF key's bytes, then for a verified task the client's shares of its check
+randomness (`split_share`).
 Decoding is strict: a wrong magic, a truncated field or trailing bytes are a `ReportError`.
 """
 from __future__ import annotations
@@ -16,7 +18,10 @@ from __future__ import annotations
 import struct
 from dataclasses import dataclass
 
+import numpy as np
 from cryptography.exceptions import InvalidTag
+
+from fss import field
 
 from . import hpke
 from ..errors import DpcdfError
@@ -108,3 +113,20 @@ def decode_batch(data: bytes) -> list[bytes]:
         return out
     except struct.error:
         raise ReportError("truncated batch") from None
+
+
+def split_share(share: bytes, key_size: int, extras: int) -> tuple[bytes, np.ndarray]:
+    """A server's opened share of a report: its key's bytes, then (verified tasks) `extras` field
+    elements of the client's check randomness, 8 bytes little-endian each. ReportError for a
+    wrong length or an element not below p."""
+    if len(share) != key_size + 8 * extras:
+        raise ReportError(f"the share must be a {key_size}-byte key and {extras} field elements, got {len(share)} bytes")
+    values = np.frombuffer(share, dtype="<u8", count=extras, offset=key_size).astype(np.uint64)
+    if (values >= np.uint64(field.P)).any():
+        raise ReportError("the share's check values must be field elements (below 2^61 - 1)")
+    return share[:key_size], values
+
+
+def join_share(key: bytes, extras: np.ndarray) -> bytes:
+    """The inverse of split_share (the client's side)."""
+    return key + np.asarray(extras, dtype="<u8").tobytes()

@@ -80,6 +80,8 @@ class CloseResponse(BaseModel):
     reconciled: bool
     n: int | None = Field(description="reports after reconciliation, once reconciled and if public")
     reports_hash: str | None = Field(description="keyed hash of the report set, once reconciled")
+    rejected: dict[str, int] | None = Field(None, description="verified tasks: reports the check excluded, per "
+                                            "reason class (weight, shape, range), once done")
 
 
 def _indices(v: list[int]) -> list[int]:
@@ -130,6 +132,8 @@ class QueryResponse(BaseModel):
     reports_hash: str
     width: int = Field(description="values per point: shares holds points * width of them, row-major")
     shares: list[str] = Field(description="this server's shares, unsigned 64-bit integers in decimal")
+    modulus: str = Field(str(1 << 64), description="the shares add up modulo this (decimal): 2^64, or "
+                         "p = 2^61 - 1 for a verified task")
 
 
 def errors(*codes: int) -> dict:

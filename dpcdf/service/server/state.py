@@ -15,8 +15,10 @@ from typing import Iterator
 
 from fss import KeyBatch, backend
 
-from .. import reconcile
-from ..aggregate import Aggregator
+import numpy as np
+
+from .. import reconcile, verification
+from ..aggregate import Aggregator, Histogram
 from .. import segments
 from ..files import write_secret
 from ..hpke import ServerKeys
@@ -42,6 +44,35 @@ class TaskState:
         # the task's close and its queries one at a time: each uses every core, and a close must not
         # interleave with the task's answers; other tasks' closes and queries do not wait for it
         self.answering = threading.Lock()
+        self._checking: verification.Helper | None = None  # server 1's side of a verified close
+        self._preparing = threading.Lock()
+        self._histogram: Histogram | None = None
+
+    def helper(self, store: Store) -> verification.Helper:
+        """Server 1's state for the report check: its round one over the reconciled set, computed
+        once (started in the background when its reconciliation ends, `prepare_in_background`)."""
+        with self._preparing:
+            if self._checking is None:
+                self._checking = verification.Helper(verification.prepare(store, self.config, self.party, self.pair_key))
+            return self._checking
+
+    def prepare_in_background(self, store: Store) -> None:
+        threading.Thread(target=self.helper, args=(store,), name=f"check-{self.config.task_id}", daemon=True).start()
+
+    def histogram(self, store: Store) -> Histogram:
+        """A verified task's histogram share, from the store once (made at the close)."""
+        digest = store.frozen(self.config.task_id).digest
+        if self._histogram is None or self._histogram.set_hash != digest:
+            row = store.histogram(self.config.task_id)
+            if row is None or row[0] != digest:
+                raise DpcdfError(f"task {self.config.task_id} has no histogram of its verified report set")
+            values = np.frombuffer(row[2], "<u8").astype(np.uint64).reshape(row[1])
+            self._histogram = Histogram(values, digest)
+        return self._histogram
+
+    def source(self, store: Store, upto: int) -> "list[KeyBatch] | Histogram":
+        """What a query evaluates: a verified task's histogram share, else the key shares."""
+        return self.histogram(store) if self.config.verify else self.refresh(store, upto)
 
     def forget_keys(self) -> None:
         """Drops the loaded key shares (after the report set changed): the next refresh reloads them."""

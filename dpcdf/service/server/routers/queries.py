@@ -27,7 +27,7 @@ def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, 
     check(st, q)
     store, config = srv.store, st.config
     with srv.analyst_slot(st), st.answering:
-        if not store.marked(task_id, "reconciled"):
+        if not store.marked(task_id, "verified" if config.verify else "reconciled"):
             raise HttpError(409, "the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
         upto, n, digest = store.frozen(task_id)
         if n < config.min_batch:
@@ -35,7 +35,7 @@ def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, 
         if isinstance(q, GroupsQuery) and store.fix_release(task_id, "groups", json.dumps(q.edges)) != json.dumps(q.edges):
             raise HttpError(403, "this task's groups are already released with other boundaries: the budget is spent")
         store.mark(task_id, "answered")
-        shards = st.refresh(store, upto)
+        shards = st.source(store, upto)
         agg = st.aggregator
         if isinstance(q, GroupsQuery):
             shares = agg.group_shares(shards, np.array(q.edges, np.int64), group_scales(config.epsilon, config.split))
@@ -48,7 +48,7 @@ def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, 
         store.log_query(task_id, q.kind, int(shares.size))
     width = 1 if shares.ndim == 1 else shares.shape[1]
     return QueryResponse(party=srv.party, n=n if config.n_public else None, reports_hash=digest, width=width,
-                         shares=[str(int(v)) for v in shares.reshape(-1)])
+                         shares=[str(int(v)) for v in shares.reshape(-1)], modulus=str(st.dcf.modulus))
 
 
 def check(st: TaskState, q: PrefixQuery | NodesQuery | GroupsQuery) -> None:

@@ -8,7 +8,7 @@ from fastapi import APIRouter
 from fss import FssError
 
 from ...store import CollectionClosed
-from ...wire import Report, ReportError, decode_batch, open_share
+from ...wire import Report, ReportError, decode_batch, open_share, split_share
 from ..deps import RawBody, ServerDep, TaskDep
 from ..errors import HttpError
 from ..models import Accepted, BatchAccepted, Rejected, errors
@@ -67,19 +67,26 @@ def accept(srv: Server, st: TaskState, raws: list[bytes]) -> tuple[list[tuple[by
             opened.append((i, report.report_id, open_share(report, party, private, fp, kem)))
         except ReportError as exc:
             rejected.append(Rejected(index=i, error=str(exc)))
+    size, extras = st.dcf.key_size, st.config.extras_bytes // 8
+    keys = []
+    for i, rid, share in opened:
+        try:
+            keys.append((i, rid, share, split_share(share, size, extras)[0]))
+        except ReportError as exc:
+            rejected.append(Rejected(index=i, error=str(exc)))
     try:
-        st.dcf.batch_from_keys([o[2] for o in opened], party)
-        valid = {o[0] for o in opened}
+        st.dcf.batch_from_keys([k[3] for k in keys], party)
+        valid = {k[0] for k in keys}
     except FssError:  # find the bad ones
         valid = set()
-        for i, _, share in opened:
+        for i, _, _, key in keys:
             try:
-                st.dcf.key_from_bytes(share, party=party)
+                st.dcf.key_from_bytes(key, party=party)
                 valid.add(i)
             except FssError:
                 pass
     good = []
-    for i, rid, share in opened:
+    for i, rid, share, _ in keys:
         if i in valid:
             good.append((rid, share))
         else:

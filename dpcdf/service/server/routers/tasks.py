@@ -1,5 +1,6 @@
 """POST /tasks (register); for the analyst GET /tasks/{id} (status) and POST /tasks/{id}/close (close
-the collection, reconcile the servers); between the servers POST /tasks/{id}/sync (`reconcile`)."""
+the collection, reconcile the servers, and for a verified task check every report); between the
+servers POST /tasks/{id}/sync (`reconcile`) and /tasks/{id}/verify (`verification`)."""
 from __future__ import annotations
 
 import secrets
@@ -7,7 +8,7 @@ import secrets
 from fastapi import APIRouter, Response
 
 from ....errors import DpcdfError
-from ... import reconcile
+from ... import reconcile, verification
 from ...hpke import public_key
 from ...http import ServerError, fetch
 from ...store import AlreadyAnswered
@@ -90,8 +91,57 @@ def close(srv: ServerDep, st: AnalystTaskDep) -> CloseResponse:
         except reconcile.SyncError as exc:  # a peer answer that is not server 1's
             raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
         store.mark(task_id, "reconciled")
-        st.refresh(store, store.frozen(task_id).seq)  # the key shares into their segments, once, now
+        if st.config.verify:
+            _check_reports(srv, st, f"{st.config.servers[1]}/tasks/{task_id}/verify")
+        else:
+            st.refresh(store, store.frozen(task_id).seq)  # the key shares into their segments, once, now
         return CloseResponse(party=0, **reconciled_view(srv, st))
+
+
+def _check_reports(srv: Server, st: TaskState, helper: str) -> None:
+    """A verified task's report check with server 1 (`verification`), once reconciled; 502 if server 1
+    does not take part or ends on another set (closing again runs it again, with the same outcome)."""
+    store, config, key, fp = srv.store, st.config, st.pair_key, st.config.fingerprint
+    if store.marked(config.task_id, "verified"):
+        return
+    local = verification.prepare(store, config, 0, key)
+    try:
+        verdicts = verification.lead(local, config.check(), key, fp, lambda m: _peer(helper, m))
+        mine = verification.finish(store, config, 0, key, local, verdicts)
+        theirs = verification.read_final_answer(_peer(helper, verification.finish_message(local, mine, key, fp)), key, fp)
+    except reconcile.SyncError as exc:
+        raise HttpError(502, f"server 1 did not take part in the report check ({exc}); close again to retry") from None
+    if not verification.mark_if_agreed(store, config.task_id, mine, theirs):
+        raise HttpError(502, "the servers' report sets differ after the report check; close again to retry")
+
+
+@router.post("/{task_id}/verify", response_class=Response, responses={**errors(400, 409), 200: _OCTET_ANSWER},
+             openapi_extra=_OCTET_BODY)
+def verify_reports(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
+    """Server 0's report-check messages to server 1 (binary, `verification`), for verified tasks
+    once both servers are reconciled. No token: like /sync, a message counts only if it opens under
+    the servers' shared key."""
+    if srv.party != 1:
+        raise HttpError(400, "only server 1 takes report-check messages")
+    try:
+        st = srv.task(task_id)
+        reconcile.open_sealed(st.pair_key, st.config.fingerprint, raw, (5, 7, 9))
+    except (HttpError, reconcile.SyncError):  # unknown task or forged: one answer, no probing
+        raise HttpError(400, "the check message is not the other server's for this task") from None
+    store, key, fp = srv.store, st.pair_key, st.config.fingerprint
+    if not st.config.verify or not store.marked(task_id, "reconciled"):
+        raise HttpError(409, "the report check starts once the task is verified and reconciled")
+    helper = st.helper(store)
+    with st.answering:
+        try:
+            reply, final = helper.answer(st.config.check(), key, fp, raw)
+        except reconcile.SyncError as exc:
+            raise HttpError(400, str(exc)) from None
+        if final is not None:
+            mine = verification.finish(store, st.config, 1, key, helper.local, helper.all_verdicts())
+            verification.mark_if_agreed(store, task_id, mine, final.hex())
+            reply = verification.final_answer(mine, key, fp)
+    return Response(reply, media_type=OCTETS)
 
 
 @router.post("/{task_id}/sync", response_class=Response, responses={**errors(400, 409), 200: _OCTET_ANSWER},
@@ -115,7 +165,10 @@ def sync(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
         move = _play(srv, st, raw)
         if move.done:
             srv.store.mark(st.config.task_id, "reconciled")
-            st.refresh(srv.store, srv.store.frozen(st.config.task_id).seq)  # segments written at the close
+            if st.config.verify:
+                st.prepare_in_background(srv.store)  # round one of the check, while server 0 does its own
+            else:
+                st.refresh(srv.store, srv.store.frozen(st.config.task_id).seq)  # segments written at the close
     return Response(move.replies[0], media_type=OCTETS)
 
 
@@ -148,7 +201,9 @@ def _play(srv: Server, st: TaskState, message: bytes | None) -> reconcile.Step:
 def reconciled_view(srv: Server, st: TaskState) -> dict:
     """n (when public) and the report-set hash, once this server is reconciled; before, nothing
     (an intermediate hash would show whether reconciliation dropped anything)."""
-    if not srv.store.marked(st.config.task_id, "reconciled"):
+    task_id, verified = st.config.task_id, st.config.verify
+    if not srv.store.marked(task_id, "verified" if verified else "reconciled"):
         return {"n": None, "reports_hash": None, "reconciled": False}
-    _, n, digest = srv.store.frozen(st.config.task_id)
-    return {"n": n if st.config.n_public else None, "reports_hash": digest, "reconciled": True}
+    _, n, digest = srv.store.frozen(task_id)
+    return {"n": n if st.config.n_public else None, "reports_hash": digest, "reconciled": True,
+            "rejected": srv.store.rejections(task_id) if verified else None}

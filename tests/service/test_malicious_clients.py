@@ -1,0 +1,152 @@
+"""Issue 12's attacks on real servers: clients that upload keys encoding something other than one
+unit step. Each forged report is excluded at the close under its reason class, honest reports never
+are, and with noise off the release equals the honest reports' exact counts, as if the attacker had
+sent nothing."""
+from __future__ import annotations
+
+import secrets
+
+import numpy as np
+import pytest
+
+from dpcdf.release.ecdf import prefix_counts
+from dpcdf.service import hpke
+from dpcdf.service.analyst import Analyst
+from dpcdf.service.client import create_task, submit
+from dpcdf.service.http import http
+from dpcdf.service.task import TaskConfig
+from dpcdf.service.wire import ID_BYTES, Report, encode_batch, hpke_info, join_share
+from fss import DPF
+from fss import field as F
+from fss import reference as R
+from helpers import urls, values
+
+P = F.P
+OFF_GRID = {"kind": "thresholds", "values": [float(v) for v in range(50)]}  # 50 points, 6-bit keys: 50..63 off the grid
+
+
+def seal(config: TaskConfig, shares: tuple[bytes, bytes], rid: bytes | None = None) -> bytes:
+    """A report whose two sealed shares are exactly these bytes (what a malicious client can send)."""
+    rid = rid or secrets.token_bytes(ID_BYTES)
+    suite, enc_len = hpke.suite(config.kem), hpke.enc_length(config.kem)
+    sealed = []
+    for party in (0, 1):
+        out = suite.encrypt(shares[party], hpke.public_key(config.kem, config.hpke_keys[party]),
+                            info=hpke_info(config.fingerprint, rid, party))
+        sealed.append((out[:enc_len], out[enc_len:]))
+    return Report(config.fingerprint, rid, (sealed[0], sealed[1])).to_bytes()
+
+
+def honest_extras(config: TaskConfig) -> tuple[np.ndarray, np.ndarray]:
+    x0, x1 = config.check().client_extras(np.ones((1, config.width), np.int64))
+    return x0[0], x1[0]
+
+
+def forged(config: TaskConfig, alpha: int, beta=1, extras=None) -> tuple[bytes, bytes]:
+    """Both shares of a key pair for [t >= alpha] with payload beta (any field element), with the
+    client's check randomness (honest unless given)."""
+    k0, k1 = config.dcf().gen(alpha, beta)
+    x0, x1 = extras if extras is not None else honest_extras(config)
+    return join_share(k0.to_bytes(), x0), join_share(k1.to_bytes(), x1)
+
+
+def tampered(config: TaskConfig, alpha: int, how: str, level: int) -> tuple[bytes, bytes]:
+    """An honest pair with one of server 1's correction words replaced."""
+    fn = config.dcf()
+    k0, k1 = fn.gen(alpha)
+    ref = R.decode(fn.params, k1.to_bytes())
+    if how == "payload":
+        ref.cw_v[level] = [(int(ref.cw_v[level][e]) + 5) % P for e in range(fn.width)]
+    elif how == "control":
+        tl, tr = ref.cw_t[level]
+        ref.cw_t[level] = (tl ^ 1, tr)
+    else:  # random correction words at every level
+        for i in range(fn.bits):
+            ref.cw_v[i] = [secrets.randbelow(P) for _ in range(fn.width)]
+    x0, x1 = honest_extras(config)
+    return join_share(k0.to_bytes(), x0), join_share(R.encode(fn.params, ref), x1)
+
+
+def upload(config: TaskConfig, reports: list[bytes]) -> None:
+    for url in config.servers:
+        res = http("POST", f"{url}/tasks/{config.task_id}/reports/batch", encode_batch(reports),
+                   content_type="application/octet-stream")
+        assert res["accepted"] == len(reports) and not res["rejected"], res
+
+
+def close(config: TaskConfig, token: str) -> dict:
+    views = [http("POST", f"{u}/tasks/{config.task_id}/close", b"", token) for u in config.servers]
+    assert views[0]["reports_hash"] == views[1]["reports_hash"]
+    assert views[0]["rejected"] == views[1]["rejected"]
+    return views[0]
+
+
+def test_forged_count_reports_are_excluded_by_class_and_change_nothing(servers):
+    procs, _ = servers
+    config, token = create_task(urls(procs["exact"]), OFF_GRID, 1.0, "tree", "substitution", min_batch=0)
+    assert config.verify
+    vals = values(300, 12) % 49.0
+    submit(config, vals, batch=100)
+    fn = config.dcf()
+    bad = {"weight": [forged(config, 7, 0), forged(config, 7, 2), forged(config, 7, 10**6), forged(config, 7, P - 1),
+                      forged(config, 55), forged(config, 63)],  # payload 0, 2, 10^6, -1; steps off the grid
+           "shape": []}
+    x0, x1 = honest_extras(config)
+    lying = (x0.copy(), x1.copy())
+    lying[1][1] = (int(lying[1][1]) + 1) % P  # A != a^2
+    bad["shape"].append(forged(config, 20, 1, lying))
+    # a tampered payload correction makes a step plus a block of +5 (two steps up, one down: total 1)
+    bad["shape"].append(tampered(config, 30, "payload", fn.bits - 2))
+    rejected_any = [tampered(config, 10, "control", 2), tampered(config, 40, "random", 0),
+                    (forged(config, 3)[0], forged(config, 33)[1])]  # the same report id, keys of two pairs
+    reports = [seal(config, s) for cls in bad.values() for s in cls] + [seal(config, s) for s in rejected_any]
+    upload(config, reports)
+    view = close(config, token)
+    assert view["n"] == 300
+    assert view["rejected"].get("weight", 0) >= len(bad["weight"]) and view["rejected"].get("shape", 0) >= len(bad["shape"])
+    assert sum(view["rejected"].values()) == len(reports)
+    counts, n = Analyst(config, token).prefix_counts(list(range(50)))
+    np.testing.assert_array_equal(counts, prefix_counts(vals, config.make_grid()))
+    assert n == 300
+
+
+def test_forged_label_reports_are_excluded(servers):
+    procs, _ = servers
+    config, token = create_task(urls(procs["exact"]), OFF_GRID, 1.0, "tree", "add-remove", min_batch=0, payload="label")
+    vals, labels = values(120, 3) % 49.0, np.arange(120) % 2
+    submit(config, vals, labels=labels, batch=60)
+    cases = {"weight": [(1, 1), (0, 0)], "shape": [(2, P - 1), (P - 1, 2)]}
+    reports = [seal(config, forged(config, 9, beta)) for betas in cases.values() for beta in betas]
+    upload(config, reports)
+    view = close(config, token)
+    assert view["rejected"] == {"shape": 2, "weight": 2}
+    counts, _ = Analyst(config, token).prefix_counts([0, 10, 25, 49])
+    grid = config.make_grid()
+    for e, lab in enumerate((1, 0)):
+        np.testing.assert_array_equal(counts[:, e], prefix_counts(vals[labels == lab], grid)[[0, 10, 25, 49]])
+
+
+def test_dpf_keys_and_garbage_extras_are_refused_at_upload(servers):
+    procs, _ = servers
+    config, _ = create_task(urls(procs["exact"]), OFF_GRID, 1.0, "tree", "substitution", min_batch=0)
+    k0, k1 = DPF(config.dcf().bits, group="p61").gen(5)
+    x0, x1 = honest_extras(config)
+    big = np.array([P, 0], np.uint64)  # not a field element
+    raws = [seal(config, (join_share(k0.to_bytes(), x0), join_share(k1.to_bytes(), x1))),
+            seal(config, (forged(config, 5)[0][:-8], forged(config, 5)[1][:-8])),  # extras cut short
+            seal(config, (join_share(config.dcf().gen(5)[0].to_bytes(), big), join_share(config.dcf().gen(5)[1].to_bytes(), x1)))]
+    res = http("POST", f"{config.servers[0]}/tasks/{config.task_id}/reports/batch", encode_batch(raws),
+               content_type="application/octet-stream")
+    assert res["accepted"] == 0 and [r["index"] for r in res["rejected"]] == [0, 1, 2]
+
+
+@pytest.mark.parametrize("relation", ["substitution", "add-remove"])
+def test_honest_reports_are_never_excluded(servers, relation):
+    procs, _ = servers
+    config, token = create_task(urls(procs["exact"]), OFF_GRID, 1.0, "path", relation, min_batch=0)
+    vals = values(1500, 40) % 49.0
+    submit(config, vals, batch=500)
+    view = close(config, token)
+    assert view["rejected"] == {}
+    counts, _ = Analyst(config, token).prefix_counts([49])
+    assert counts[0] == 1500
