@@ -9,7 +9,9 @@ import secrets
 import numpy as np
 import pytest
 
+from dpcdf.release.calibration import fixed_point
 from dpcdf.release.ecdf import prefix_counts
+from dpcdf.service import verify as V
 from dpcdf.service import hpke
 from dpcdf.service.analyst import Analyst
 from dpcdf.service.client import create_task, submit
@@ -150,3 +152,44 @@ def test_honest_reports_are_never_excluded(servers, relation):
     assert view["rejected"] == {}
     counts, _ = Analyst(config, token).prefix_counts([49])
     assert counts[0] == 1500
+
+
+def test_forged_calibration_reports_are_excluded(servers):
+    """Probabilities out of [0, 2^16] (bits that claim them, or bits that claim an in-range q the
+    payload does not carry), a label of 2, and a score on another step than the unit: each excluded,
+    and with noise off the group sums equal the honest reports' exact sums."""
+    procs, _ = servers
+    grid = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 5}
+    config, token = create_task(urls(procs["exact"]), grid, 1.0, "tree", "substitution", min_batch=0, payload="calibration")
+    assert config.verify
+    rng = np.random.default_rng(8)  # the simulated data only
+    p, y = rng.uniform(0, 1, 200), rng.integers(0, 2, 200)
+    submit(config, p, labels=y, batch=100)
+    fn = config.dcf()
+
+    def report(alpha, beta, bits_of):
+        k0, k1 = fn.gen(alpha, beta)
+        x0, x1 = V.calibration_extras(np.array([V.range_bits(bits_of)] if isinstance(bits_of, int) else [bits_of], dtype=object))
+        return seal(config, (join_share(k0.to_bytes(), x0[0]), join_share(k1.to_bytes(), x1[0])))
+
+    big, neg = (1 << 16) + 1, P - 1
+    reports = [report(3, (1, 1, big), [1] * 16 + [2]),       # q = 2^16 + 1: its "bits" are not bits
+               report(3, (1, 0, big), 100),                   # bits of an in-range q that is not the payload's
+               report(4, (1, 1, neg), 0),                     # q = -1
+               report(5, (1, 2, 5), 5)]                       # label 2
+    k0, k1 = fn.gen(6, (1, 1, 7))
+    k0b, k1b = fn.gen(9, (1, 1, 7))
+    x0, x1 = V.calibration_extras(np.array([V.range_bits(7)], dtype=object))
+    reports.append(seal(config, (join_share(k0.to_bytes(), x0[0]), join_share(k1b.to_bytes(), x1[0]))))  # two pairs
+    upload(config, reports)
+    view = close(config, token)
+    assert view["n"] == 200 and sum(view["rejected"].values()) == len(reports)
+    assert view["rejected"].get("range", 0) >= 2
+    edges = [7, 15, 23]
+    sums = Analyst(config, token).group_sums(edges)
+    idx = config.make_grid().index(p)
+    bounds = [-1] + edges + [31]
+    q = fixed_point(p).astype(np.int64)
+    for g, (lo, hi) in enumerate(zip(bounds, bounds[1:])):
+        inside = (idx > lo) & (idx <= hi)
+        np.testing.assert_array_equal(sums[g], [inside.sum(), y[inside].sum(), q[inside].sum()])
