@@ -331,3 +331,34 @@ def test_refuses_a_file_of_another_schema(tmp_path):
     db.close()
     with pytest.raises(StoreError, match="version 99"):
         Store(path)
+
+
+def test_a_store_from_before_verification_gains_its_columns_and_keeps_its_rows(tmp_path):
+    """A store written before verified tasks (no verified_at, no excluded.reason, no histograms)
+    opens: the columns are added, an old exclusion reads as the reconciliation's (reason NULL)."""
+    import sqlite3
+
+    from dpcdf.service.store import SCHEMA, SCHEMA_VERSION, Store
+
+    path = tmp_path / "old.sqlite"
+    db = sqlite3.connect(str(path))
+    db.executescript(SCHEMA + f";PRAGMA user_version = {SCHEMA_VERSION};")
+    db.execute("INSERT INTO tasks (task_id, config, fingerprint, noise_seed, created) VALUES ('t', '{}', x'00', x'00', 0)")
+    for i in range(3):
+        db.execute("INSERT INTO reports (task_id, report_id, key_share, received) VALUES ('t', ?, x'01', 0)", (bytes([i]) * 16,))
+    db.execute("INSERT INTO excluded VALUES ('t', ?)", (bytes([0]) * 16,))
+    db.commit()
+    db.close()
+    store = Store(path)
+    try:
+        store.freeze("t", lambda ids: str(len(ids)))
+        assert store.reconciled_ids("t") == [bytes([1]) * 16, bytes([2]) * 16]
+        assert store.rejections("t") == {}
+        store.exclude("t", [bytes([2]) * 16], lambda ids: str(len(ids)), reason="shape")
+        assert store.rejections("t") == {"shape": 1} and store.frozen("t").count == 1
+        assert store.reconciled_ids("t") == [bytes([1]) * 16, bytes([2]) * 16]  # the check's input keeps it
+        assert not store.marked("t", "verified")
+        store.mark("t", "verified")
+        assert store.marked("t", "verified") and store.histogram("t") is None
+    finally:
+        store.close()
