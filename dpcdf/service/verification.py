@@ -7,7 +7,7 @@ Each server evaluates every key share of R once over the whole grid (`grid_value
 check's input and, summed, its share of the histogram. The challenges come from a key only the two
 servers hold (a subkey of the reconciliation's K) and the context (task id, H_R): a client cannot
 predict them, and they are fixed only after its report is stored. The messages (AES-GCM under K, as
-`reconcile`'s; reports in the order of their ids, in chunks of CHUNK_REPORTS):
+`reconcile`'s; reports in the order of their ids, in chunks of about MESSAGE_ELEMENTS elements):
 5. server 0 -> 1: chunk c of its round-one messages (e_0, top_0), with H_R;
 6. server 1 -> 0 (the answer): chunk c of its round-one messages and its round-two values V_1;
 7. server 0 -> 1: chunk c of its V_0; answered by 8, the chunk's index and digest;
@@ -52,8 +52,13 @@ from .task import TaskConfig
 from .verify import OK, REASONS, Check
 from .wire import split_share
 
-CHUNK_REPORTS = 1 << 18  # reports per message: at most 8 elements each, 16 MiB, under the 64 MiB body limit
-KEYS_PER_PASS = 2048  # keys evaluated over the grid at once (2048 x 2^16 points x 8 B = 1 GiB at the largest grid)
+MESSAGE_ELEMENTS = 1 << 21  # field elements per message (16 MiB, under the 64 MiB body limit)
+PASS_ELEMENTS = 1 << 22  # grid values evaluated at once (32 MiB, a few times that in eval_grid's buffers)
+
+
+def keys_per_pass(size: int, width: int) -> int:
+    """Keys evaluated over the grid at once: about PASS_ELEMENTS values (4096 keys at 2^10 points)."""
+    return max(16, PASS_ELEMENTS // (size * width))
 _HEAD = 4 + 4 + 8 + 32  # chunk index, chunk count, report count, H_R
 
 
@@ -80,8 +85,10 @@ class Local:
     total: np.ndarray
 
     def chunks(self) -> list[slice]:
-        n = len(self.ids)
-        return [slice(s, min(s + CHUNK_REPORTS, n)) for s in range(0, n, CHUNK_REPORTS)]
+        """Reports per message: MESSAGE_ELEMENTS over the elements each report sends (its round-one
+        message and, in the answer, its check values too)."""
+        n, per = len(self.ids), max(1, MESSAGE_ELEMENTS // (self.message.shape[1] + 4))
+        return [slice(s, min(s + per, n)) for s in range(0, n, per)]
 
 
 def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Local:
@@ -94,7 +101,7 @@ def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Lo
     ch = check.challenges(verification_key(pair_key), context)
     total = np.zeros((size, dcf.width), np.uint64)
     messages, states, extras = [], [], []
-    for _, shares in store.reconciled_shares(task_id, KEYS_PER_PASS):
+    for _, shares in store.reconciled_shares(task_id, keys_per_pass(size, dcf.width)):
         keys, xs = zip(*(split_share(s, dcf.key_size, check.extras) for s in shares))
         x = np.stack(xs)
         y = grid_values(dcf, dcf.batch_from_keys(list(keys), party), size)
@@ -237,8 +244,9 @@ def finish(store: Store, config: TaskConfig, party: int, pair_key: bytes, local:
     failed = [local.ids[k] for k in np.flatnonzero(verdicts != OK)]
     histogram = local.total
     size, extras = config.make_grid().size, config.check().extras
-    for start in range(0, len(failed), KEYS_PER_PASS):
-        shares = store.shares_by_id(task_id, failed[start:start + KEYS_PER_PASS])
+    step = keys_per_pass(size, dcf.width)
+    for start in range(0, len(failed), step):
+        shares = store.shares_by_id(task_id, failed[start:start + step])
         keys = [split_share(s, dcf.key_size, extras)[0] for s in shares]
         histogram = F.sub(histogram, _sketch.column_sums(grid_values(dcf, dcf.batch_from_keys(keys, party), size)))
     if frozen is None or frozen.count != len(local.ids) - len(failed):

@@ -52,7 +52,7 @@ class TaskState:
         """Server 1's state for the report check: its round one over the reconciled set, computed
         once (started in the background when its reconciliation ends, `prepare_in_background`)."""
         with self._preparing:
-            if self._checking is None:
+            if self._checking is None:  # R changes only by reconciliation drops, which forget it (`forget_keys`)
                 self._checking = verification.Helper(verification.prepare(store, self.config, self.party, self.pair_key))
             return self._checking
 
@@ -78,6 +78,8 @@ class TaskState:
         """Drops the loaded key shares (after the report set changed): the next refresh reloads them."""
         with self.lock:
             self.shards, self.seq, self.sealed = [], 0, False
+        with self._preparing:
+            self._checking = None  # its round one was over the larger set
 
     def refresh(self, store: Store, upto: int) -> list[KeyBatch]:
         """The key shares of the frozen report set (reports up to sequence number `upto`). Once the
