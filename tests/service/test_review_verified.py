@@ -14,7 +14,6 @@ import http.client as http_client
 import os
 import signal
 import threading
-import time
 from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
 from urllib.parse import urlsplit
 
@@ -26,8 +25,6 @@ from dpcdf.service.analyst import Analyst
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError, fetch, http
 from dpcdf.service.processes import free_port, start_server, stop
-from dpcdf.service import reconcile
-from fss import field as F
 from helpers import TESTING, values
 from test_malicious_clients import OFF_GRID, forged, seal, upload
 
