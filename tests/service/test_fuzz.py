@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from dpcdf.service import reconcile
+from dpcdf.service import reconcile, verification
 from dpcdf.service.client import make_reports
 from dpcdf.service.server import create_app
 from dpcdf.service.task import TaskConfig, token_hash
@@ -51,7 +51,8 @@ TIMEOUT = 30.0  # seconds per request: every one of them takes milliseconds here
 TOKEN = "the analyst's token for the fuzzed tasks"
 OPEN, CLOSED, CALIBRATION = "fuzz-open", "fuzz-closed", "fuzz-calibration"
 TASKS = (OPEN, CLOSED, CALIBRATION)
-BINARY = {"/tasks/{task_id}/reports", "/tasks/{task_id}/reports/batch", "/tasks/{task_id}/sync"}
+BINARY = {"/tasks/{task_id}/reports", "/tasks/{task_id}/reports/batch", "/tasks/{task_id}/sync", "/tasks/{task_id}/verify"}
+PEER_PATHS = {"/tasks/{task_id}/sync", "/tasks/{task_id}/verify"}  # between the servers
 CLOSE = "/tasks/{task_id}/close"
 # schemathesis cannot break the schema of a request without parameters or of a binary body
 POSITIVE_ONLY = {"/health", "/hpke"} | BINARY
@@ -109,11 +110,26 @@ def world(tmp_path_factory) -> World:
         for task_id in (CLOSED, CALIBRATION):  # closed and reconciled, as a close with an agreeing peer leaves them
             srv.store.freeze(task_id, srv.task(task_id).set_hash)
             srv.store.mark(task_id, "reconciled")
+    for task_id in (CLOSED, CALIBRATION):  # and verified: the report check run between the two in-process servers
+        _check_reports(apps, configs[task_id])
     st0 = apps[0].state.server.task(OPEN)
     ids = [r.report_id for r in reports[OPEN][:8]]
     first = reconcile.seal(st0.pair_key, 1, configs[OPEN].fingerprint, reconcile.bucket_digests(st0.pair_key, ids))
     last = reconcile.seal(st0.pair_key, 3, configs[OPEN].fingerprint, reconcile.id_list(ids[:1]))
     return World(apps, configs, stored, [r.to_bytes() for r in reports[OPEN][8:]], [first, last])
+
+
+def _check_reports(apps, config: TaskConfig) -> None:
+    """The close's report check (`verification`) between two in-process servers, messages passed directly."""
+    servers = [app.state.server for app in apps]
+    key, fp, check = servers[0].task(config.task_id).pair_key, config.fingerprint, config.check()
+    local0 = verification.prepare(servers[0].store, config, 0, key)
+    helper = verification.Helper(verification.prepare(servers[1].store, config, 1, key))
+    verdicts = verification.lead(local0, check, key, fp, lambda m: helper.answer(check, key, fp, m)[0])
+    for party, local, v in ((0, local0, verdicts), (1, helper.local, helper.all_verdicts())):
+        assert not v.any()  # honest reports
+        verification.finish(servers[party].store, config, party, key, local, v)
+        servers[party].store.mark(config.task_id, "verified")
 
 
 # --- sending a request and checking its answer -----------------------------------------------------------
@@ -157,7 +173,7 @@ def check_answer(status: int, content_type: str, body: bytes, *, path: str, part
             and answer["error"], f"refusal not {{'error': str}}: {where}"
         return 0
     assert 200 <= status < 300, f"unexpected status: {where}"
-    if path in BINARY - {"/tasks/{task_id}/sync"}:
+    if path in BINARY - PEER_PATHS:
         return json.loads(body)["accepted"]
     return 0
 
@@ -368,10 +384,11 @@ def raw_json(values: st.SearchStrategy) -> st.SearchStrategy[bytes]:
 def binary_requests(draw, world):
     path = draw(st.sampled_from(sorted(BINARY) * 2 + ["/tasks", "/tasks/{task_id}/query"]))
     body = draw({"/tasks/{task_id}/reports": report_bodies, "/tasks/{task_id}/reports/batch": batch_bodies,
-                 "/tasks/{task_id}/sync": sync_bodies, "/tasks": lambda w: raw_json(task_configs(w)),
+                 "/tasks/{task_id}/sync": sync_bodies, "/tasks/{task_id}/verify": sync_bodies,
+                 "/tasks": lambda w: raw_json(task_configs(w)),
                  "/tasks/{task_id}/query": lambda w: raw_json(QUERIES)}[path](world))
     task_id = draw(st.one_of(st.sampled_from(TASKS), TASK_IDS))
-    party = draw(st.sampled_from([0, 1, 1] if path.endswith("sync") else [0, 1]))
+    party = draw(st.sampled_from([0, 1, 1] if path in PEER_PATHS else [0, 1]))
     headers = {}
     if draw(st.booleans()):
         headers["content-type"] = draw(st.sampled_from(["application/octet-stream", "application/json", "text/plain", ""]))

@@ -9,7 +9,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
 from dpcdf.service.client import make_reports
-from dpcdf.service.wire import MAX_BATCH, Report, ReportError, decode_batch, encode_batch, hpke_info, open_share
+from dpcdf.service.wire import MAX_BATCH, Report, ReportError, decode_batch, encode_batch, hpke_info, open_share, split_share
 from dpcdf.service.task import TaskConfig
 
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 8}
@@ -27,8 +27,9 @@ def test_shares_open_for_their_server_and_add_up_to_the_comparison():
     dcf = config.dcf()
     for r, v in zip(reports, (0.3, 0.9)):
         back = Report.from_bytes(r.to_bytes())
-        k0 = dcf.key_from_bytes(open_share(back, 0, keys[0], config.fingerprint), party=0)
-        k1 = dcf.key_from_bytes(open_share(back, 1, keys[1], config.fingerprint), party=1)
+        extras = config.extras_bytes // 8
+        k0 = dcf.key_from_bytes(split_share(open_share(back, 0, keys[0], config.fingerprint), dcf.key_size, extras)[0], party=0)
+        k1 = dcf.key_from_bytes(split_share(open_share(back, 1, keys[1], config.fingerprint), dcf.key_size, extras)[0], party=1)
         a = config.make_grid().index([v])[0]
         for t in (a - 1, a, a + 1):
             assert dcf.reconstruct(dcf.eval(k0, t), dcf.eval(k1, t)) == int(t >= a)
@@ -50,8 +51,8 @@ def test_hybrid_kem_shares_open_and_x25519_keys_do_not_fit(tmp_path):
     report = Report.from_bytes(make_reports(config, [0.4])[0].to_bytes())
     assert len(report.sealed[0][0]) == 1120  # ML-KEM-768 ciphertext + X25519 share
     for party in (0, 1):
-        key = open_share(report, party, servers[party].private("mlkem768-x25519"), config.fingerprint, "mlkem768-x25519")
-        config.dcf().key_from_bytes(key, party=party)
+        share = open_share(report, party, servers[party].private("mlkem768-x25519"), config.fingerprint, "mlkem768-x25519")
+        config.dcf().key_from_bytes(split_share(share, config.dcf().key_size, config.extras_bytes // 8)[0], party=party)
     with pytest.raises(ReportError, match="must be 32 bytes"):
         open_share(report, 0, servers[0].private("x25519"), config.fingerprint, "x25519")
     again = ServerKeys(tmp_path / "s0")  # the keys persist across restarts
