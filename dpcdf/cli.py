@@ -148,6 +148,9 @@ def main(argv: list[str] | None = None) -> int:
             for p_, q_ in zip(args.quantiles, source.quantile(args.quantiles)):
                 print(f"q({p_:g}) = {q_:g}")
             print(analyst.mechanism.statement())
+            if analyst.rejected is not None:
+                print(f"verified: the servers checked every report; excluded {sum(analyst.rejected.values())}"
+                      + "".join(f", {k} {v}" for k, v in sorted(analyst.rejected.items())))
         elif args.cmd == "demo":
             from .demo import run_demo
 

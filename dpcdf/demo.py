@@ -32,9 +32,15 @@ def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "tree",
             t2 = time.perf_counter()
             print(f"{res['complete']} reports acknowledged by both servers in {t2 - t1:.1f} s "
                   f"({res['complete'] / (t2 - t1):.0f} reports/s, sealing and spooling included)")
-            rel = Analyst(config, token).release()
+            analyst = Analyst(config, token)
+            analyst.close()
             t3 = time.perf_counter()
-            print(f"analyst: full-grid release in {t3 - t2:.2f} s\n")
+            if analyst.rejected is not None:
+                print(f"close: the servers checked all {res['complete']} reports in {t3 - t2:.2f} s, excluded "
+                      f"{sum(analyst.rejected.values())} (docs/verification.md)")
+            rel = analyst.release()
+            t4 = time.perf_counter()
+            print(f"analyst: full-grid release in {t4 - t3:.2f} s\n")
         finally:
             for proc, _ in procs:
                 stop(proc)

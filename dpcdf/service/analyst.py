@@ -23,15 +23,19 @@ class Analyst:
         self.grid = config.make_grid()
         self.mechanism = config.make_mechanism()
         self._closed = False
+        self.rejected: dict[str, int] | None = None  # per reason class, once a verified task is closed
 
     def close(self) -> int | None:
         """Closes the collection: server 0 reconciles the report sets with server 1 directly
         (`dpcdf.service.reconcile`: any report that reached one server only is dropped, whatever their
-        number), then both servers show the keyed hash of their set, which must be equal. Idempotent;
-        the first query calls it. Returns the number of reports (None under add/remove)."""
+        number), then both servers show the keyed hash of their set, which must be equal; for a
+        verified task they check every report first and `rejected` holds the excluded reports per
+        reason class (else None). Idempotent; the first query calls it. Returns the number of reports
+        (None under add/remove)."""
         views = [http("POST", f"{u}/tasks/{self.config.task_id}/close", b"", self.token) for u in self.config.servers]
-        if views[0]["reports_hash"] != views[1]["reports_hash"]:
+        if views[0]["reports_hash"] != views[1]["reports_hash"] or views[0].get("rejected") != views[1].get("rejected"):
             raise ServerError("the servers could not agree on one report set")
+        self.rejected = views[0].get("rejected")
         self._closed = True
         return views[1]["n"]
 

@@ -261,6 +261,7 @@ def test_cli_query_prints_quantiles(servers, tmp_path):
     assert sub.returncode == 0 and '"complete": 60' in sub.stdout
     q = run("query", "--task", str(tmp_path / "task.json"), "--ecdf", "50", "--quantiles", "0.5")
     assert q.returncode == 0 and "q(0.5) =" in q.stdout and "DP under substitution" in q.stdout
+    assert "verified: the servers checked every report; excluded 0" in q.stdout
     b = run("query", "--task", str(tmp_path / "task.json"), "--quantiles", "0.5", "--bisect")
     assert b.returncode == 0 and b.stdout.split("q(0.5) = ")[1].split()[0] == q.stdout.split("q(0.5) = ")[1].split()[0]
 
