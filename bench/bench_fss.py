@@ -1,12 +1,16 @@
 """Speed of `fss` next to the machine's AES limits and sycret, all measured in the same run.
 
-    python bench/bench_fss.py            # add --quick for a smaller run, --no-grid to skip the full grid
+    python bench/bench_fss.py            # add --quick for a smaller run, --no-grid to skip the full grids,
+                                         # --eval-grid for the eval_grid section alone
 
 Columns (per core unless said otherwise): gen = key pairs/s, eval = evals/s (one point per key),
 sum = keys/s of eval_sum at one point on all cores; "ECB bound" = pycryptodome AES-ECB blocks/s on a
 32 MiB buffer divided by the AES blocks one eval needs (the limit of a level-by-level backend),
 "VAES peak" = the same with a register-only 512-bit VAES loop (the limit of any implementation of
-this construction on this CPU).
+this construction on this CPU). The eval_grid section: grid points (key x point) per second on one
+core, on each backend, against the same bounds for the AES blocks one point costs there (a full
+grid of 2^b points expands 2^b - 1 nodes per key: 2 + 2 width blocks each over F_p, plus width LEAF
+blocks per point for width > 1).
 """
 from __future__ import annotations
 
@@ -77,6 +81,38 @@ def gen_blocks(p: TreeParams) -> int:
     return 2 * (p.bits * p.expand_blocks + (0 if p.width == 1 else p.value_blocks))
 
 
+def grid_blocks(p: TreeParams, size: int) -> float:
+    """AES blocks per point of eval_grid over a full grid of size = 2^bits points."""
+    leaf = 0 if p.width == 1 else (p.width if p.prime else p.value_blocks)
+    return ((size - 1) * p.expand_blocks + size * leaf) / size
+
+
+def eval_grid_section(quick: bool, ecb: float, vaes: float) -> None:
+    """eval_grid of the servers' functions (DCF over F_p, x >= alpha) on one core, on every backend."""
+    print(f"\neval_grid, one core (VAES peak {vaes / 1e6:.0f} M blocks/s in this run): every key's shares at every point")
+    head = f"{'function':<42} {'keys':>6} {'points':>6} {'blocks/pt':>9} | {'backend':<8} {'M pts/s':>8} {'ECB bound':>9} {'VAES bound':>10} {'of bound':>8}"
+    print(head)
+    print("-" * len(head))
+    rng = np.random.default_rng(3)
+    before = backend.threads()
+    backend.set_threads(1)
+    for fn, n in ((DCF(10, group="p61", cmp="ge"), 10_000), (DCF(10, width=2, group="p61", cmp="ge"), 10_000),
+                  (DCF(16, group="p61", cmp="ge"), 200)):
+        n = n // 5 if quick else n
+        size = 1 << fn.bits
+        with backend.using("portable"):
+            k0, _ = fn.gen_batch(rng.integers(0, size, n), 1)
+        per = grid_blocks(fn.params, size)
+        for name in reversed(backend.available()):
+            with backend.using(name):
+                t = best_of(lambda: fn.eval_grid(k0, size), 1 if name == "portable" else 3)
+            rate = n * size / t
+            label = repr(fn).replace("out_bits=61, ", "") if name == backend.available()[-1] else ""
+            print(f"{label:<42} {n:>6} {size:>6} {per:>9.2f} | {name:<8} {rate / 1e6:>8.1f} {ecb / per / 1e6:>9.1f} "
+                  f"{vaes / per / 1e6:>10.1f} {rate * per / vaes if vaes else 0:>8.0%}")
+    backend.set_threads(before)
+
+
 def sycret_row(n: int) -> tuple[float, float] | None:
     try:
         import sycret
@@ -91,8 +127,14 @@ def sycret_row(n: int) -> tuple[float, float] | None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--no-grid", action="store_true")
+    ap.add_argument("--no-grid", action="store_true", help="skip the full grids (eval_sum at all 2^16 points, eval_grid)")
+    ap.add_argument("--eval-grid", action="store_true", help="only the eval_grid section (and the AES peaks)")
     args = ap.parse_args()
+    if args.eval_grid:
+        ecb, vaes = ecb_blocks_per_s(), vaes_blocks_per_s()
+        print(f"backend {backend.current()}; pycryptodome ECB {ecb / 1e6:.0f} M blocks/s, VAES peak {vaes / 1e6:.0f} M blocks/s per core")
+        eval_grid_section(args.quick, ecb, vaes)
+        return
     n = 50_000 if args.quick else 400_000
     cores = backend.threads()
     ecb, vaes = ecb_blocks_per_s(), vaes_blocks_per_s()
@@ -146,6 +188,7 @@ def main() -> None:
         floor = m * 3 * ((1 << 16) - 1) / (vaes * cores) if vaes else float("nan")
         print(f"eval_sum of {m} keys at all 2^16 thresholds, {cores} cores: {t:.2f} s "
               f"(VAES-peak floor for 3 blocks per node: {floor:.2f} s)")
+        eval_grid_section(args.quick, ecb, vaes)
 
 
 if __name__ == "__main__":

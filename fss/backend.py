@@ -8,8 +8,9 @@ portable level-by-level backend. All give bit-identical results (the tests pin t
 
 "auto" (the default) picks "vaes" (512-bit VAES + AVX-512), else "aesni", else "portable", and runs a
 self-test of the fused kernel against the portable backend before trusting it. Payload widths above
-`fast.MAX_WIDTH` and prime-field keys (group "p61": the fused kernels do Z_{2^k} arithmetic only)
-always take the portable backend.
+`fast.MAX_WIDTH` always take the portable backend, and so do prime-field keys (group "p61") except
+in `eval_grid`, whose fused kernel (`fss._grid`) also does the F_p arithmetic (and has its own
+self-test per width, DCF or DPF and group).
 """
 from __future__ import annotations
 
@@ -149,10 +150,53 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
     return fast.gen_batch(p, alphas, betas, roots, name == "vaes")
 
 
+@functools.lru_cache(maxsize=None)
+def _grid_self_test(name: str, width: int, has_v: bool, prime: bool) -> bool:
+    """The grid kernel of this width, DCF or DPF and group agrees with the portable backend on a
+    small batch (both parties, a partial range in both orders, every level of a 7-bit tree)."""
+    from . import fast
+    from .params import KIND_DCF, KIND_DPF
+
+    p = TreeParams.make(KIND_DCF if has_v else KIND_DPF, 7, None if prime else 64, width, "le" if has_v else "eq",
+                        False, "p61" if prime else "ring")
+    n = 21
+    alphas = np.arange(n, dtype=np.uint64) * np.uint64(37) % np.uint64(1 << p.bits)
+    betas = (np.arange(n * width, dtype=np.uint64).reshape(width, n) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(4)
+    roots = (np.arange(4 * n, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)).reshape(2, 2, n)
+    for k in portable.gen_batch(p, alphas, betas, roots):
+        for start, size, reverse in ((0, 128, False), (3, 100, True)):
+            got = fast.eval_grid(k, start, size, reverse, name == "vaes")
+            if not np.array_equal(got, portable.eval_grid(k, start, size, reverse)):
+                return False
+    return True
+
+
+def _grid_for(p: TreeParams) -> str | None:
+    """The backend of `eval_grid` (its fused kernel also does F_p arithmetic): as `_fast_for`, but
+    the test that counts is `_grid_self_test` of the kernel these parameters use (failing it gives
+    a warning and the portable backend under "auto", an FssError for an explicit choice)."""
+    from . import fast
+
+    name = current()
+    if name == "portable" or p.width > fast.MAX_WIDTH:
+        return None
+    if not _grid_self_test(name, p.width, p.level_payload, p.prime):
+        if _chosen != "auto":
+            raise FssError(f"the {name} grid kernel failed its self-test against the portable backend")
+        warnings.warn(f"fss: the {name} grid kernel failed its self-test; using the portable backend", RuntimeWarning)
+        return None
+    return name
+
+
 def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool) -> np.ndarray:
     """(n, size, width) shares of every key at internal points start + j (or, with `reverse`,
     start + size - 1 - j) for j in 0 .. size - 1."""
-    return portable.eval_grid(batch, start, size, reverse)
+    name = _grid_for(batch.params)
+    if name is None:
+        return portable.eval_grid(batch, start, size, reverse)
+    from . import fast
+
+    return fast.eval_grid(batch, start, size, reverse, name == "vaes", threads())
 
 
 def eval_full(batch: KeyBatch) -> np.ndarray:

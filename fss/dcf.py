@@ -21,7 +21,7 @@ class DCF(TreeFunction):
     `signed=True`), with values in (Z_{2^out_bits})^width, or with `group="p61"` in F_p^width for the
     prime p = 2^61 - 1 (`fss.field`; out_bits is then 61: leave it out or pass 61). The prime field
     is what the servers' report check needs (docs/verification.md); its keys run on the portable
-    backend.
+    backend, except in `eval_grid`, whose fused kernel does F_p arithmetic too.
 
     cmp: "lt" (x < alpha, the default and the paper's), "le", "gt", "ge", or "<", "<=", ">", ">=".
     Raises `ParameterError` for bits or out_bits outside 1..64, width outside 1..65535, an

@@ -2,18 +2,21 @@
 
 Same contract as the portable `fss.portable` (internal points, (width, n) outputs reduced mod
 2^out_bits) and bit-identical results. Works group by group on `KeyBatch`'s grouped layout; the
-padded lanes of the last group are evaluated and dropped.
+padded lanes of the last group are evaluated and dropped. `eval_grid` instead walks each key's tree
+on its own with the step of `_grid` (also over F_p), and splits the keys over a thread pool.
 """
 from __future__ import annotations
 
 import functools
 
+import numba
 import numpy as np
 from numba import njit, prange
 
 from . import _cache
 from ._aes import round_keys
 from ._fused import eval_group, gen_group, trie_steps
+from ._grid import grid_step
 from .keys import GROUP, KeyBatch, groups, payload_dtype, to_groups
 from .params import TreeParams
 
@@ -176,6 +179,155 @@ def eval_sum(batch: KeyBatch, points: np.ndarray, vaes: bool, threads: int) -> n
     prog = trie_program(unique, p.bits)
     _trie_kernel(p.width, p.level_payload, vaes)(*_keys(batch), prog, *common, partial)
     return partial.sum(axis=0, dtype=np.uint64)[inverse.reshape(-1)] & np.uint64(p.mask)
+
+
+GRID_BLOCK_BITS = 10  # the walk goes subtree by subtree of 2^10 leaves: a level's nodes stay in the L1/L2 cache
+
+
+@functools.lru_cache(maxsize=None)
+def _grid_kernel(width: int, has_v: bool, prime: bool, vaes: bool):
+    """Keys k0 .. k1 - 1, one after the other, walk the plan of `grid_plan` (no prange: a parallel
+    numba kernel compiles in about three times as long, once per width, group, DCF or DPF and AES
+    flavour; `eval_grid` runs one call per thread instead)."""
+    step = grid_step(width, has_v, prime, vaes)
+    rows = 3 + width
+
+    @njit(nogil=True)
+    def kernel(seeds, cw_seed, cw_t, cw_v, top, subs, cols, top_cap, reverse, k0, k1, party, bits, mask, rk, out):
+        split = top.shape[0]  # levels of the first stage: the root down to the subtrees' roots
+        sub_cap = 2 * (1 << subs.shape[1]) + 64
+        ta, tb = np.empty((rows, top_cap), np.uint64), np.empty((rows, top_cap), np.uint64)
+        sa, sb = np.empty((rows, sub_cap), np.uint64), np.empty((rows, sub_cap), np.uint64)
+        kcw = np.zeros((bits + 1, rows), np.uint64)
+        last_v = cw_v.shape[1] - 1
+        for k in range(k0, k1):
+            g, lane = k // GROUP, k % GROUP
+            for i in range(bits):
+                kcw[i, 0] = cw_seed[g, i, 0, lane]
+                kcw[i, 1] = cw_seed[g, i, 1, lane]
+                kcw[i, 2] = cw_t[g, i, lane]
+                if has_v:
+                    for e in range(width):
+                        kcw[i, 3 + e] = cw_v[g, i, e, lane]
+            for e in range(width):
+                kcw[bits, 3 + e] = cw_v[g, last_v, e, lane]
+            ta[0, 0] = seeds[g, 0, lane]
+            ta[1, 0] = seeds[g, 1, lane]
+            ta[2, 0] = party
+            for e in range(width):
+                ta[3 + e, 0] = 0
+            top_nodes, top_base = ta, 0
+            # segment 0: the first stage (the root down to level split); segment s: subtree s - 1.
+            # One call site of `step` (its code is large): the segments share the level loop.
+            for seg in range(1 + cols.shape[0]):
+                if seg == 0:
+                    a, d, first, stop = ta, tb, 0, split
+                else:
+                    a, d, first, stop = sa, sb, split, bits
+                    for r in range(rows):
+                        a[r, 0] = top_nodes[r, top_base + seg - 1]
+                b2, mm = 0, 1
+                for level in range(first, stop):
+                    for i in range(0, mm, 16):
+                        step(a, b2 + i, d, 2 * i, kcw, level, level == bits - 1, party, mask, rk)
+                    if seg == 0:
+                        b2, mm = top[level, 0], top[level, 1]
+                    else:
+                        b2, mm = subs[seg - 1, level - split, 0], subs[seg - 1, level - split, 1]
+                    a, d = d, a
+                if seg == 0:
+                    top_nodes, top_base = a, b2
+                    continue
+                c0 = cols[seg - 1]
+                row = out[k]
+                if reverse:
+                    for q in range(mm):
+                        for e in range(width):
+                            row[c0 - q, e] = a[3 + e, b2 + q]
+                else:
+                    for q in range(mm):
+                        for e in range(width):
+                            row[c0 + q, e] = a[3 + e, b2 + q]
+
+    return _cache.cached(kernel, f"grid-{_tag(width, has_v, vaes)}-{'p61' if prime else 'ring'}")
+
+
+@functools.lru_cache(maxsize=64)
+def grid_plan(bits: int, start: int, size: int, reverse: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray, int]:
+    """How the kernel walks the subtree of the internal points start .. start + size - 1: level by
+    level from the root down to level `split` = max(0, bits - GRID_BLOCK_BITS), then below each node
+    of that level (the roots of subtrees of 2^(bits - split) leaves) level by level to the leaves.
+    Expanding m nodes gives their 2m children in prefix order; (offset, count) says which of them
+    are the prefixes of the range (the offset is 0 or 1). Returns
+
+        top  (split, 2): (offset, count) after each level of the first stage
+        subs (S, bits - split, 2): the same in each of the S subtrees
+        cols (S,): the output column of each subtree's first leaf (point x is column x - start, or
+            start + size - 1 - x with `reverse`; its leaves then go to decreasing columns)
+        top_cap: buffer capacity the first stage needs
+    Read-only (memoized)."""
+    last = start + size - 1
+    split = max(0, bits - GRID_BLOCK_BITS)
+
+    def steps(lo: int, hi: int, first: int, stop: int) -> list[tuple[int, int]]:
+        """(offset, count) after each level first .. stop - 1 for the range lo .. hi of leaves."""
+        out = []
+        for level in range(first, stop):
+            parent, child = lo >> (bits - level), lo >> (bits - level - 1)
+            out.append((child - 2 * parent, (hi >> (bits - level - 1)) - child + 1))
+        return out
+
+    top = np.array(steps(start, last, 0, split), dtype=np.int64).reshape(split, 2)
+    k = bits - split
+    roots = range(start >> k, (last >> k) + 1)
+    subs, cols = [], []
+    for r in roots:
+        lo, hi = max(start, r << k), min(last, ((r + 1) << k) - 1)
+        subs.append(steps(lo, hi, split, bits))
+        cols.append(last - lo if reverse else lo - start)
+    subs_a = np.array(subs, dtype=np.int64).reshape(len(roots), k, 2)
+    cols_a = np.array(cols, dtype=np.int64)
+    for a in (top, subs_a, cols_a):
+        a.flags.writeable = False
+    return top, subs_a, cols_a, 2 * len(roots) + 64
+
+
+_pool = None
+
+
+def _threads_pool():
+    global _pool
+    if _pool is None:
+        from concurrent.futures import ThreadPoolExecutor
+
+        _pool = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS, thread_name_prefix="fss-grid")
+    return _pool
+
+
+def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, vaes: bool, threads: int = 1) -> np.ndarray:
+    """Same contract as `portable.eval_grid`: (n, size, width) shares at internal points start + j
+    (or start + size - 1 - j with `reverse`). Each key walks the range's subtree once (`grid_plan`);
+    the keys are split over `threads` threads."""
+    p, n = batch.params, len(batch)
+    if p.prime and n and int(batch.cw_v.max()) >= p.modulus:  # not a key gen makes or the codec accepts
+        from . import portable
+
+        return portable.eval_grid(batch, start, size, reverse)
+    out = np.empty((n, size, p.width), np.uint64)
+    if n:
+        kernel = _grid_kernel(p.width, p.level_payload, p.prime, vaes)
+        top, subs, cols, top_cap = grid_plan(p.bits, start, size, reverse)
+        common = (batch.party, p.bits, np.uint64(p.mask), round_keys(), out)
+        cw_v = batch.cw_v.astype(np.uint64, copy=False)  # one kernel for 32- and 64-bit corrections
+        keys = (batch.seeds, batch.cw_seed, batch.cw_t, cw_v)
+        run = lambda k0, k1: kernel(*keys, top, subs, cols, top_cap, reverse, k0, k1, *common)  # noqa: E731
+        parts = max(1, min(threads, n // GROUP))
+        bounds = [n * c // parts for c in range(parts + 1)]
+        futures = [_threads_pool().submit(run, bounds[c], bounds[c + 1]) for c in range(1, parts)]
+        run(bounds[0], bounds[1])
+        for f in futures:
+            f.result()
+    return out
 
 
 @functools.lru_cache(maxsize=None)

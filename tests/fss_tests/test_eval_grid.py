@@ -4,8 +4,9 @@ function's values after reconstruction, and on every backend to the portable one
 
 Compile time rules the runtime here (a fused grid kernel per width, DCF or DPF, group and AES flavour,
 about a second each): the properties run on the portable backend and the fastest fused one (every
-width and kind), the other fused flavour on the kernels of `test_every_backend_equals_portable`; the
-eval_batch oracle runs on the portable backend (the fused ones are pinned to it in test_backend.py)."""
+width and kind), the other fused flavour on the kernels of `test_every_backend_equals_portable`; gen
+and the eval_batch oracle run on the portable backend (the fused ones are pinned to it in
+test_backend.py)."""
 import numpy as np
 import pytest
 from hypothesis import given, settings

@@ -1,0 +1,241 @@
+"""The full-grid kernel's inner step: 16 consecutive nodes of one key's tree, with the nodes in vector
+lanes, expanded into their 32 children (or, at the last level, into the shares at 32 leaves).
+
+Private; `fss.fast.eval_grid` drives it level by level over each key's nodes (in blocks of
+subtrees, so that a level fits in cache), and `fss.portable.eval_grid` is the twin it must equal
+bit for bit. Built from the AES rounds of `_aes` plus the payload arithmetic of either group: over
+Z_{2^k} wrapping uint64 (masked at the leaf) as `_kernels` does it; over F_p (group "p61",
+p = 2^61 - 1) with lazy reduction, since 2^61 = 1 and 2^64 = 8 (mod p):
+
+    part(lo, hi) = (lo & p) + (lo >> 61) + ((hi << 3) & p) + (hi >> 58)  = lo + 2^64 hi (mod p), < 2^62 + 2^7
+    half(x)      = (x & p) + (x >> 61)                                    = x (mod p), < 2^61 + 2^3
+    level:  acc = half(acc + part(VALUE block side*width + e) + t * CW_i)   (acc < 2^61 + 8: no overflow)
+    leaf:   y = canonical(acc + part(Convert(s)) + t * CW_{n+1}); party 1: p - y (0 stays 0)
+
+with Convert(s) = s >> 1 (the 127-bit seed) for width 1, else LEAF block e. Every step is exact mod
+p for corrections below p (all keys gen makes and the codec accepts), so the shares equal
+`portable`'s (canonical F_p arithmetic on whole blocks, `fss.field`) bit for bit; `fast.eval_grid`
+sends batches with unreduced corrections to the portable backend.
+
+Nodes live in struct-of-arrays buffers (3 + width, capacity) uint64: rows seed lo, seed hi, t (0 or
+1), acc[width]. A key's correction words come as kcw (bits + 1, 3 + width) uint64: row i = (seed
+lo, seed hi, t bits (bit 0 left, bit 1 right), payload[width]) of level i; row `bits` holds the leaf
+payload correction CW_{n+1} in its payload columns.
+"""
+from __future__ import annotations
+
+import functools
+
+from llvmlite import ir
+from numba import types
+from numba.extending import intrinsic
+
+from . import _aes as A
+from ._fused import _c64, _off, _Ptr, _words
+from .params import PRIME
+from .prg import ROLE_LEAF, ROLE_LEFT, ROLE_VALUE
+
+HALVES = 2  # a step takes 16 nodes: two vectors of 8
+# children of 8 nodes in node order: left of node 0, right of node 0, left of node 1, ...
+_ZIP_LO = ir.Constant(ir.VectorType(A.I32, 8), [0, 8, 1, 9, 2, 10, 3, 11])
+_ZIP_HI = ir.Constant(ir.VectorType(A.I32, 8), [4, 12, 5, 13, 6, 14, 7, 15])
+
+
+class _Prime:
+    """F_p arithmetic on <8 x i64> vectors, reduced lazily (see the module docstring)."""
+
+    def __init__(self, b: ir.IRBuilder):
+        self.b = b
+        self.p = A.const8(PRIME)
+
+    def half(self, x):
+        """x mod p, in [0, 2^61 + 8) for any uint64 x."""
+        b = self.b
+        return b.add(b.and_(x, self.p), b.lshr(x, A.const8(61)))
+
+    def part(self, lo, hi):
+        """lo + 2^64 hi mod p, in [0, 2^62 + 2^7)."""
+        b = self.b
+        hi8 = b.add(b.and_(b.shl(hi, A.const8(3)), self.p), b.lshr(hi, A.const8(58)))
+        return b.add(self.half(lo), hi8)
+
+    def canonical(self, x):
+        """x mod p in [0, p) for any uint64 x."""
+        b = self.b
+        y = self.half(x)
+        return b.select(b.icmp_unsigned(">=", y, self.p), b.sub(y, self.p), y)
+
+    def neg(self, a):
+        b = self.b
+        zero = A.const8(0)
+        return b.select(b.icmp_unsigned("!=", a, zero), b.sub(self.p, a), zero)
+
+
+class _Mmo:
+    """AES-128 MMO, AES_K(x) xor x, of whole registers of blocks (4 a register), on inputs that come
+    already whitened, x xor K_0 (the first round key): the callers fold K_0 into the constant they
+    xor into every block, and AES_K(x) xor x = aesenclast(..., K_10 xor K_0) xor (x xor K_0). Uses
+    the round keys of an `_aes.AesRounds`."""
+
+    def __init__(self, b: ir.IRBuilder, aes: A.AesRounds):
+        self.b, self.aes = b, aes
+        k0 = aes.keys[0]
+        self.k0 = k0 if aes.vaes else b.shuffle_vector(k0, k0, ir.Constant(ir.VectorType(A.I32, 8), [0, 1] * 4))
+        self.k_last = b.xor(aes.keys[10], aes.keys[0])
+
+    def block(self, lo: int, hi: int):
+        """The whitened constant block (lo, hi) xor K_0, in all 4 blocks of a register."""
+        return self.b.xor(ir.Constant(A.V8, [lo, hi] * 4), self.k0)
+
+    def __call__(self, regs: list) -> list:
+        b, aes = self.b, self.aes
+        if aes.vaes:
+            st = regs
+        else:
+            st = [b.shuffle_vector(x, x, ir.Constant(ir.VectorType(A.I32, 2), [2 * q, 2 * q + 1])) for x in regs for q in range(4)]
+        for r in range(1, 10):
+            st = [b.call(aes.enc, [x, aes.keys[r]]) for x in st]
+        st = [b.call(aes.last, [x, self.k_last]) for x in st]
+        if not aes.vaes:
+            joined = []
+            for r in range(len(regs)):
+                q = st[4 * r : 4 * r + 4]
+                lo = b.shuffle_vector(q[0], q[1], ir.Constant(ir.VectorType(A.I32, 4), [0, 1, 2, 3]))
+                hi = b.shuffle_vector(q[2], q[3], ir.Constant(ir.VectorType(A.I32, 4), [0, 1, 2, 3]))
+                joined.append(b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(A.I32, 8), list(range(8)))))
+            st = joined
+        return [b.xor(e, x) for e, x in zip(st, regs)]
+
+
+def _blocks(b, mmo: _Mmo, slo, shi, tweaks: list) -> list:
+    """Whitened PRG inputs (s xor T) xor K_0 of 8 seeds for each tweak (lo, hi) in `tweaks`: two
+    registers a tweak (seeds 0, 2, 4, 6 and 1, 3, 5, 7, as `_aes.interleave`)."""
+    even, odd = A.interleave(b, slo, shi)  # the seeds as blocks, interleaved once for every tweak
+    regs = []
+    for lo, hi in tweaks:
+        c = mmo.block(lo, hi)
+        regs += [b.xor(even, c), b.xor(odd, c)]
+    return regs
+
+
+def _both_tweaks(width: int, has_v: bool, prime: bool) -> list:
+    """Tweaks that expand both children of a seed: LEFT, RIGHT, then the VALUE blocks of both
+    children's payloads (width of them over the ring, two words a block; 2 width over F_p)."""
+    values = [(j, ROLE_VALUE) for j in range(2 * width if prime else width)] if has_v else []
+    return [(0, ROLE_LEFT), (0, ROLE_LEFT + 1)] + values
+
+
+def _converts(b, mmo: _Mmo, F: _Prime | None, nodes: list, width: int) -> list:
+    """Convert(leaf seed) of each node (8 leaves each), one AES call for all of them: per node, the
+    width elements (ring: the seed's high word for width 1, else LEAF blocks' words; F_p: see above)."""
+    if width == 1:
+        if F is None:
+            return [[n[1]] for n in nodes]
+        one = A.const8(1)
+        return [[F.part(b.or_(b.lshr(n[0], one), b.shl(n[1], A.const8(63))), b.lshr(n[1], one))] for n in nodes]
+    blocks = width if F is not None else (width + 1) // 2
+    regs = []
+    for n in nodes:
+        regs += _blocks(b, mmo, n[0], n[1], [(q, ROLE_LEAF) for q in range(blocks)])
+    words = _words(b, mmo(regs))
+    out = []
+    for k in range(len(nodes)):
+        mine = words[2 * blocks * k : 2 * blocks * (k + 1)]
+        out.append(mine[:width] if F is None else [F.part(mine[2 * e], mine[2 * e + 1]) for e in range(width)])
+    return out
+
+
+@functools.lru_cache(maxsize=None)
+def grid_step(width: int, has_v: bool, prime: bool, vaes: bool):
+    """The intrinsic step(src, i, dst, j, kcw, level, leaf, party, mask, rk): expands the 16 nodes
+    src[:, i .. i + 15] of one key at `level` into both children, written in node order (left and
+    right child of node i, then of node i + 1, ...) to dst[:, j .. j + 31]. With `leaf` (level is
+    the last) the children are leaves: dst's payload rows get the key's shares there, (-1)^party
+    (acc + Convert(s) + t * CW_{n+1}), masked with `mask` over the ring, canonical over F_p; its other
+    rows are left as they were. src, dst: node buffers (3 + width, capacity), capacity >= i + 16
+    and >= j + 32 (lanes past the real nodes compute garbage that nobody reads)."""
+    rows = 3 + width
+    i64 = types.int64
+
+    @intrinsic
+    def step(typingctx, src, i, dst, j, kcw, level, leaf, party, mask, rk):
+        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, i64, types.uint64, rk)
+
+        def codegen(context, b, signature, args):
+            aty = signature.args
+            S, D, K = (_Ptr(context, b, aty[q], args[q]) for q in (0, 2, 4))
+            i_, j_, level_, leaf_, party_, mask_ = args[1], args[3], args[5], args[6], args[7], args[8]
+            mmo = _Mmo(b, A.AesRounds(b, _Ptr(context, b, aty[9], args[9]).data, vaes))
+            F = _Prime(b) if prime else None
+            zero, one = A.const8(0), A.const8(1)
+
+            def cw(row, col):
+                return A.splat(b, b.load(K.at(_off(b, b.mul(row, _c64(rows)), _c64(col)))))
+
+            cs_lo, cs_hi, ct = cw(level_, 0), cw(level_, 1), cw(level_, 2)
+            cv = [cw(level_, 3 + e) for e in range(width)] if has_v else []
+            nodes = [[S.load8(_off(b, b.mul(_c64(r), S.n), i_, _c64(8 * h))) for r in range(rows)] for h in range(HALVES)]
+            regs = []
+            for st in nodes:
+                regs += _blocks(b, mmo, st[0], st[1], _both_tweaks(width, has_v, prime))
+            words = _words(b, mmo(regs))
+            per = len(words) // HALVES
+            kids = []  # per half, per side: [seed lo, seed hi, t, acc...]
+            for h, st in enumerate(nodes):
+                mine, t = words[per * h : per * (h + 1)], st[2]
+                tm = b.sub(zero, t)
+                pair = []
+                for side in (0, 1):
+                    lo, hi = mine[2 * side], mine[2 * side + 1]
+                    node = [b.xor(b.and_(lo, A.const8(~1 & (2**64 - 1))), b.and_(cs_lo, tm)), b.xor(hi, b.and_(cs_hi, tm)),
+                            b.xor(b.and_(lo, one), b.and_(b.lshr(ct, A.const8(side)), b.and_(t, one)))]
+                    for e in range(width):
+                        if not has_v:
+                            node.append(st[3 + e])
+                            continue
+                        c = b.and_(cv[e], tm)
+                        q = side * width + e  # element q of the VALUE blocks (a block each over F_p, else a word)
+                        if F is None:
+                            node.append(b.add(st[3 + e], b.add(mine[4 + q], c)))
+                        else:
+                            node.append(F.half(b.add(b.add(st[3 + e], F.part(mine[4 + 2 * q], mine[5 + 2 * q])), c)))
+                    pair.append(node)
+                kids.append(pair)
+
+            def put(r, h, left, right):
+                """Row r of dst at j + 16 h .. j + 16 h + 15: the two vectors' lanes zipped."""
+                base = _off(b, b.mul(_c64(r), D.n), j_, _c64(16 * h))
+                D.store8(base, b.shuffle_vector(left, right, _ZIP_LO))
+                D.store8(b.add(base, _c64(8)), b.shuffle_vector(left, right, _ZIP_HI))
+
+            with b.if_else(leaf_) as (leaves, inner):
+                with leaves:
+                    flat = [kids[h][side] for h in range(HALVES) for side in (0, 1)]
+                    convs = _converts(b, mmo, F, flat, width)
+                    lv = [cw(b.add(level_, _c64(1)), 3 + e) for e in range(width)]  # row bits: CW_{n+1}
+                    negate = b.icmp_signed("!=", party_, _c64(0))
+                    vals = []  # per (half, side): width vectors
+                    for q, node in enumerate(flat):
+                        tm = b.sub(zero, node[2])
+                        out = []
+                        for e in range(width):
+                            c = b.and_(lv[e], tm)
+                            if F is None:
+                                v = b.add(b.add(node[3 + e], convs[q][e]), c)
+                                out.append(b.and_(b.select(negate, b.sub(zero, v), v), A.splat(b, mask_)))
+                            else:
+                                v = F.canonical(b.add(b.add(node[3 + e], convs[q][e]), c))
+                                out.append(b.select(negate, F.neg(v), v))
+                        vals.append(out)
+                    for h in range(HALVES):
+                        for e in range(width):
+                            put(3 + e, h, vals[2 * h][e], vals[2 * h + 1][e])
+                with inner:
+                    for h in range(HALVES):
+                        for r in range(rows):
+                            put(r, h, kids[h][0][r], kids[h][1][r])
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return step
