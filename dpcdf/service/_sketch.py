@@ -51,18 +51,25 @@ def sketch(y, wz, wl, one):
     return z, l, top
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def column_sums(y):
-    """sum over k of y[k] (N, w), mod p: a server's share of the histogram."""
+    """sum over k of y[k] (N, w), mod p: a server's share of the histogram. Rows are added in
+    order (contiguous, vectorized); elements are below 2^61, so four of them fit in a uint64 before
+    a fold."""
     n, size, width = y.shape
-    out = np.zeros((size, width), np.uint64)
-    for i in prange(size):
-        for c in range(width):
-            acc = np.uint64(0)
-            for k in range(n):
-                acc = _fold(acc + y[k, i, c])
-            out[i, c] = acc
-    return out
+    m = size * width
+    flat = y.reshape(n, m)
+    acc = np.zeros(m, np.uint64)
+    for k in range(n):
+        row = flat[k]
+        for j in range(m):
+            acc[j] += row[j]
+        if k % 4 == 3:
+            for j in range(m):
+                acc[j] = _fold(acc[j])
+    for j in range(m):
+        acc[j] = _fold(acc[j])
+    return acc.reshape(size, width)
 
 
 

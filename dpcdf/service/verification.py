@@ -70,7 +70,23 @@ def verification_key(pair_key: bytes) -> bytes:
 def grid_values(dcf: DCF, batch: KeyBatch, size: int) -> np.ndarray:
     """Every key's shares at grid indices 0 .. size-1: (n, size, width) uint64."""
     y = dcf.eval_grid(batch, size)
-    return y.reshape(len(batch), size, dcf.width)
+    return np.ascontiguousarray(y.reshape(len(batch), size, dcf.width))
+
+
+def decode_shares(dcf: DCF, extras: int, shares: list[bytes], party: int) -> tuple[KeyBatch, np.ndarray]:
+    """Stored shares (each a key, then `extras` field elements; checked at upload by
+    `wire.split_share`) -> (their keys as one batch, the extras (n, extras)), in one vectorized pass."""
+    size = dcf.key_size
+    try:
+        rows = np.frombuffer(b"".join(shares), np.uint8).reshape(len(shares), size + 8 * extras)
+    except ValueError:
+        raise SyncError("a stored share has the wrong length for this task") from None
+    header = np.frombuffer(dcf.params.header(party), np.uint8)
+    if (rows[:, :header.size] != header).any():
+        raise SyncError("a stored share is not a key of this task's function")
+    blob = dcf.params.header(party, batch=True) + len(shares).to_bytes(8, "little") + rows[:, header.size:size].tobytes()
+    values = np.ascontiguousarray(rows[:, size:]).view("<u8").astype(np.uint64).reshape(len(shares), extras)
+    return dcf.batch_from_bytes(blob, party), values
 
 
 @dataclass
@@ -102,9 +118,8 @@ def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Lo
     total = np.zeros((size, dcf.width), np.uint64)
     messages, states, extras = [], [], []
     for _, shares in store.reconciled_shares(task_id, keys_per_pass(size, dcf.width)):
-        keys, xs = zip(*(split_share(s, dcf.key_size, check.extras) for s in shares))
-        x = np.stack(xs)
-        y = grid_values(dcf, dcf.batch_from_keys(list(keys), party), size)
+        batch, x = decode_shares(dcf, check.extras, shares, party)
+        y = grid_values(dcf, batch, size)
         msg, st = check.round_one(party, y, x, ch)
         messages.append(msg)
         states.append(st)
