@@ -143,4 +143,4 @@ def errors(*codes: int) -> dict:
 
 _WHY = {400: "malformed request", 401: "no or wrong bearer token", 403: "refused: not the operator, too few reports, or budget spent",
         404: "unknown task", 409: "conflicts with the task's state", 413: "body over the size limit",
-        502: "the other server did not answer"}
+        502: "the other server did not answer", 503: "not ready yet: send again after Retry-After seconds"}

@@ -59,6 +59,15 @@ class TaskState:
     def prepare_in_background(self, store: Store) -> None:
         threading.Thread(target=self.helper, args=(store,), name=f"check-{self.config.task_id}", daemon=True).start()
 
+    def helper_if_ready(self, store: Store) -> verification.Helper | None:
+        """The helper if its round one is done; else None, after making sure it is being computed
+        (server 0 asks again: a request never waits for a whole evaluation of the reports)."""
+        if self._checking is not None:
+            return self._checking
+        if not self._preparing.locked():
+            self.prepare_in_background(store)
+        return None
+
     def histogram(self, store: Store) -> Histogram:
         """A verified task's histogram share, from the store once (made at the close)."""
         digest = store.frozen(self.config.task_id).digest

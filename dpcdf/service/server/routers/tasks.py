@@ -4,6 +4,7 @@ servers POST /tasks/{id}/sync (`reconcile`) and /tasks/{id}/verify (`verificatio
 from __future__ import annotations
 
 import secrets
+import time
 
 from fastapi import APIRouter, Response
 
@@ -22,6 +23,7 @@ router = APIRouter(prefix="/tasks", tags=["tasks"])
 
 OCTETS = "application/octet-stream"
 PEER_TIMEOUT = 60  # seconds per socket operation with server 1 (its part for 10^6 reports: a few seconds)
+CHECK_WAIT = 1800  # seconds server 0 waits for server 1's evaluation of its reports (10^6 at 2^10: about a minute)
 _SEALED = {"type": "string", "format": "binary", "description": "a reconciliation message, AES-GCM under the servers' key"}
 _OCTET_BODY = {"requestBody": {"required": True, "content": {OCTETS: {"schema": _SEALED}}}}
 _OCTET_ANSWER = {"description": "server 1's reply (empty after the last message)", "content": {OCTETS: {"schema": _SEALED}}}
@@ -107,7 +109,7 @@ def _check_reports(srv: Server, st: TaskState, helper: str) -> None:
         return
     local = verification.prepare(store, config, 0, key)
     try:
-        verdicts = verification.lead(local, config.check(), key, fp, lambda m: _peer(helper, m))
+        verdicts = verification.lead(local, config.check(), key, fp, lambda m: _peer(helper, m, patient=True))
         mine = verification.finish(store, config, 0, key, local, verdicts)
         theirs = verification.read_final_answer(_peer(helper, verification.finish_message(local, mine, key, fp)), key, fp)
     except reconcile.SyncError as exc:
@@ -116,7 +118,7 @@ def _check_reports(srv: Server, st: TaskState, helper: str) -> None:
         raise HttpError(502, "the servers' report sets differ after the report check; close again to retry")
 
 
-@router.post("/{task_id}/verify", response_class=Response, responses={**errors(400, 409), 200: _OCTET_ANSWER},
+@router.post("/{task_id}/verify", response_class=Response, responses={**errors(400, 409, 503), 200: _OCTET_ANSWER},
              openapi_extra=_OCTET_BODY)
 def verify_reports(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
     """Server 0's report-check messages to server 1 (binary, `verification`), for verified tasks
@@ -132,7 +134,10 @@ def verify_reports(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
     store, key, fp = srv.store, st.pair_key, st.config.fingerprint
     if not st.config.verify or not store.marked(task_id, "reconciled"):
         raise HttpError(409, "the report check starts once the task is verified and reconciled")
-    helper = st.helper(store)
+    helper = st.helper_if_ready(store)
+    if helper is None:
+        raise HttpError(503, "server 1 is still evaluating its reports for the check; send again shortly",
+                        {"Retry-After": "1"})
     with st.answering:
         try:
             reply, final = helper.answer(st.config.check(), key, fp, raw)
@@ -173,13 +178,20 @@ def sync(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
     return Response(move.replies[0], media_type=OCTETS)
 
 
-def _peer(url: str, message: bytes) -> bytes:
+def _peer(url: str, message: bytes, patient: bool = False) -> bytes:
     """One message to server 1 and its answer; 502 if it does not come (PEER_TIMEOUT per socket
-    operation, so a peer that accepts but never answers holds the close for a minute, not forever)."""
-    try:
-        return fetch("POST", url, message, content_type=OCTETS, timeout=PEER_TIMEOUT)
-    except ServerError as exc:
-        raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
+    operation, so a peer that accepts but never answers holds the close for a minute, not forever).
+    `patient`: a 503 (server 1 still evaluating its reports for the check) is sent again each second
+    for up to CHECK_WAIT seconds."""
+    deadline = time.monotonic() + CHECK_WAIT
+    while True:
+        try:
+            return fetch("POST", url, message, content_type=OCTETS, timeout=PEER_TIMEOUT)
+        except ServerError as exc:
+            if patient and exc.status == 503 and time.monotonic() < deadline:
+                time.sleep(1)
+                continue
+            raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
 
 
 def _play(srv: Server, st: TaskState, message: bytes | None) -> reconcile.Step:
