@@ -57,9 +57,10 @@ from pathlib import Path
 
 import numba
 import numpy as np
-from Crypto.Cipher import AES
 
 from fss import backend
+
+from bench_fss import best_of, ecb_blocks_per_s  # one AES bound and one timer for every bench (run from bench/)
 
 from dpcdf.service import _sketch, reconcile, verification
 from dpcdf.service.analyst import Analyst
@@ -79,15 +80,6 @@ CHUNK = 1 << 18  # keys generated and inserted at a time
 
 def grid(bits: int) -> dict:
     return {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": bits}
-
-
-def best_of(fn, reps: int) -> float:
-    best = float("inf")
-    for _ in range(reps):
-        t = time.perf_counter()
-        fn()
-        best = min(best, time.perf_counter() - t)
-    return best
 
 
 def timed(fn) -> tuple[float, object]:
@@ -147,15 +139,6 @@ def client_section(batch: int, repeats: int, tmp: str) -> None:
 
 
 # --- 2. server verification throughput -----------------------------------------------------------
-def ecb_blocks_per_s(reps: int = 5) -> float:
-    """pycryptodome AES-128-ECB on a 32 MiB buffer, one core (as bench/bench_fss.py)."""
-    buf = np.zeros(32 << 20, np.uint8)
-    out = np.empty_like(buf)
-    c = AES.new(bytes(16), AES.MODE_ECB)
-    c.encrypt(memoryview(buf), output=memoryview(out))
-    return buf.size / 16 / best_of(lambda: c.encrypt(memoryview(buf), output=memoryview(out)), reps)
-
-
 def grid_blocks(cfg: TaskConfig) -> int:
     """AES blocks of one key's walk over the whole grid (`fss.portable.eval_grid`)."""
     p, size = cfg.dcf().params, cfg.make_grid().size
