@@ -41,6 +41,29 @@ _ZIP_LO = ir.Constant(ir.VectorType(A.I32, 8), [0, 8, 1, 9, 2, 10, 3, 11])
 _ZIP_HI = ir.Constant(ir.VectorType(A.I32, 8), [4, 12, 5, 13, 6, 14, 7, 15])
 
 
+def _concat(b, vectors: list):
+    """<8 x i64> vectors -> one <8 len x i64> vector, in order."""
+    while len(vectors) > 1:
+        nxt = []
+        for a in range(0, len(vectors) - 1, 2):
+            x, y = vectors[a], vectors[a + 1]
+            nx, ny = x.type.count, y.type.count
+            if nx != ny:  # pad the shorter (last) one with undefined lanes
+                y = b.shuffle_vector(y, ir.Constant(y.type, ir.Undefined), ir.Constant(ir.VectorType(A.I32, nx), list(range(ny)) + [ny] * (nx - ny)))
+            mask = list(range(nx)) + [nx + q for q in range(ny)]
+            nxt.append(b.shuffle_vector(x, y, ir.Constant(ir.VectorType(A.I32, len(mask)), mask)))
+        if len(vectors) % 2:
+            nxt.append(vectors[-1])
+        vectors = nxt
+    return vectors[0]
+
+
+def _aos(width: int, reverse: bool) -> ir.Constant:
+    """Shuffle mask: lanes 8 e + leaf (element-major) -> leaf * width + e, leaves reversed if asked."""
+    order = [8 * e + (7 - q if reverse else q) for q in range(8) for e in range(width)]
+    return ir.Constant(ir.VectorType(A.I32, 8 * width), order)
+
+
 class _Prime:
     """F_p arithmetic on <8 x i64> vectors, reduced lazily (see the module docstring)."""
 
@@ -147,25 +170,27 @@ def _converts(b, mmo: _Mmo, F: _Prime | None, nodes: list, width: int) -> list:
 
 @functools.lru_cache(maxsize=None)
 def grid_step(width: int, has_v: bool, prime: bool, vaes: bool):
-    """The intrinsic step(src, i, dst, j, kcw, level, leaf, party, mask, rk): expands the 16 nodes
-    src[:, i .. i + 15] of one key at `level` into both children, written in node order (left and
-    right child of node i, then of node i + 1, ...) to dst[:, j .. j + 31]. With `leaf` (level is
-    the last) the children are leaves: dst's payload rows get the key's shares there, (-1)^party
-    (acc + Convert(s) + t * CW_{n+1}), masked with `mask` over the ring, canonical over F_p; its other
-    rows are left as they were. src, dst: node buffers (3 + width, capacity), capacity >= i + 16
-    and >= j + 32 (lanes past the real nodes compute garbage that nobody reads)."""
+    """The intrinsic step(src, i, dst, j, kcw, level, leaf, mirror, party, mask, rk): expands the 16
+    nodes src[:, i .. i + 15] of one key at `level` into both children, written in node order (left
+    and right child of node i, then of node i + 1, ...) to dst[:, j .. j + 31]. With `leaf` (level is
+    the last) the children are leaves, and their shares, (-1)^party (acc + Convert(s) + t *
+    CW_{n+1}) masked with `mask` over the ring, canonical over F_p, go to dst's payload rows read as
+    one flat array of (leaf, element) words: leaf position p (j .. j + 31) at p * width + e, or with
+    mirror = M > 0 at (M - 1 - p) * width + e (so that a reversed range reads forward); dst's other
+    rows are left as they were. src, dst: node buffers (3 + width, capacity), capacity >= i + 16,
+    >= j + 32 and >= M (lanes past the real nodes compute garbage that nobody reads)."""
     rows = 3 + width
     i64 = types.int64
 
     @intrinsic
-    def step(typingctx, src, i, dst, j, kcw, level, leaf, party, mask, rk):
-        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, i64, types.uint64, rk)
+    def step(typingctx, src, i, dst, j, kcw, level, leaf, mirror, party, mask, rk):
+        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, i64, i64, types.uint64, rk)
 
         def codegen(context, b, signature, args):
             aty = signature.args
             S, D, K = (_Ptr(context, b, aty[q], args[q]) for q in (0, 2, 4))
-            i_, j_, level_, leaf_, party_, mask_ = args[1], args[3], args[5], args[6], args[7], args[8]
-            mmo = _Mmo(b, A.AesRounds(b, _Ptr(context, b, aty[9], args[9]).data, vaes))
+            i_, j_, level_, leaf_, mirror_, party_, mask_ = args[1], args[3], args[5], args[6], args[7], args[8], args[9]
+            mmo = _Mmo(b, A.AesRounds(b, _Ptr(context, b, aty[10], args[10]).data, vaes))
             F = _Prime(b) if prime else None
             zero, one = A.const8(0), A.const8(1)
 
@@ -227,9 +252,18 @@ def grid_step(width: int, has_v: bool, prime: bool, vaes: bool):
                                 v = F.canonical(b.add(b.add(node[3 + e], convs[q][e]), c))
                                 out.append(b.select(negate, F.neg(v), v))
                         vals.append(out)
+                    flip = b.icmp_signed(">", mirror_, _c64(0))
+                    leaf_base = b.mul(_c64(3), D.n)  # payload rows: (leaf, element) words
                     for h in range(HALVES):
-                        for e in range(width):
-                            put(3 + e, h, vals[2 * h][e], vals[2 * h + 1][e])
+                        for z, zip_ in enumerate((_ZIP_LO, _ZIP_HI)):
+                            parts = [b.shuffle_vector(vals[2 * h][e], vals[2 * h + 1][e], zip_) for e in range(width)]
+                            whole = _concat(b, parts)  # element-major: lane 8 e + leaf
+                            fwd = b.shuffle_vector(whole, whole, _aos(width, False))
+                            rev = b.shuffle_vector(whole, whole, _aos(width, True))
+                            first = _off(b, j_, _c64(16 * h + 8 * z))  # leaf position of lane 0
+                            at = b.select(flip, b.sub(b.sub(mirror_, _c64(8)), first), first)
+                            ptr = D.at(b.add(leaf_base, b.mul(at, _c64(width))))
+                            b.store(b.select(flip, rev, fwd), b.bitcast(ptr, whole.type.as_pointer()), align=8)
                 with inner:
                     for h in range(HALVES):
                         for r in range(rows):

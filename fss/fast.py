@@ -200,6 +200,9 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, vaes: bool):
         sa, sb = np.empty((rows, sub_cap), np.uint64), np.empty((rows, sub_cap), np.uint64)
         kcw = np.zeros((bits + 1, rows), np.uint64)
         last_v = cw_v.shape[1] - 1
+        size = out.shape[1]
+        flat = out.reshape(-1)
+        mirror = sub_cap if reverse else 0
         for k in range(k0, k1):
             g, lane = k // GROUP, k % GROUP
             for i in range(bits):
@@ -229,7 +232,7 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, vaes: bool):
                 b2, mm = 0, 1
                 for level in range(first, stop):
                     for i in range(0, mm, 16):
-                        step(a, b2 + i, d, 2 * i, kcw, level, level == bits - 1, party, mask, rk)
+                        step(a, b2 + i, d, 2 * i, kcw, level, level == bits - 1, mirror, party, mask, rk)
                     if seg == 0:
                         b2, mm = top[level, 0], top[level, 1]
                     else:
@@ -238,16 +241,14 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, vaes: bool):
                 if seg == 0:
                     top_nodes, top_base = a, b2
                     continue
-                c0 = cols[seg - 1]
-                row = out[k]
+                # the leaves' shares, (leaf, element) words from row 3 of `a` on (mirrored if reverse)
+                src = a.reshape(-1)
                 if reverse:
-                    for q in range(mm):
-                        for e in range(width):
-                            row[c0 - q, e] = a[3 + e, b2 + q]
+                    s0, d0 = 3 * sub_cap + (sub_cap - b2 - mm) * width, (k * size + cols[seg - 1] - mm + 1) * width
                 else:
-                    for q in range(mm):
-                        for e in range(width):
-                            row[c0 + q, e] = a[3 + e, b2 + q]
+                    s0, d0 = 3 * sub_cap + b2 * width, (k * size + cols[seg - 1]) * width
+                for q in range(mm * width):
+                    flat[d0 + q] = src[s0 + q]
 
     return _cache.cached(kernel, f"grid-{_tag(width, has_v, vaes)}-{'p61' if prime else 'ring'}")
 
