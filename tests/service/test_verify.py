@@ -720,3 +720,37 @@ def test_exhaustive_calibration_joint():
             worst = max(worst, int(passes[~honest].max()))
     assert honest_count == 4
     assert worst <= 2 * len(ch) // p
+
+
+def test_a_hundred_thousand_honest_reports_all_pass_through_the_servers_code_path():
+    """Issue 12: 10^5 honest count reports (real p61 keys from the client's code, a 50-point grid on a
+    6-bit domain), checked exactly as the servers do at the close (`verification.decode_shares`,
+    `grid_values`, `Check`): none is excluded, and the histogram shares add up to the exact counts."""
+    from dpcdf.service import _sketch, verification
+    from dpcdf.service.task import TaskConfig
+    from dpcdf.service.wire import join_share
+
+    grid = {"kind": "thresholds", "values": [float(v) for v in range(50)]}
+    config = TaskConfig(grid, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "00" * 32), "00")
+    n, size = 100_000, 50
+    alphas = np.frombuffer(_bytes("alphas", 8 * n), np.uint64) % np.uint64(size)
+    dcf, check = config.dcf(), config.check()
+    keys = dcf.gen_batch(alphas.astype(np.int64))
+    extras = check.client_extras(np.ones((n, 1), np.int64), _bytes("extras", 48 * n))
+    ch = check.challenges(KEY, b"close context")
+    parts, hist = [], []
+    for party in (0, 1):
+        # each stored share: the single-key header, the key's body (from one batch encoding), its extras
+        head, body = dcf.params.header(party), keys[party].to_bytes()[len(dcf.params.header(party, batch=True)) + 8:]
+        rows = np.frombuffer(body, np.uint8).reshape(n, -1)
+        shares = [head + rows[i].tobytes() + extras[party][i].astype("<u8").tobytes() for i in range(n)]
+        assert shares[7] == join_share(keys[party][7].to_bytes(), extras[party][7])
+        batch, x = verification.decode_shares(dcf, check.extras, shares, party)
+        y = verification.grid_values(dcf, batch, size)
+        parts.append((check.round_one(party, y, x, ch), x))
+        hist.append(_sketch.column_sums(y))
+    opened = F.add(parts[0][0][0], parts[1][0][0])
+    v = [check.round_two(b, parts[b][0][1], opened, parts[b][1]) for b in (0, 1)]
+    assert not check.verdicts(opened, F.add(*v)).any()
+    counts = F.signed(F.add(hist[0], hist[1]))[:, 0]
+    np.testing.assert_array_equal(counts, np.cumsum(np.bincount(alphas.astype(np.int64), minlength=size)))
