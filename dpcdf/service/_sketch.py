@@ -25,28 +25,50 @@ def _mul(a, b):
     return _fold((a1 * b1 << np.uint64(1)) + (mid >> np.uint64(30)) + ((mid & _M30) << np.uint64(31)) + a0 * b0)
 
 
+@njit(inline="always")
+def _combine(s11, s01, s00):
+    """2^62 s11 + 2^31 s01 + s00 (mod p) for s11, s01, s00 < p (2^62 = 2 mod p)."""
+    return _fold(_mul(s11, np.uint64(2)) + _mul(s01, np.uint64(1 << 31)) + s00)
+
+
 @njit(parallel=True, cache=True)
 def sketch(y, wz, wl, one):
     """y (n, N, w) canonical; wz, wl (N, w): z[k] = sum y[k] * wz, l[k] = sum y[k] * wl, and
-    top[k] = one - sum_c y[k, N-1, c] (mod p)."""
+    top[k] = one - sum_c y[k, N-1, c] (mod p).
+
+    Lazy reduction: with v = 2^31 v1 + v0 and w = 2^31 w1 + w0 (v1, w1 < 2^30; v0, w0 < 2^31),
+    sum v w = 2^62 S11 + 2^31 S01 + S00 over the partial products' sums, which stay below 2^64 for
+    two grid values between folds (v1 w1 < 2^60, v1 w0 + v0 w1 < 2^62, v0 w0 < 2^62)."""
     n, size, width = y.shape
+    m = size * width
+    yf = y.reshape(n, m)
+    z0, z1 = (wz.reshape(m) & _M31), (wz.reshape(m) >> np.uint64(31))
+    l0, l1 = (wl.reshape(m) & _M31), (wl.reshape(m) >> np.uint64(31))
     z = np.empty(n, np.uint64)
     l = np.empty(n, np.uint64)
     top = np.empty(n, np.uint64)
     for k in prange(n):
-        az = np.uint64(0)
-        al = np.uint64(0)
-        for i in range(size):
-            for c in range(width):
-                v = y[k, i, c]
-                az = _fold(az + _mul(v, wz[i, c]))
-                al = _fold(al + _mul(v, wl[i, c]))
+        zs11 = zs01 = zs00 = ls11 = ls01 = ls00 = np.uint64(0)
+        for j in range(m):
+            v = yf[k, j]
+            v0, v1 = v & _M31, v >> np.uint64(31)
+            zs11 += v1 * z1[j]
+            zs01 += v1 * z0[j] + v0 * z1[j]
+            zs00 += v0 * z0[j]
+            ls11 += v1 * l1[j]
+            ls01 += v1 * l0[j] + v0 * l1[j]
+            ls00 += v0 * l0[j]
+            if j & 1:
+                zs11, zs01, zs00 = _fold(zs11), _fold(zs01), _fold(zs00)
+                ls11, ls01, ls00 = _fold(ls11), _fold(ls01), _fold(ls00)
+        zs11, zs01, zs00 = _fold(zs11), _fold(zs01), _fold(zs00)
+        ls11, ls01, ls00 = _fold(ls11), _fold(ls01), _fold(ls00)
         t = one
         for c in range(width):
             last = y[k, size - 1, c]
             t = t + _P - last if t < last else t - last
-        z[k] = az
-        l[k] = al
+        z[k] = _combine(zs11, zs01, zs00)
+        l[k] = _combine(ls11, ls01, ls00)
         top[k] = t
     return z, l, top
 
