@@ -9,7 +9,6 @@ import json
 
 import numpy as np
 
-from fss import field as F
 
 from ..errors import DpcdfError, ParameterError
 from ..release.ecdf import Release, finish_release
@@ -22,6 +21,7 @@ class Analyst:
         self.config, self.token = config, token
         self.grid = config.make_grid()
         self.mechanism = config.make_mechanism()
+        self.dcf = config.dcf()  # its group: how the two servers' shares add up
         self._closed = False
         self.rejected: dict[str, int] | None = None  # per reason class, once a verified task is closed
 
@@ -50,12 +50,9 @@ class Analyst:
         s0 = np.array([int(v) for v in answers[0]["shares"]], np.uint64)
         s1 = np.array([int(v) for v in answers[1]["shares"]], np.uint64)
         moduli = {int(a.get("modulus", 1 << 64)) for a in answers}
-        if moduli == {1 << 64}:
-            total = (s0 + s1).view(np.int64)
-        elif moduli == {F.P}:  # a verified task: shares in F_p, counts and noise far below p / 2
-            total = F.signed(F.add(F.reduce64(s0), F.reduce64(s1)))
-        else:
-            raise ServerError(f"the servers' shares do not add up in one known group (moduli {sorted(moduli)})")
+        if moduli != {self.dcf.modulus}:  # 2^64, or p = 2^61 - 1 for a verified task
+            raise ServerError(f"the servers' shares are not in this task's group (moduli {sorted(moduli)})")
+        total = self.dcf.reconstruct(s0, s1, signed=True)  # counts and noise are far below half the modulus
         width = int(answers[0].get("width", 1))
         n = answers[0]["n"]  # None under add/remove: the count is not public, the release estimates it
         return (total if width == 1 else total.reshape(-1, width)), (0 if n is None else int(n))
