@@ -50,7 +50,6 @@ from .reconcile import SyncError, open_sealed, seal
 from .store import Mark, Store
 from .task import TaskConfig
 from .verify import OK, REASONS, Check
-from .wire import split_share
 
 MESSAGE_ELEMENTS = 1 << 21  # field elements per message (16 MiB, under the 64 MiB body limit)
 PASS_ELEMENTS = 1 << 22  # grid values evaluated at once (32 MiB, a few times that in eval_grid's buffers)
@@ -251,7 +250,7 @@ def finish(store: Store, config: TaskConfig, party: int, pair_key: bytes, local:
     if store.marked(task_id, Mark.VERIFIED):  # done before (a repeated close): the same verdicts, nothing to change
         return store.frozen(task_id).digest
     set_hash = lambda ids: reconcile.set_hash(pair_key, ids)  # noqa: E731
-    frozen = store.frozen(task_id)
+    frozen = store.frozen(task_id)  # the reconciled set; each exclusion below returns the set after it
     for code, name in REASONS.items():
         ids = [local.ids[k] for k in np.flatnonzero(verdicts == code)]
         if ids:
@@ -261,11 +260,8 @@ def finish(store: Store, config: TaskConfig, party: int, pair_key: bytes, local:
     size, extras = config.make_grid().size, config.check().extras
     step = keys_per_pass(size, dcf.width)
     for start in range(0, len(failed), step):
-        shares = store.shares_by_id(task_id, failed[start:start + step])
-        keys = [split_share(s, dcf.key_size, extras)[0] for s in shares]
-        histogram = F.sub(histogram, _sketch.column_sums(grid_values(dcf, dcf.batch_from_keys(keys, party), size)))
-    if frozen is None or frozen.count != len(local.ids) - len(failed):
-        frozen = store.exclude(task_id, [], set_hash)  # recomputes the count and hash
+        batch, _ = decode_shares(dcf, extras, store.shares_by_id(task_id, failed[start:start + step]), party)
+        histogram = F.sub(histogram, _sketch.column_sums(grid_values(dcf, batch, size)))
     store.save_histogram(task_id, frozen.digest, histogram.shape, histogram.astype("<u8").tobytes())
     return frozen.digest
 
