@@ -168,29 +168,65 @@ def _converts(b, mmo: _Mmo, F: _Prime | None, nodes: list, width: int) -> list:
     return out
 
 
+_LANES = ir.Constant(ir.VectorType(A.I64, 8), list(range(8)))
+_REV8 = ir.Constant(ir.VectorType(A.I32, 8), list(range(7, -1, -1)))
+
+
+def _store_leaves(b, O, whole, first, width: int, origin, lo, hi, reverse) -> None:
+    """Shares of the 8 leaves at child positions first .. first + 7 (`whole`: <8 width x i64>,
+    element-major, lane 8 e + leaf) into the output O, read as one flat array of (leaf, element)
+    words: position p at (origin + p) * width + e, or with `reverse` at (origin - p) * width + e;
+    only positions lo <= p < hi are written (a masked store: the other lanes are garbage, and
+    their words may belong to another key or lie outside O)."""
+    pos = b.add(A.splat(b, first), _LANES)
+    valid = b.and_(b.icmp_signed(">=", pos, A.splat(b, lo)), b.icmp_signed("<", pos, A.splat(b, hi)))
+    rvalid = b.shuffle_vector(valid, valid, _REV8)
+    fwd = b.shuffle_vector(whole, whole, _aos(width, False))
+    rev = b.shuffle_vector(whole, whole, _aos(width, True))
+    at = b.select(reverse, b.sub(b.sub(origin, first), _c64(7)), b.add(origin, first))  # leaf of store lane 0
+    mask = b.select(reverse, rvalid, valid)
+    if width > 1:  # one mask bit a word
+        mask = b.shuffle_vector(mask, mask, ir.Constant(ir.VectorType(A.I32, 8 * width), [q // width for q in range(8 * width)]))
+    vt = whole.type
+    ptr = b.bitcast(O.at(b.mul(at, _c64(width))), vt.as_pointer())
+    fn = _masked_store(b, vt)
+    b.call(fn, [b.select(reverse, rev, fwd), ptr, ir.Constant(A.I32, 8), mask])
+
+
+def _masked_store(b, vt: ir.VectorType) -> ir.Function:
+    name = f"llvm.masked.store.v{vt.count}i64.p0"
+    try:
+        return b.module.get_global(name)
+    except KeyError:
+        fty = ir.FunctionType(ir.VoidType(), [vt, vt.as_pointer(), A.I32, ir.VectorType(ir.IntType(1), vt.count)])
+        return ir.Function(b.module, fty, name=name)
+
+
 @functools.lru_cache(maxsize=None)
 def grid_step(width: int, has_v: bool, prime: bool, vaes: bool):
-    """The intrinsic step(src, i, dst, j, kcw, level, leaf, mirror, party, mask, rk): expands the 16
-    nodes src[:, i .. i + 15] of one key at `level` into both children, written in node order (left
-    and right child of node i, then of node i + 1, ...) to dst[:, j .. j + 31]. With `leaf` (level is
-    the last) the children are leaves, and their shares, (-1)^party (acc + Convert(s) + t *
-    CW_{n+1}) masked with `mask` over the ring, canonical over F_p, go to dst's payload rows read as
-    one flat array of (leaf, element) words: leaf position p (j .. j + 31) at p * width + e, or with
-    mirror = M > 0 at (M - 1 - p) * width + e (so that a reversed range reads forward); dst's other
-    rows are left as they were. src, dst: node buffers (3 + width, capacity), capacity >= i + 16,
-    >= j + 32 and >= M (lanes past the real nodes compute garbage that nobody reads)."""
+    """The intrinsic step(src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask,
+    rk): expands the 16 nodes src[:, i .. i + 15] of one key at `level` into both children, written
+    in node order (left and right child of node i, then of node i + 1, ...) to dst[:, j .. j + 31].
+    With `leaf` (level is the last) the children are leaves, and their shares, (-1)^party (acc +
+    Convert(s) + t * CW_{n+1}) masked with `mask` over the ring, canonical over F_p, go straight to
+    the output `out` (any C-contiguous uint64 array, read as flat (leaf, element) words) as
+    `_store_leaves` says: child position p (j .. j + 31) at leaf origin + p, or origin - p with
+    `reverse`, for lo <= p < hi only; dst is not touched. src, dst: node buffers (3 + width,
+    capacity), capacity >= i + 16 and >= j + 32 (lanes past the real nodes compute garbage that
+    nobody reads)."""
     rows = 3 + width
     i64 = types.int64
 
     @intrinsic
-    def step(typingctx, src, i, dst, j, kcw, level, leaf, mirror, party, mask, rk):
-        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, i64, i64, types.uint64, rk)
+    def step(typingctx, src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk):
+        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, out, i64, i64, i64, types.boolean, i64, types.uint64, rk)
 
         def codegen(context, b, signature, args):
             aty = signature.args
-            S, D, K = (_Ptr(context, b, aty[q], args[q]) for q in (0, 2, 4))
-            i_, j_, level_, leaf_, mirror_, party_, mask_ = args[1], args[3], args[5], args[6], args[7], args[8], args[9]
-            mmo = _Mmo(b, A.AesRounds(b, _Ptr(context, b, aty[10], args[10]).data, vaes))
+            S, D, K, O = (_Ptr(context, b, aty[q], args[q]) for q in (0, 2, 4, 7))
+            i_, j_, level_, leaf_ = args[1], args[3], args[5], args[6]
+            origin_, lo_, hi_, reverse_, party_, mask_ = args[8:14]
+            mmo = _Mmo(b, A.AesRounds(b, _Ptr(context, b, aty[14], args[14]).data, vaes))
             F = _Prime(b) if prime else None
             zero, one = A.const8(0), A.const8(1)
 
@@ -252,18 +288,10 @@ def grid_step(width: int, has_v: bool, prime: bool, vaes: bool):
                                 v = F.canonical(b.add(b.add(node[3 + e], convs[q][e]), c))
                                 out.append(b.select(negate, F.neg(v), v))
                         vals.append(out)
-                    flip = b.icmp_signed(">", mirror_, _c64(0))
-                    leaf_base = b.mul(_c64(3), D.n)  # payload rows: (leaf, element) words
                     for h in range(HALVES):
                         for z, zip_ in enumerate((_ZIP_LO, _ZIP_HI)):
                             parts = [b.shuffle_vector(vals[2 * h][e], vals[2 * h + 1][e], zip_) for e in range(width)]
-                            whole = _concat(b, parts)  # element-major: lane 8 e + leaf
-                            fwd = b.shuffle_vector(whole, whole, _aos(width, False))
-                            rev = b.shuffle_vector(whole, whole, _aos(width, True))
-                            first = _off(b, j_, _c64(16 * h + 8 * z))  # leaf position of lane 0
-                            at = b.select(flip, b.sub(b.sub(mirror_, _c64(8)), first), first)
-                            ptr = D.at(b.add(leaf_base, b.mul(at, _c64(width))))
-                            b.store(b.select(flip, rev, fwd), b.bitcast(ptr, whole.type.as_pointer()), align=8)
+                            _store_leaves(b, O, _concat(b, parts), _off(b, j_, _c64(16 * h + 8 * z)), width, origin_, lo_, hi_, reverse_)
                 with inner:
                     for h in range(HALVES):
                         for r in range(rows):

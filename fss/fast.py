@@ -186,7 +186,8 @@ GRID_BLOCK_BITS = 10  # the walk goes subtree by subtree of 2^10 leaves: a level
 
 @functools.lru_cache(maxsize=None)
 def _grid_kernel(width: int, has_v: bool, prime: bool, vaes: bool):
-    """Keys k0 .. k1 - 1, one after the other, walk the plan of `grid_plan` (no prange: a parallel
+    """Keys k0 .. k1 - 1, one after the other, walk the plan of `grid_plan`, the last level's steps
+    writing the leaves' shares straight into `out` (no prange: a parallel
     numba kernel compiles in about three times as long, once per width, group, DCF or DPF and AES
     flavour; `eval_grid` runs one call per thread instead)."""
     step = grid_step(width, has_v, prime, vaes)
@@ -201,8 +202,7 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, vaes: bool):
         kcw = np.zeros((bits + 1, rows), np.uint64)
         last_v = cw_v.shape[1] - 1
         size = out.shape[1]
-        flat = out.reshape(-1)
-        mirror = sub_cap if reverse else 0
+        sign = -1 if reverse else 1
         for k in range(k0, k1):
             g, lane = k // GROUP, k % GROUP
             for i in range(bits):
@@ -225,14 +225,20 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, vaes: bool):
             for seg in range(1 + cols.shape[0]):
                 if seg == 0:
                     a, d, first, stop = ta, tb, 0, split
+                    lo = hi = origin = 0
                 else:
                     a, d, first, stop = sa, sb, split, bits
                     for r in range(rows):
                         a[r, 0] = top_nodes[r, top_base + seg - 1]
+                    # the leaves: child positions lo .. hi - 1 of the last level, to the key's row
+                    lo = subs[seg - 1, bits - 1 - split, 0]
+                    hi = lo + subs[seg - 1, bits - 1 - split, 1]
+                    origin = k * size + cols[seg - 1] - sign * lo
                 b2, mm = 0, 1
                 for level in range(first, stop):
+                    leaf = level == bits - 1
                     for i in range(0, mm, 16):
-                        step(a, b2 + i, d, 2 * i, kcw, level, level == bits - 1, mirror, party, mask, rk)
+                        step(a, b2 + i, d, 2 * i, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk)
                     if seg == 0:
                         b2, mm = top[level, 0], top[level, 1]
                     else:
@@ -240,15 +246,6 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, vaes: bool):
                     a, d = d, a
                 if seg == 0:
                     top_nodes, top_base = a, b2
-                    continue
-                # the leaves' shares, (leaf, element) words from row 3 of `a` on (mirrored if reverse)
-                src = a.reshape(-1)
-                if reverse:
-                    s0, d0 = 3 * sub_cap + (sub_cap - b2 - mm) * width, (k * size + cols[seg - 1] - mm + 1) * width
-                else:
-                    s0, d0 = 3 * sub_cap + b2 * width, (k * size + cols[seg - 1]) * width
-                for q in range(mm * width):
-                    flat[d0 + q] = src[s0 + q]
 
     return _cache.cached(kernel, f"grid-{_tag(width, has_v, vaes)}-{'p61' if prime else 'ring'}")
 
