@@ -3,11 +3,13 @@ check needs (and, for count/label, its top entry), in F_p (p = 2^61 - 1). See `v
 from __future__ import annotations
 
 import numpy as np
-from numba import njit, prange
+from llvmlite import ir
+from numba import njit, prange, types
+from numba.extending import intrinsic
 
 _P = np.uint64((1 << 61) - 1)
-_M31 = np.uint64((1 << 31) - 1)
-_M30 = np.uint64((1 << 30) - 1)
+_I64, _I128 = ir.IntType(64), ir.IntType(128)
+FOLD_EVERY = 32  # products of two field elements a 128-bit accumulator takes between folds
 
 
 @njit(inline="always")
@@ -16,19 +18,27 @@ def _fold(x):
     return x - _P if x >= _P else x
 
 
-@njit(inline="always")
-def _mul(a, b):
-    """a * b mod p from 31-bit halves (as `fss.field.mul`)."""
-    a0, a1 = a & _M31, a >> np.uint64(31)
-    b0, b1 = b & _M31, b >> np.uint64(31)
-    mid = a1 * b0 + a0 * b1
-    return _fold((a1 * b1 << np.uint64(1)) + (mid >> np.uint64(30)) + ((mid & _M30) << np.uint64(31)) + a0 * b0)
+@intrinsic
+def _mac(typingctx, lo, hi, a, b):
+    """(lo, hi) + a * b: a 128-bit accumulator (lo + 2^64 hi) plus a full 64 x 64 -> 128-bit product
+    (one `mul` and an add/adc pair on x86-64), wrapping; the callers keep it below 2^128."""
+    sig = types.UniTuple(types.uint64, 2)(types.uint64, types.uint64, types.uint64, types.uint64)
+
+    def codegen(context, builder, signature, args):
+        lo, hi, a, b = args
+        acc = builder.or_(builder.zext(lo, _I128), builder.shl(builder.zext(hi, _I128), ir.Constant(_I128, 64)))
+        acc = builder.add(acc, builder.mul(builder.zext(a, _I128), builder.zext(b, _I128)))
+        parts = [builder.trunc(acc, _I64), builder.trunc(builder.lshr(acc, ir.Constant(_I128, 64)), _I64)]
+        return context.make_tuple(builder, signature.return_type, parts)
+
+    return sig, codegen
 
 
 @njit(inline="always")
-def _combine(s11, s01, s00):
-    """2^62 s11 + 2^31 s01 + s00 (mod p) for s11, s01, s00 < p (2^62 = 2 mod p)."""
-    return _fold(_mul(s11, np.uint64(2)) + _mul(s01, np.uint64(1 << 31)) + s00)
+def _fold128(lo, hi):
+    """lo + 2^64 hi (mod p), canonical, for any 64-bit lo and hi (2^64 = 8 mod p; 8 hi = its low 61
+    bits + its bits from 61 up, which are hi >> 58)."""
+    return _fold((lo & _P) + (lo >> np.uint64(61)) + ((hi << np.uint64(3)) & _P) + (hi >> np.uint64(58)))
 
 
 @njit(parallel=True, cache=True)
@@ -36,39 +46,31 @@ def sketch(y, wz, wl, one):
     """y (n, N, w) canonical; wz, wl (N, w): z[k] = sum y[k] * wz, l[k] = sum y[k] * wl, and
     top[k] = one - sum_c y[k, N-1, c] (mod p).
 
-    Lazy reduction: with v = 2^31 v1 + v0 and w = 2^31 w1 + w0 (v1, w1 < 2^30; v0, w0 < 2^31),
-    sum v w = 2^62 S11 + 2^31 S01 + S00 over the partial products' sums, which stay below 2^64 for
-    two grid values between folds (v1 w1 < 2^60, v1 w0 + v0 w1 < 2^62, v0 w0 < 2^62)."""
+    Each product of two elements below p is below 2^122, so a 128-bit accumulator takes FOLD_EVERY
+    = 32 of them (below 2^127) before it is folded into a field element: one full-width multiply
+    per weight and grid value (was four 31-bit partial products and more folds)."""
     n, size, width = y.shape
     m = size * width
     yf = y.reshape(n, m)
-    z0, z1 = (wz.reshape(m) & _M31), (wz.reshape(m) >> np.uint64(31))
-    l0, l1 = (wl.reshape(m) & _M31), (wl.reshape(m) >> np.uint64(31))
+    wzf, wlf = wz.reshape(m), wl.reshape(m)
     z = np.empty(n, np.uint64)
     l = np.empty(n, np.uint64)
     top = np.empty(n, np.uint64)
     for k in prange(n):
-        zs11 = zs01 = zs00 = ls11 = ls01 = ls00 = np.uint64(0)
+        zl = zh = ll = lh = np.uint64(0)
         for j in range(m):
             v = yf[k, j]
-            v0, v1 = v & _M31, v >> np.uint64(31)
-            zs11 += v1 * z1[j]
-            zs01 += v1 * z0[j] + v0 * z1[j]
-            zs00 += v0 * z0[j]
-            ls11 += v1 * l1[j]
-            ls01 += v1 * l0[j] + v0 * l1[j]
-            ls00 += v0 * l0[j]
-            if j & 1:
-                zs11, zs01, zs00 = _fold(zs11), _fold(zs01), _fold(zs00)
-                ls11, ls01, ls00 = _fold(ls11), _fold(ls01), _fold(ls00)
-        zs11, zs01, zs00 = _fold(zs11), _fold(zs01), _fold(zs00)
-        ls11, ls01, ls00 = _fold(ls11), _fold(ls01), _fold(ls00)
+            zl, zh = _mac(zl, zh, v, wzf[j])
+            ll, lh = _mac(ll, lh, v, wlf[j])
+            if (j & (FOLD_EVERY - 1)) == FOLD_EVERY - 1:
+                zl, zh = _fold128(zl, zh), np.uint64(0)
+                ll, lh = _fold128(ll, lh), np.uint64(0)
         t = one
         for c in range(width):
             last = y[k, size - 1, c]
             t = t + _P - last if t < last else t - last
-        z[k] = _combine(zs11, zs01, zs00)
-        l[k] = _combine(ls11, ls01, ls00)
+        z[k] = _fold128(zl, zh)
+        l[k] = _fold128(ll, lh)
         top[k] = t
     return z, l, top
 
@@ -104,20 +106,23 @@ def sketch_calibration(y, w):
     u = y2.w4 (mod p): six multiplications per grid point. Returns (n, 4) columns (z, l, a, u)."""
     n, size, width = y.shape
     res = np.empty((n, 4), np.uint64)
+    half = FOLD_EVERY // 2  # z and l take two products per grid point
     for k in prange(n):
-        z = np.uint64(0)
-        l = np.uint64(0)
-        a = np.uint64(0)
-        u = np.uint64(0)
+        zl = zh = ll = lh = al = ah = ul = uh = np.uint64(0)
         for i in range(size):
             y0 = y[k, i, 0]
             y1 = y[k, i, 1]
-            z = _fold(z + _mul(y0, w[i, 0]) + _mul(y1, w[i, 1]))  # < 3p before folding
-            l = _fold(l + _mul(y0, w[i, 2]) + _mul(y1, w[i, 3]))
-            a = _fold(a + _mul(y0, w[i, 4]))
-            u = _fold(u + _mul(y[k, i, 2], w[i, 4]))
-        res[k, 0] = z
-        res[k, 1] = l
-        res[k, 2] = a
-        res[k, 3] = u
+            zl, zh = _mac(zl, zh, y0, w[i, 0])
+            zl, zh = _mac(zl, zh, y1, w[i, 1])
+            ll, lh = _mac(ll, lh, y0, w[i, 2])
+            ll, lh = _mac(ll, lh, y1, w[i, 3])
+            al, ah = _mac(al, ah, y0, w[i, 4])
+            ul, uh = _mac(ul, uh, y[k, i, 2], w[i, 4])
+            if (i & (half - 1)) == half - 1:
+                zl, zh, ll, lh = _fold128(zl, zh), np.uint64(0), _fold128(ll, lh), np.uint64(0)
+                al, ah, ul, uh = _fold128(al, ah), np.uint64(0), _fold128(ul, uh), np.uint64(0)
+        res[k, 0] = _fold128(zl, zh)
+        res[k, 1] = _fold128(ll, lh)
+        res[k, 2] = _fold128(al, ah)
+        res[k, 3] = _fold128(ul, uh)
     return res

@@ -1,0 +1,59 @@
+"""The check's numba kernels (`dpcdf.service._sketch`) against Python integers: every weighted sum
+mod p, at sizes around the 128-bit accumulator's fold interval and with the largest field elements
+(p - 1 everywhere is the case where an accumulator that took one product too many would wrap)."""
+from __future__ import annotations
+
+import numpy as np
+from hypothesis import given, settings
+from hypothesis import strategies as st
+
+from dpcdf.service import _sketch
+from fss import field as F
+
+P = F.P
+FOLD = _sketch.FOLD_EVERY
+SIZES = st.sampled_from([1, 2, FOLD - 1, FOLD, FOLD + 1, 2 * FOLD, 3 * FOLD + 5, 100])
+
+
+def field_array(data, shape: tuple[int, ...]) -> np.ndarray:
+    """Field elements with the edge values 0, 1 and p - 1 over-represented, or all p - 1."""
+    if data.draw(st.booleans(), label="all p - 1"):
+        return np.full(shape, P - 1, np.uint64)
+    elem = st.one_of(st.sampled_from([0, 1, P - 1]), st.integers(0, P - 1))
+    flat = data.draw(st.lists(elem, min_size=int(np.prod(shape)), max_size=int(np.prod(shape))))
+    return np.array(flat, dtype=np.uint64).reshape(shape)
+
+
+def dot(a: np.ndarray, b: np.ndarray) -> int:
+    return sum(int(x) * int(y) for x, y in zip(a.reshape(-1), b.reshape(-1))) % P
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), size=SIZES, width=st.integers(1, 3), n=st.integers(1, 4))
+def test_sketch_is_the_weighted_sums_mod_p(data, size, width, n):
+    y, wz, wl = field_array(data, (n, size, width)), field_array(data, (size, width)), field_array(data, (size, width))
+    one = np.uint64(data.draw(st.sampled_from([0, 1])))
+    z, l, top = _sketch.sketch(y, wz, wl, one)
+    for k in range(n):
+        assert int(z[k]) == dot(y[k], wz)
+        assert int(l[k]) == dot(y[k], wl)
+        assert int(top[k]) == (int(one) - sum(int(v) for v in y[k, -1])) % P
+
+
+@settings(max_examples=40, deadline=None)
+@given(data=st.data(), size=SIZES, n=st.integers(1, 3))
+def test_calibration_sketch_is_its_four_sums_mod_p(data, size, n):
+    y, w = field_array(data, (n, size, 3)), field_array(data, (size, 5))
+    res = _sketch.sketch_calibration(y, w)
+    for k in range(n):
+        y0, y1, y2 = (y[k, :, c] for c in range(3))
+        assert int(res[k, 0]) == (dot(y0, w[:, 0]) + dot(y1, w[:, 1])) % P
+        assert int(res[k, 1]) == (dot(y0, w[:, 2]) + dot(y1, w[:, 3])) % P
+        assert int(res[k, 2]) == dot(y0, w[:, 4])
+        assert int(res[k, 3]) == dot(y2, w[:, 4])
+
+
+def test_column_sums_mod_p():
+    y = np.full((9, 5, 2), P - 1, np.uint64)
+    y[3] = 0
+    np.testing.assert_array_equal(_sketch.column_sums(y), np.full((5, 2), (8 * (P - 1)) % P, np.uint64))
