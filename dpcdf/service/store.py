@@ -346,18 +346,23 @@ class Store:
                 (task_id, seq, task_id))]
 
     def reconciled_shares(self, task_id: str, size: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
-        """(ids, shares) of `reconciled_ids` in that order, in lists of at most `size`."""
-        seq, last = self._frozen_seq(task_id), b""
+        """(ids, shares) of `reconciled_ids`' reports in storage (upload) order, in lists of at most
+        `size`: a scan of the table in rowid order (reading them in id order went through the index
+        into the table at random, 4x slower at 10^6 reports)."""
+        with self.lock:
+            seq = self._frozen_seq(task_id)
+            first = self.db.execute("SELECT min(seq) FROM reports WHERE task_id = ?", (task_id,)).fetchone()[0]
+        last = -1 if first is None else first - 1
         while True:
             with self.lock:
                 rows = self.db.execute(
-                    "SELECT report_id, key_share FROM reports WHERE task_id = ? AND seq <= ? AND report_id > ? AND "
+                    "SELECT seq, report_id, key_share FROM reports WHERE seq > ? AND seq <= ? AND +task_id = ? AND "
                     "report_id NOT IN (SELECT report_id FROM excluded WHERE task_id = ? AND reason IS NULL) "
-                    "ORDER BY report_id LIMIT ?", (task_id, seq, last, task_id, int(size))).fetchall()
+                    "ORDER BY seq LIMIT ?", (last, seq, task_id, task_id, int(size))).fetchall()
             if not rows:
                 return
-            last = bytes(rows[-1][0])
-            yield [bytes(r[0]) for r in rows], [bytes(r[1]) for r in rows]
+            last = rows[-1][0]
+            yield [bytes(r[1]) for r in rows], [bytes(r[2]) for r in rows]
 
     def shares_by_id(self, task_id: str, ids: Sequence[bytes]) -> list[bytes]:
         """The stored shares of these report ids, in the given order (KeyError for one not stored)."""

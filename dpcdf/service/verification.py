@@ -107,7 +107,9 @@ class Local:
 
 
 def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Local:
-    """Evaluates every reconciled key share over the grid once: round one of the check, and the sum."""
+    """Evaluates every reconciled key share over the grid once: round one of the check, and the sum.
+    The shares are read in storage order (a table scan); the per-report results are then put in the
+    order of the sorted ids, the order both servers use in the messages (`sorting`)."""
     task_id, dcf, check = config.task_id, config.dcf(), config.check()
     size = config.make_grid().size
     ids = store.reconciled_ids(task_id)
@@ -115,19 +117,41 @@ def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Lo
     context = b"%s/%d/" % (task_id.encode(), len(ids)) + raw_hash
     ch = check.challenges(verification_key(pair_key), context)
     total = np.zeros((size, dcf.width), np.uint64)
-    messages, states, extras = [], [], []
-    for _, shares in store.reconciled_shares(task_id, keys_per_pass(size, dcf.width)):
+    stored, messages, states, extras = [], [], [], []
+    for chunk_ids, shares in store.reconciled_shares(task_id, keys_per_pass(size, dcf.width)):
         batch, x = decode_shares(dcf, check.extras, shares, party)
         y = grid_values(dcf, batch, size)
         msg, st = check.round_one(party, y, x, ch)
+        stored += chunk_ids
         messages.append(msg)
         states.append(st)
         extras.append(x)
         total = F.add(total, _sketch.column_sums(y))
-    empty = np.zeros((0, check.opened), np.uint64)
-    return Local(ids, raw_hash, np.concatenate(extras) if extras else np.zeros((0, check.extras), np.uint64),
-                 np.concatenate(messages) if messages else empty,
-                 np.concatenate(states) if states else np.zeros((0, 0), np.uint64), total)
+    if not ids:
+        return Local(ids, raw_hash, np.zeros((0, check.extras), np.uint64), np.zeros((0, check.opened), np.uint64),
+                     np.zeros((0, 0), np.uint64), total)
+    order = sorting(ids, stored)
+    return Local(ids, raw_hash, np.concatenate(extras)[order], np.concatenate(messages)[order],
+                 np.concatenate(states)[order], total)
+
+
+def sorting(ids: list[bytes], stored: list[bytes]) -> np.ndarray:
+    """The permutation that takes `stored` (R's ids in storage order) to `ids` (R's ids sorted
+    bytewise, `Store.reconciled_ids`): a lexicographic sort of the ids as big-endian 64-bit words.
+    SyncError if they are not the same set of equal-length ids (the set changed between the two
+    reads): never a report checked at another's position."""
+    width = len(ids[0])
+    raw = b"".join(stored)
+    if len(stored) != len(ids) or len(raw) != width * len(ids) or len(b"".join(ids)) != len(raw):
+        raise SyncError("the stored report set changed while the check read it")
+    words = -(-width // 8)
+    padded = np.zeros((len(ids), 8 * words), np.uint8)
+    padded[:, :width] = np.frombuffer(raw, np.uint8).reshape(len(ids), width)
+    cols = padded.view(">u8").reshape(len(ids), words)
+    order = np.lexsort(cols.T[::-1])
+    if np.frombuffer(raw, np.uint8).reshape(len(ids), width)[order].tobytes() != b"".join(ids):
+        raise SyncError("the stored report set changed while the check read it")
+    return order
 
 
 def _rows(data: bytes, rows: int, what: str) -> np.ndarray:

@@ -754,3 +754,26 @@ def test_a_hundred_thousand_honest_reports_all_pass_through_the_servers_code_pat
     assert not check.verdicts(opened, F.add(*v)).any()
     counts = F.signed(F.add(hist[0], hist[1]))[:, 0]
     np.testing.assert_array_equal(counts, np.cumsum(np.bincount(alphas.astype(np.int64), minlength=size)))
+
+
+def test_sorting_takes_storage_order_to_the_sorted_ids():
+    """prepare reads shares in storage order and reorders each report's results by its id (bytewise,
+    as SQLite's ORDER BY report_id): ids with trailing or leading zero bytes and 0xff included; an
+    unknown, repeated or missing id is a SyncError, never a report at another's position."""
+    import random
+    import secrets
+
+    from dpcdf.service.reconcile import SyncError
+    from dpcdf.service.verification import sorting
+
+    ids = sorted({secrets.token_bytes(16) for _ in range(200)} | {bytes(16), bytes(15) + b"\x01", b"\x01" + bytes(15),
+                                                                   b"\xff" * 16, b"\xff" * 15 + b"\x00"})
+    stored = ids[:]
+    random.Random(3).shuffle(stored)
+    order = sorting(ids, stored)
+    assert [stored[k] for k in order] == ids
+    odd = sorted([b"\x00" * 7 + b"\x01\x02", b"\x00" * 8 + b"\x01", b"\xff" * 9])  # 9 bytes: two words, padded
+    assert [odd[::-1][k] for k in sorting(odd, odd[::-1])] == odd
+    for bad in (stored[:-1] + [secrets.token_bytes(16)], stored[:-1] + stored[:1], stored[:-1], stored + [bytes(16)]):
+        with pytest.raises(SyncError):
+            sorting(ids, bad)
