@@ -213,6 +213,7 @@ class Server:
         """Compiles the kernels in the background, while reports arrive."""
         def run() -> None:
             backend.warm_up()
+            verification.warm_up()
             self.warm.set()
 
         threading.Thread(target=run, name="warm-up", daemon=True).start()
