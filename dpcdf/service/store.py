@@ -157,6 +157,7 @@ class Store:
         self.path = path
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self.lock = threading.RLock()  # handlers run in a thread pool; one connection, one writer at a time
+        self._reconciled: dict[str, list[bytes]] = {}  # reconciled_ids per task, until its next exclusion
         try:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
@@ -259,12 +260,14 @@ class Store:
 
     def frozen_ids(self, task_id: str) -> list[bytes]:
         """The report ids of the closed set (excluded ones left out), in upload order. Raises
-        CollectionOpen while the collection is open."""
+        CollectionOpen while the collection is open. (A scan of the table's rows in order: through
+        the (task, id) index it was a sort of every id, 3x slower at 10^6.)"""
         with self.lock:
             seq = self._frozen_seq(task_id)
             return [bytes(r[0]) for r in self.db.execute(
-                "SELECT report_id FROM reports WHERE task_id = ? AND seq <= ? AND report_id NOT IN "
-                "(SELECT report_id FROM excluded WHERE task_id = ?) ORDER BY seq", (task_id, seq, task_id))]
+                "SELECT report_id FROM reports WHERE seq >= (SELECT coalesce(min(seq), 0) FROM reports WHERE task_id = ?) "
+                "AND seq <= ? AND +task_id = ? AND report_id NOT IN (SELECT report_id FROM excluded WHERE task_id = ?) "
+                "ORDER BY seq", (task_id, seq, task_id, task_id))]
 
     def exclude(self, task_id: str, ids: Sequence[bytes], set_hash: SetHash, reason: str | None = None) -> Frozen:
         """Drops reports from the closed set (they stay stored), before any answer: after one, a
@@ -278,6 +281,7 @@ class Store:
                 raise CollectionOpen(task_id)
             if answered is not None:
                 raise AlreadyAnswered(task_id)
+            self._reconciled.pop(task_id, None)
             self.db.executemany("INSERT OR IGNORE INTO excluded (task_id, report_id, reason) VALUES (?, ?, ?)",
                                 ((task_id, bytes(i), reason) for i in ids))
             kept = self.frozen_ids(task_id)
@@ -337,13 +341,17 @@ class Store:
 
     def reconciled_ids(self, task_id: str) -> list[bytes]:
         """The report ids of the closed set before the report check (only the reconciliation's drops
-        left out), sorted: the set both servers check, in the order both use."""
+        left out), sorted: the set both servers check, in the order both use. Kept in memory until
+        the task's next exclusion: a close reads it several times (each reconciliation step, the
+        check), a second at 10^6 reports each time."""
         with self.lock:
             seq = self._frozen_seq(task_id)
-            return [bytes(r[0]) for r in self.db.execute(
-                "SELECT report_id FROM reports WHERE task_id = ? AND seq <= ? AND report_id NOT IN "
-                "(SELECT report_id FROM excluded WHERE task_id = ? AND reason IS NULL) ORDER BY report_id",
-                (task_id, seq, task_id))]
+            if task_id not in self._reconciled:
+                self._reconciled[task_id] = [bytes(r[0]) for r in self.db.execute(
+                    "SELECT report_id FROM reports WHERE task_id = ? AND seq <= ? AND report_id NOT IN "
+                    "(SELECT report_id FROM excluded WHERE task_id = ? AND reason IS NULL) ORDER BY report_id",
+                    (task_id, seq, task_id))]
+            return list(self._reconciled[task_id])
 
     def reconciled_shares(self, task_id: str, size: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
         """(ids, shares) of `reconciled_ids`' reports in storage (upload) order, in lists of at most

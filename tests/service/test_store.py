@@ -382,3 +382,16 @@ def test_reconciled_shares_come_in_upload_order_without_other_tasks_or_dropped_r
     assert ids == [rid(i) for i in order if i != 11]
     assert [s for _, shares in chunks for s in shares] == [share(i) for i in order if i != 11]
     assert sorted(ids) == store.reconciled_ids(TASK)
+
+
+def test_reconciled_ids_follow_every_exclusion_although_kept_in_memory(store):
+    store.add_many(TASK, [(rid(i), share(i)) for i in range(5)])
+    store.freeze(TASK, set_hash)
+    first = store.reconciled_ids(TASK)
+    first.clear()  # a caller's list is its own
+    assert store.reconciled_ids(TASK) == [rid(i) for i in range(5)]
+    store.exclude(TASK, [rid(3)], set_hash)  # the reconciliation's drop: gone from the checked set
+    assert store.reconciled_ids(TASK) == [rid(i) for i in (0, 1, 2, 4)]
+    store.exclude(TASK, [rid(1)], set_hash, reason="shape")  # the check's: still in it
+    assert store.reconciled_ids(TASK) == [rid(i) for i in (0, 1, 2, 4)]
+    assert store.frozen_ids(TASK) == [rid(i) for i in (0, 2, 4)]
