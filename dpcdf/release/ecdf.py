@@ -7,14 +7,14 @@ from fractions import Fraction
 
 import numpy as np
 
-from . import postprocess
+from . import postprocess, smoothing
 from ..errors import ParameterError
 from .grid import Grid
 from .mechanisms import Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
 from .noise import secure_noise
 
 MECHANISMS = ("auto", "path", "tree")
-POSTPROCESS = ("auto", "none", "monotone", "monotone-l1", "sparse")
+POSTPROCESS = ("auto", "none", "monotone", "monotone-l1", "sparse", "smooth")
 SPARSE_TAU, SPARSE_RELATIVE = 1.5, 4.0  # the "sparse" fit's thresholds, in noise sds (data-independent)
 
 
@@ -207,19 +207,25 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     the L2 monotone fit), "monotone-l1", "none", or "sparse" (trees only: the data-adaptive consistent
     fit of `TreeMechanism.consistent` with tau = 1.5, which takes nodes within 1.5 noise sds of zero
     and 4 sds below an even share of their parent as empty, keeping the parent's total; then the
-    monotone fit). All of them are post-processing of the one release: no privacy cost."""
+    monotone fit), or "smooth" (trees on grids of up to 2^12 points: the consistent estimate
+    interpolated between the ends of the tree level whose unbiased risk estimate is least,
+    `smoothing`; then the monotone fit). All of them are post-processing of the one release: no
+    privacy cost."""
     raw, fitted = mech.estimate(noisy, copies)
     if postprocess_with == "sparse":  # post-processing of the same release: no privacy cost
         if not isinstance(mech, TreeMechanism):
             raise ParameterError(f"postprocess_with='sparse' needs a tree release, not the {mech.name} mechanism")
         fitted = mech.consistent(noisy, copies, threshold=SPARSE_TAU, relative=SPARSE_RELATIVE)
+    to_fit = fitted
+    if postprocess_with == "smooth":  # post-processing of the same release: no privacy cost
+        to_fit, _ = smoothing.smooth(mech, fitted, copies)
     substitution = mech.relation == "substitution"
     total = float(n) if substitution else float(max(fitted[-1], 1.0))
     sd = float(np.sqrt(mech.expected_mse() * copies))
     if postprocess_with == "none":
         return Release(grid, mech, raw, raw, total, raw, sd)
     known_last = total if substitution else None  # every value is <= t_max (clamped or refused)
-    counts = postprocess.monotone(fitted, 0.0, total, 1 if postprocess_with == "monotone-l1" else 2, known_last)
+    counts = postprocess.monotone(to_fit, 0.0, total, 1 if postprocess_with == "monotone-l1" else 2, known_last)
     return Release(grid, mech, raw, counts, total, fitted, sd)
 
 

@@ -469,7 +469,8 @@ class TreeMechanism(Mechanism):
         """Least-squares consistent leaf counts (Hay et al. 2010, with per-level variances as in
         Honaker 2015): inverse-variance merges bottom-up, then the parents' surplus is split among
         the children in proportion to their variances top-down. Returns prefix counts. `copies`:
-        how many independent noises each node carries (2 over two servers).
+        how many independent noises each node carries (2 over two servers). Linear in the node counts
+        (without `threshold`): each level may also be a (nodes, B) array of B releases at once.
 
         `threshold` = tau (the data-adaptive fit for sparse data, `postprocess_with="sparse"`): in the
         top-down pass a child is taken as empty when its bottom-up estimate e lies within tau sd of
@@ -482,35 +483,40 @@ class TreeMechanism(Mechanism):
         """
         b, h = self.shape.branching, self.shape.height
         var = self.variances() * copies
-        est, evar = [nodes[0].copy()], [np.full(nodes[0].size, var[0])]
+        if threshold is not None and nodes[0].ndim > 1:
+            raise ParameterError("the sparse fit takes one release at a time")
+        col = (lambda x: x) if nodes[0].ndim == 1 else (lambda x: x[:, None])  # node weights against a batch's columns
+        est, evar = [nodes[0].copy()], [np.full(len(nodes[0]), var[0])]
         for level in range(1, h + 1):
-            s = _group_sum(est[-1], b, nodes[level].size)
-            v = _group_sum(evar[-1], b, nodes[level].size)
+            size = len(nodes[level])
+            s = _group_sum(est[-1], b, size)
+            v = _group_sum(evar[-1], b, size)
             if level not in self.released_levels():  # no observation: the children's sum alone
                 e_l, v_l = s, v
             elif var[level] == 0:
-                e_l, v_l = nodes[level].copy(), np.zeros(nodes[level].size)
+                e_l, v_l = nodes[level].copy(), np.zeros(size)
             else:
                 w_own, w_kids = 1 / var[level], np.where(v > 0, 1 / np.maximum(v, 1e-300), np.inf)
-                e_l = np.where(np.isinf(w_kids), s, (nodes[level] * w_own + s * w_kids) / (w_own + w_kids))
+                e_l = np.where(col(np.isinf(w_kids)), s, (nodes[level] * w_own + s * col(w_kids)) / col(w_own + w_kids))
                 v_l = np.where(np.isinf(w_kids), 0.0, 1 / (w_own + w_kids))
             est.append(e_l)
             evar.append(v_l)
         final = est[h]
-        zero = np.zeros(final.size, bool)  # nodes taken as empty (adaptive fit only)
+        zero = np.zeros(len(final), bool)  # nodes taken as empty (adaptive fit only)
         for level in range(h - 1, -1, -1):
-            parent = np.repeat(final, b)[: est[level].size]
+            size = len(est[level])
+            parent = np.repeat(final, b, axis=0)[:size]
             e_l, w_l = est[level], evar[level]
             if threshold is not None:
-                kids = np.repeat(_group_sum(np.ones(e_l.size), b, final.size), b)[: e_l.size]
+                kids = np.repeat(_group_sum(np.ones(size), b, len(final)), b)[:size]
                 sd = threshold * np.sqrt(w_l)
-                small = np.repeat(zero, b)[: e_l.size] | ((np.abs(e_l) <= sd) & (parent / kids - e_l >= (threshold if relative is None else relative) * np.sqrt(w_l)))
+                small = np.repeat(zero, b)[:size] | ((np.abs(e_l) <= sd) & (parent / kids - e_l >= (threshold if relative is None else relative) * np.sqrt(w_l)))
                 e_l, w_l, zero = np.where(small, 0.0, e_l), np.where(small, weight * w_l, w_l), small
-            s = np.repeat(_group_sum(e_l, b, final.size), b)[: e_l.size]
-            v = np.repeat(_group_sum(w_l, b, final.size), b)[: e_l.size]
+            s = np.repeat(_group_sum(e_l, b, len(final)), b, axis=0)[:size]
+            v = np.repeat(_group_sum(w_l, b, len(final)), b)[:size]
             share = np.where(v > 0, w_l / np.where(v > 0, v, 1), 0.0)
-            final = e_l + share * (parent - s)
-        return np.cumsum(final)
+            final = e_l + col(share) * (parent - s)
+        return np.cumsum(final, axis=0)
 
     def expected_mse(self) -> float:
         """Exact expected squared error per prefix of the covering estimator."""
@@ -523,9 +529,10 @@ class TreeMechanism(Mechanism):
 
 
 def _group_sum(values: np.ndarray, b: int, groups: int) -> np.ndarray:
-    padded = np.zeros(groups * b)
-    padded[: values.size] = values
-    return padded.reshape(groups, b).sum(axis=1)
+    """Sums of consecutive runs of b entries along axis 0 (zero-padded to groups * b)."""
+    padded = np.zeros((groups * b,) + values.shape[1:])
+    padded[: len(values)] = values
+    return padded.reshape((groups, b) + values.shape[1:]).sum(axis=1)
 
 
 def _candidates(size: int) -> list[int]:
