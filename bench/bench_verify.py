@@ -9,8 +9,8 @@
 2. Server, one core (`fss.backend.set_threads(1)`, `numba.set_num_threads(1)`): reports/s of the close's
    work per report on in-memory key batches: "eval" = `DCF.eval_grid` over the whole grid, "sketch" =
    `Check.round_one`, "sum" = `_sketch.column_sums` (the histogram share), "verify" = the three
-   together (the inner loop of `verification.prepare`); "decode" (`split_share`, `batch_from_keys`)
-   is shown apart. "AES bound" = pycryptodome AES-128-ECB blocks/s on a 32 MiB buffer (one core)
+   together (the inner loop of `round_one.step`, which the servers run while reports arrive);
+   "decode" (`round_one.decode_shares`, the stored shares into a key batch) is shown apart. "AES bound" = pycryptodome AES-128-ECB blocks/s on a 32 MiB buffer (one core)
    divided by the blocks one key's grid walk needs: (N - 1) internal nodes x `expand_blocks` (2 seeds
    + 2 blocks per payload element over F_p, each reduced mod p), plus N x width LEAF blocks for
    width > 1; "of bound" = verify / bound.
@@ -20,7 +20,11 @@
    bench/bench_server.py). The task is registered through the real servers (`create_task`), both
    servers are stopped, each one's key shares (`DCF.gen_batch` in bulk; a verified task's share is
    `join_share(key, the client's check randomness)`) are written into its store with
-   `Store.add_many` under the same report ids, and the servers restart on the same data. Then:
+   `Store.add_many` under the same report ids, and the servers restart on the same data. A verified
+   task's round one runs in each server's background worker as reports arrive (`round_one`); here it
+   starts at the restart, on all n at once: "round one s" = from the restart (process start-up and
+   kernel loading included) until neither server's /health shows `checking`, both servers at the
+   same time. Then:
    "close s" = `Analyst.close()` (POST /close on server 0, which reconciles with server 1 and, for a
    verified task, runs the report check and stores the histogram share; then on server 1);
    "first q ms" = the first one-threshold query after it (loads the histogram share or the key
@@ -32,9 +36,11 @@
    --max-seconds is skipped and printed "skipped (over --max-seconds)".
 4. With --profile: the verified close at the largest size, replayed in this process phase by phase on
    the stopped servers' stores, on one core (in the real close the two servers prepare at the same
-   time, sharing the machine's cores): the reconciliation, `verification.prepare` on each
-   server (its parts: reading and decoding the shares, eval_grid, round_one, column_sums), the check's
-   messages (`lead` with `Helper.answer` called directly, no HTTP), and `finish` on each server.
+   time, sharing the machine's cores): the reconciliation; round one on each server from scratch
+   (`round_one.catch_up`, the collection's work: reading and decoding the shares, eval_grid,
+   Check.round_one, column_sums); `round_one.prepare` on each server (the close's part: reading the
+   batches back for R); the check's messages (`lead` with `Helper.answer` called directly, no HTTP);
+   and `finish` on each server.
 
 Goals (issue 12) are printed next to the numbers: report size <= 2x and time <= 3x; verification
 >= 100,000 reports/s per core at 2^10; close with verification at 10^6 and 2^10 <= 10 s; any query
@@ -62,7 +68,7 @@ from fss import backend
 
 from bench_fss import best_of, ecb_blocks_per_s  # one AES bound and one timer for every bench (run from bench/)
 
-from dpcdf.service import _sketch, reconcile, verification
+from dpcdf.service import _sketch, reconcile, round_one, verification
 from dpcdf.service.analyst import Analyst
 from dpcdf.service.client import create_task, make_reports
 from dpcdf.service.hpke import ServerKeys
@@ -158,7 +164,7 @@ def server_section(repeats: int) -> float:
             cfg = TaskConfig(grid(bits), 1.0, "path", "substitution", 1, ("a", "b"), ("00", "00"), "00",
                              payload=payload, verify=True)
             dcf, check, size = cfg.dcf(), cfg.check(), cfg.make_grid().size
-            n = verification.keys_per_pass(size, dcf.width)  # one pass of `prepare`
+            n = round_one.keys_per_pass(size, dcf.width)  # one batch of `round_one.step`
             rng = np.random.default_rng(bits)
             labels = rng.integers(0, 2, n)
             rows = np.ones((n, 1), np.int64) if payload == "count" else np.stack([labels, 1 - labels], axis=1)
@@ -168,12 +174,11 @@ def server_section(repeats: int) -> float:
             ch = check.challenges(secrets.token_bytes(32), b"bench")
             state = {}
 
-            def decode():
-                keys, xs = zip(*(split_share(s, dcf.key_size, check.extras) for s in shares))
-                state["batch"], state["x"] = dcf.batch_from_keys(list(keys), 0), np.stack(xs)
+            def decode():  # the servers' decoder (one vectorized pass over the stored shares)
+                state["batch"], state["x"] = round_one.decode_shares(dcf, check.extras, shares, 0)
 
             def evaluate():
-                state["y"] = verification.grid_values(dcf, state["batch"], size)
+                state["y"] = round_one.grid_values(dcf, state["batch"], size)
 
             decode()
             evaluate()
@@ -237,10 +242,18 @@ class Servers:
         self.urls = []
 
     def start(self) -> None:
+        self.started = time.perf_counter()
         started = [start_server(p, self.dirs[p], port=self.ports[p], noise=True, log=self.logs[p]) for p in (0, 1)]
         self.procs, self.urls = [p for p, _ in started], [u for _, u in started]
         while not all(http("GET", f"{u}/health")["warm"] for u in self.urls):  # kernels compiled: measure the work
             time.sleep(0.2)
+
+    def settle(self) -> float:
+        """Seconds from the start until neither server has round-one work queued or running (/health
+        `checking`): process start-up and kernel loading included."""
+        while any(http("GET", f"{u}/health")["checking"] for u in self.urls):
+            time.sleep(0.05)
+        return time.perf_counter() - self.started
 
     def stop(self) -> None:
         for proc in self.procs:
@@ -287,7 +300,7 @@ def e2e_section(sizes: list[int], repeats: int, max_seconds: float, profile: boo
     print("Uploads are bypassed: each server's key shares are written into its store directly (the task\n"
           "registered through the servers, both stopped for the insert, then restarted), since sealing and\n"
           "uploading 10^6 reports takes minutes of client work that is not what this measures.\n")
-    print(f"{'n':>9} {'verify':>6} {'close s':>8} {'first q ms':>10} {'1 threshold ms':>14} {'1024 prefixes ms':>16}")
+    print(f"{'n':>9} {'verify':>6} {'round one s':>11} {'close s':>8} {'first q ms':>10} {'1 threshold ms':>14} {'1024 prefixes ms':>16}")
     previous: dict[bool, tuple[int, float]] = {}
     results: dict[tuple[int, bool], dict] = {}
     for n in sizes:
@@ -311,19 +324,21 @@ def e2e_section(sizes: list[int], repeats: int, max_seconds: float, profile: boo
                 if run[verify]:
                     insert(tasks[verify][0], servers.dirs, n, seed=n)
             servers.start()
+            checking = servers.settle()  # round one of the inserted verified reports (the collection's work)
             for verify in (True, False):
                 measure(*tasks[("warm", verify)], WARM_N, 1)
             for verify in (True, False):
                 label = "yes" if verify else "no"
                 if not run[verify]:
                     skip = "skipped (over --max-seconds)"
-                    print(f"{n:>9} {label:>6} {skip}", flush=True)
+                    print(f"{n:>9} {label:>6} {'':>11} {skip}", flush=True)
                     continue
                 t0 = time.perf_counter()
                 r = results[(n, verify)] = measure(*tasks[verify], n, repeats)
                 previous[verify] = (n, time.perf_counter() - t0)
                 note = f"  (close retried {r['retries']}x after a timeout or 502)" if r["retries"] else ""
-                print(f"{n:>9} {label:>6} {r['close']:>8.2f} {r['first'] * 1e3:>10.0f} {r['one'] * 1e3:>14.0f} "
+                before = f"{checking:>11.2f}" if verify else f"{'-':>11}"
+                print(f"{n:>9} {label:>6} {before} {r['close']:>8.2f} {r['first'] * 1e3:>10.0f} {r['one'] * 1e3:>14.0f} "
                       f"{r['many'] * 1e3:>16.0f}{note}", flush=True)
             servers.stop()
             if profile and n == sizes[-1]:
@@ -356,8 +371,8 @@ def e2e_section(sizes: list[int], repeats: int, max_seconds: float, profile: boo
 # --- 4. where the verified close spends its time ----------------------------------------------------
 @contextmanager
 def timers(acc: dict):
-    """Times eval_grid, Check.round_one and column_sums inside `verification.prepare` (patched here)."""
-    grid_values, round_one, column_sums = verification.grid_values, Check.round_one, _sketch.column_sums
+    """Times decoding, eval_grid, Check.round_one and column_sums inside `round_one.step` (patched here)."""
+    decode, grid_values, one, column_sums = round_one.decode_shares, round_one.grid_values, Check.round_one, _sketch.column_sums
 
     def wrap(name, fn):
         def run(*a, **k):
@@ -368,13 +383,14 @@ def timers(acc: dict):
                 acc[name] = acc.get(name, 0.0) + time.perf_counter() - t
         return run
 
-    verification.grid_values = wrap("eval_grid", grid_values)
-    Check.round_one = wrap("round_one", round_one)
+    round_one.decode_shares = wrap("decode", decode)
+    round_one.grid_values = wrap("eval_grid", grid_values)
+    Check.round_one = wrap("round_one", one)
     _sketch.column_sums = wrap("column_sums", column_sums)
     try:
         yield
     finally:
-        verification.grid_values, Check.round_one, _sketch.column_sums = grid_values, round_one, column_sums
+        round_one.decode_shares, round_one.grid_values, Check.round_one, _sketch.column_sums = decode, grid_values, one, column_sums
 
 
 def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str, float]]:
@@ -383,9 +399,10 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
 
     single_core(True)
     task, fp = config.task_id, config.fingerprint
-    for d in dirs:  # the close is done: let `finish` run again on these throwaway stores
+    for d in dirs:  # the close is done: let round one and `finish` run again on these throwaway stores
         db = sqlite3.connect(f"{d}/server.sqlite")
         db.execute("UPDATE tasks SET verified_at = NULL WHERE task_id = ?", (task,))
+        db.execute("DELETE FROM check_batches WHERE task_id = ?", (task,))
         db.commit()
         db.close()
     stores = [Store(Path(d) / "server.sqlite") for d in dirs]
@@ -400,15 +417,18 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
         for chunk, expected in zip(last.replies, last.acks):
             reconcile.check_ack(key, fp, reconcile.step(key, fp, 1, ids[1], chunk).replies[0], expected)
         rows.append(("reconciliation (both servers)", time.perf_counter() - t0))
-        local = []
         for party in (0, 1):
             acc: dict[str, float] = {}
             with timers(acc):
-                t, loc = timed(lambda: verification.prepare(stores[party], config, party, key))
+                t, _ = timed(lambda: round_one.catch_up(stores[party], config, party, key))
+            rows.append((f"round one, server {party} (while reports arrive)", t))
+            rows.append(("  read the shares, store the batches", t - sum(acc.values())))
+            rows += [(f"  {name}", acc[name]) for name in ("decode", "eval_grid", "round_one", "column_sums")]
+        local = []
+        for party in (0, 1):
+            t, loc = timed(lambda: round_one.prepare(stores[party], config, party, key))
             local.append(loc)
-            rows.append((f"prepare, server {party}", t))
-            rows.append(("  read ids and shares, decode, concatenate", t - sum(acc.values())))
-            rows += [(f"  {name}", acc[name]) for name in ("eval_grid", "round_one", "column_sums")]
+            rows.append((f"prepare, server {party} (the batches of R, in id order)", t))
         helper = verification.Helper(local[1])
         t, verdicts = timed(lambda: verification.lead(local[0], check, key, fp, lambda m: helper.answer(check, key, fp, m)[0]))
         assert (verdicts == 0).all() and (helper.all_verdicts() == 0).all()
@@ -425,8 +445,9 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
 
 def print_profile(rows: list[tuple[str, float]], n: int, close: float | None) -> None:
     print(f"\n## 4. The verified close at n = {n:,}, replayed phase by phase in one process, one core\n")
-    print("One phase after the other on one core; in the real close both servers prepare at the same time,\n"
-          "sharing this machine's cores, and the messages go over HTTP.\n")
+    print("One phase after the other on one core. Round one is the collection's work (each server's\n"
+          "background worker, as reports arrive); the close is the rest. In the real close both servers\n"
+          "prepare at the same time, sharing this machine's cores, and the messages go over HTTP.\n")
     print(f"{'phase':<44} {'s':>8}")
     for name, t in rows:
         print(f"{name:<44} {t:>8.2f}")

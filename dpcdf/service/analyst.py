@@ -99,9 +99,10 @@ class Analyst:
             lo, hi = np.where(below & (lo < hi), mid + 1, lo), np.where(~below & (lo < hi), mid, hi)
         return self.grid.thresholds[lo]
 
-    def releases(self) -> list[Release]:
-        """One full-grid release per payload element, post-processed like the central one, knowing
-        that every value carries both servers' noise."""
+    def releases(self, postprocess_with: str = "auto") -> list[Release]:
+        """One full-grid release per payload element, post-processed like the central one
+        (`postprocess_with`, as `dpcdf.release_ecdf`'s), knowing that every value carries both
+        servers' noise."""
         mech, seen = self.mechanism, {"n": 0}
 
         def prefix_at(indices: np.ndarray) -> np.ndarray:
@@ -113,14 +114,15 @@ class Analyst:
             return counts
 
         release = mech.gather(prefix_at, nodes_at)  # the questions the mechanism's release needs
-        return [finish_release(self.grid, mech, part, seen["n"], copies=2) for part in mech.elements(release)]
+        return [finish_release(self.grid, mech, part, seen["n"], postprocess_with, copies=2) for part in mech.elements(release)]
 
-    def release(self) -> Release:
-        """The full-grid ECDF release (path: monotone; tree: consistent, then monotone); for a
-        calibration task, the ECDF of the probabilities."""
+    def release(self, postprocess_with: str = "auto") -> Release:
+        """The full-grid ECDF release (path: monotone; tree: consistent, then monotone, or another
+        `postprocess_with` of `dpcdf.release_ecdf`'s, e.g. "smooth"); for a calibration task, the
+        ECDF of the probabilities."""
         if self.config.payload == "label":
             raise DpcdfError("this task releases a ROC curve: use roc() (dpcdf.Analyst)")
-        return self.releases()[0]
+        return self.releases(postprocess_with)[0]
 
     def group_sums(self, edges) -> np.ndarray:
         """A calibration task's noisy per-group sums (n, labels, probabilities in fixed point), one row

@@ -132,6 +132,33 @@ CREATE TABLE IF NOT EXISTS histograms (
 """
 
 
+# Added without a schema version change (at every open, when missing): the report check's round one of
+# a verified task, computed while its reports arrive (`dpcdf.service.round_one`), one row per batch of
+# consecutive reports (seq first_seq .. last_seq): their ids, round-one messages, states and check
+# randomness as little-endian field elements, and the sum of their grid values.
+CHECK_SCHEMA = """
+CREATE TABLE IF NOT EXISTS check_batches (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL,
+    n INTEGER NOT NULL, ids BLOB NOT NULL, message BLOB NOT NULL, state BLOB NOT NULL, extras BLOB NOT NULL,
+    sums BLOB NOT NULL,
+    PRIMARY KEY (task_id, first_seq),
+    CHECK (first_seq <= last_seq AND n > 0)
+) STRICT
+"""
+
+
+class CheckBatch(NamedTuple):
+    """One stored batch of round-one results (see CHECK_SCHEMA): n reports, arrays as bytes."""
+    first_seq: int
+    last_seq: int
+    n: int
+    ids: bytes
+    message: bytes
+    state: bytes
+    extras: bytes
+    sums: bytes
+
+
 class SegmentFile(NamedTuple):
     """One array file of one shard of a task's segments: its shard number, array name, the shard's
     key count, its file name (relative to the task's segment directory), the file's SHA-256 (hex),
@@ -178,6 +205,7 @@ class Store:
                     if column not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
                         self.db.execute(statement)
                 self.db.execute(HISTOGRAM_SCHEMA)
+                self.db.execute(CHECK_SCHEMA)
         except BaseException:
             self.db.close()
             raise
@@ -353,25 +381,6 @@ class Store:
                     (task_id, seq, task_id))]
             return list(self._reconciled[task_id])
 
-    def reconciled_shares(self, task_id: str, size: int) -> Iterator[tuple[list[bytes], list[bytes]]]:
-        """(ids, shares) of `reconciled_ids`' reports in storage (upload) order, in lists of at most
-        `size`: a scan of the table in rowid order (reading them in id order went through the index
-        into the table at random, 4x slower at 10^6 reports)."""
-        with self.lock:
-            seq = self._frozen_seq(task_id)
-            first = self.db.execute("SELECT min(seq) FROM reports WHERE task_id = ?", (task_id,)).fetchone()[0]
-        last = -1 if first is None else first - 1
-        while True:
-            with self.lock:
-                rows = self.db.execute(
-                    "SELECT seq, report_id, key_share FROM reports WHERE seq > ? AND seq <= ? AND +task_id = ? AND "
-                    "report_id NOT IN (SELECT report_id FROM excluded WHERE task_id = ? AND reason IS NULL) "
-                    "ORDER BY seq LIMIT ?", (last, seq, task_id, task_id, int(size))).fetchall()
-            if not rows:
-                return
-            last = rows[-1][0]
-            yield [bytes(r[1]) for r in rows], [bytes(r[2]) for r in rows]
-
     def shares_by_id(self, task_id: str, ids: Sequence[bytes]) -> list[bytes]:
         """The stored shares of these report ids, in the given order (KeyError for one not stored)."""
         out = []
@@ -383,6 +392,50 @@ class Store:
                     raise KeyError(rid.hex())
                 out.append(bytes(row[0]))
         return out
+
+    def checked_upto(self, task_id: str) -> int:
+        """The last sequence number the task's stored round-one batches cover (0 if none)."""
+        with self.lock:
+            return self.db.execute("SELECT coalesce(max(last_seq), 0) FROM check_batches WHERE task_id = ?", (task_id,)).fetchone()[0]
+
+    def unchecked(self, task_id: str, limit: int) -> tuple[list[int], list[bytes], list[bytes]]:
+        """(seqs, ids, shares) of the task's next `limit` reports after `checked_upto`, in upload
+        order (up to the frozen set's last one once the collection is closed)."""
+        with self.lock:
+            after, frozen = self.checked_upto(task_id), self._state(task_id)[0]
+            rows = self.db.execute(
+                "SELECT seq, report_id, key_share FROM reports WHERE seq > max(?, (SELECT coalesce(min(seq), 1) FROM reports "
+                "WHERE task_id = ?) - 1) AND seq <= ? AND +task_id = ? ORDER BY seq LIMIT ?",
+                (after, task_id, frozen if frozen is not None else 2**62, task_id, int(limit))).fetchall()
+        return [r[0] for r in rows], [bytes(r[1]) for r in rows], [bytes(r[2]) for r in rows]
+
+    def add_check_batch(self, task_id: str, batch: CheckBatch) -> bool:
+        """Stores a round-one batch if it starts after `checked_upto` (else it was stored already, by
+        a concurrent or earlier run: nothing changes); returns whether it was stored."""
+        with self._transaction():
+            if batch.first_seq <= self.checked_upto(task_id):
+                return False
+            self.db.execute("INSERT INTO check_batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
+                            (task_id, *batch[:3], *(bytes(b) for b in batch[3:])))
+            return True
+
+    def check_batches(self, task_id: str) -> list[CheckBatch]:
+        """The task's round-one batches, in sequence order."""
+        with self.lock:
+            rows = self.db.execute("SELECT first_seq, last_seq, n, ids, message, state, extras, sums FROM check_batches "
+                                   "WHERE task_id = ? ORDER BY first_seq", (task_id,)).fetchall()
+        return [CheckBatch(*r[:3], *(bytes(b) for b in r[3:])) for r in rows]
+
+    def dropped_ids(self, task_id: str) -> list[bytes]:
+        """The reports the reconciliation dropped (excluded with no reason class)."""
+        with self.lock:
+            return [bytes(r[0]) for r in self.db.execute(
+                "SELECT report_id FROM excluded WHERE task_id = ? AND reason IS NULL", (task_id,))]
+
+    def tasks_to_check(self) -> list[tuple[str, str]]:
+        """(task id, config JSON) of every task whose report check is not done (verified or not)."""
+        with self.lock:
+            return [(r[0], r[1]) for r in self.db.execute("SELECT task_id, config FROM tasks WHERE verified_at IS NULL")]
 
     def save_histogram(self, task_id: str, set_hash: str, shape: tuple[int, ...], data: bytes) -> None:
         """Keeps this server's share of a verified task's histogram for the report set `set_hash`."""

@@ -3,10 +3,10 @@ on every reconciled report, exclude each failure (counted per reason class) iden
 their share of the histogram of the reports that passed, from which every query is answered.
 
 After the reconciliation both servers hold one report set R (its keyed hash H_R is equal on both).
-Each server evaluates every key share of R once over the whole grid (`grid_values`), which gives the
-check's input and, summed, its share of the histogram. The challenges come from a key only the two
-servers hold (a subkey of the reconciliation's K) and the context (task id, H_R): a client cannot
-predict them, and they are fixed only after its report is stored. The messages (AES-GCM under K, as
+Each server has evaluated every key share once over the whole grid while the reports arrived
+(`round_one`: the check's round one under challenges from a key only the two servers hold, and the
+sum of the grid values, its share of the histogram) and reads that back for R (`round_one.prepare`).
+The messages (AES-GCM under K, as
 `reconcile`'s; reports in the order of their ids, in chunks of about MESSAGE_ELEMENTS elements):
 5. server 0 -> 1: chunk c of its round-one messages (e_0, top_0), with H_R;
 6. server 1 -> 0 (the answer): chunk c of its round-one messages and its round-two values V_1;
@@ -42,128 +42,16 @@ from typing import Callable
 
 import numpy as np
 
-from fss import DCF, KeyBatch
 from fss import field as F
 
 from . import _sketch, reconcile
 from .reconcile import SyncError, open_sealed, seal
+from .round_one import Local, decode_shares, grid_values, keys_per_pass
 from .store import Mark, Store
 from .task import TaskConfig
 from .verify import OK, REASONS, Check
 
-MESSAGE_ELEMENTS = 1 << 21  # field elements per message (16 MiB, under the 64 MiB body limit)
-PASS_ELEMENTS = 1 << 22  # grid values evaluated at once (32 MiB, a few times that in eval_grid's buffers)
-
-
-def keys_per_pass(size: int, width: int) -> int:
-    """Keys evaluated over the grid at once: about PASS_ELEMENTS values (4096 keys at 2^10 points)."""
-    return max(16, PASS_ELEMENTS // (size * width))
 _HEAD = 4 + 4 + 8 + 32  # chunk index, chunk count, report count, H_R
-
-
-def verification_key(pair_key: bytes) -> bytes:
-    """The challenges' key: a subkey of the servers' shared K (no client or analyst can compute it)."""
-    return hmac.new(pair_key, b"verify challenges", hashlib.sha256).digest()
-
-
-def grid_values(dcf: DCF, batch: KeyBatch, size: int) -> np.ndarray:
-    """Every key's shares at grid indices 0 .. size-1: (n, size, width) uint64."""
-    y = dcf.eval_grid(batch, size)
-    return np.ascontiguousarray(y.reshape(len(batch), size, dcf.width))
-
-
-def warm_up() -> None:
-    """Compiles (or loads from numba's disk cache) what a verified close runs: the grid kernel of
-    every payload's width over F_p, and the check's sums; about 4 s the first time after an
-    install, a fraction of a second after, instead of inside the first close."""
-    for payload in ("count", "label", "calibration"):
-        check = Check(payload, 4)
-        dcf = DCF(2, width=check.width, cmp="ge", group="p61")
-        keys, _ = dcf.gen_batch(np.arange(2), 1 if check.width == 1 else np.ones((2, check.width), np.int64))
-        check.round_one(0, grid_values(dcf, keys, 4), np.zeros((2, check.extras), np.uint64), check.challenges(b"k" * 32, b"warm"))
-        _sketch.column_sums(grid_values(dcf, keys, 4))
-
-
-def decode_shares(dcf: DCF, extras: int, shares: list[bytes], party: int) -> tuple[KeyBatch, np.ndarray]:
-    """Stored shares (each a key, then `extras` field elements; checked at upload by
-    `wire.split_share`) -> (their keys as one batch, the extras (n, extras)), in one vectorized pass."""
-    size = dcf.key_size
-    try:
-        rows = np.frombuffer(b"".join(shares), np.uint8).reshape(len(shares), size + 8 * extras)
-    except ValueError:
-        raise SyncError("a stored share has the wrong length for this task") from None
-    header = np.frombuffer(dcf.params.header(party), np.uint8)
-    if (rows[:, :header.size] != header).any():
-        raise SyncError("a stored share is not a key of this task's function")
-    blob = dcf.params.header(party, batch=True) + len(shares).to_bytes(8, "little") + rows[:, header.size:size].tobytes()
-    values = np.ascontiguousarray(rows[:, size:]).view("<u8").astype(np.uint64).reshape(len(shares), extras)
-    return dcf.batch_from_bytes(blob, party), values
-
-
-@dataclass
-class Local:
-    """One server's side of the check over R: its round-one messages and state, the client's check
-    randomness, and its share of the histogram over all of R (`total`, (size, width))."""
-    ids: list[bytes]
-    context: bytes
-    extras: np.ndarray
-    message: np.ndarray
-    state: np.ndarray
-    total: np.ndarray
-
-    def chunks(self) -> list[slice]:
-        """Reports per message: MESSAGE_ELEMENTS over the elements each report sends (its round-one
-        message and, in the answer, its check values too)."""
-        n, per = len(self.ids), max(1, MESSAGE_ELEMENTS // (self.message.shape[1] + 4))
-        return [slice(s, min(s + per, n)) for s in range(0, n, per)]
-
-
-def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Local:
-    """Evaluates every reconciled key share over the grid once: round one of the check, and the sum.
-    The shares are read in storage order (a table scan); the per-report results are then put in the
-    order of the sorted ids, the order both servers use in the messages (`sorting`)."""
-    task_id, dcf, check = config.task_id, config.dcf(), config.check()
-    size = config.make_grid().size
-    ids = store.reconciled_ids(task_id)
-    raw_hash = bytes.fromhex(reconcile.set_hash(pair_key, ids))
-    context = b"%s/%d/" % (task_id.encode(), len(ids)) + raw_hash
-    ch = check.challenges(verification_key(pair_key), context)
-    total = np.zeros((size, dcf.width), np.uint64)
-    stored, messages, states, extras = [], [], [], []
-    for chunk_ids, shares in store.reconciled_shares(task_id, keys_per_pass(size, dcf.width)):
-        batch, x = decode_shares(dcf, check.extras, shares, party)
-        y = grid_values(dcf, batch, size)
-        msg, st = check.round_one(party, y, x, ch)
-        stored += chunk_ids
-        messages.append(msg)
-        states.append(st)
-        extras.append(x)
-        total = F.add(total, _sketch.column_sums(y))
-    if not ids:
-        return Local(ids, raw_hash, np.zeros((0, check.extras), np.uint64), np.zeros((0, check.opened), np.uint64),
-                     np.zeros((0, 0), np.uint64), total)
-    order = sorting(ids, stored)
-    return Local(ids, raw_hash, np.concatenate(extras)[order], np.concatenate(messages)[order],
-                 np.concatenate(states)[order], total)
-
-
-def sorting(ids: list[bytes], stored: list[bytes]) -> np.ndarray:
-    """The permutation that takes `stored` (R's ids in storage order) to `ids` (R's ids sorted
-    bytewise, `Store.reconciled_ids`): a lexicographic sort of the ids as big-endian 64-bit words.
-    SyncError if they are not the same set of equal-length ids (the set changed between the two
-    reads): never a report checked at another's position."""
-    width = len(ids[0])
-    raw = b"".join(stored)
-    if len(stored) != len(ids) or len(raw) != width * len(ids) or len(b"".join(ids)) != len(raw):
-        raise SyncError("the stored report set changed while the check read it")
-    words = -(-width // 8)
-    padded = np.zeros((len(ids), 8 * words), np.uint8)
-    padded[:, :width] = np.frombuffer(raw, np.uint8).reshape(len(ids), width)
-    cols = padded.view(">u8").reshape(len(ids), words)
-    order = np.lexsort(cols.T[::-1])
-    if np.frombuffer(raw, np.uint8).reshape(len(ids), width)[order].tobytes() != b"".join(ids):
-        raise SyncError("the stored report set changed while the check read it")
-    return order
 
 
 def _rows(data: bytes, rows: int, what: str) -> np.ndarray:

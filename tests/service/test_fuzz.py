@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from dpcdf.service import reconcile, verification
+from dpcdf.service import reconcile, round_one, verification
 from dpcdf.service.client import make_reports
 from dpcdf.service.server import create_app
 from dpcdf.service.task import TaskConfig, token_hash
@@ -123,8 +123,8 @@ def _check_reports(apps, config: TaskConfig) -> None:
     """The close's report check (`verification`) between two in-process servers, messages passed directly."""
     servers = [app.state.server for app in apps]
     key, fp, check = servers[0].task(config.task_id).pair_key, config.fingerprint, config.check()
-    local0 = verification.prepare(servers[0].store, config, 0, key)
-    helper = verification.Helper(verification.prepare(servers[1].store, config, 1, key))
+    local0 = round_one.prepare(servers[0].store, config, 0, key)
+    helper = verification.Helper(round_one.prepare(servers[1].store, config, 1, key))
     verdicts = verification.lead(local0, check, key, fp, lambda m: helper.answer(check, key, fp, m)[0])
     for party, local, v in ((0, local0, verdicts), (1, helper.local, helper.all_verdicts())):
         assert not v.any()  # honest reports

@@ -364,26 +364,6 @@ def test_a_store_from_before_verification_gains_its_columns_and_keeps_its_rows(t
         store.close()
 
 
-def test_reconciled_shares_come_in_upload_order_without_other_tasks_or_dropped_reports(store):
-    """The check reads its shares by a scan in storage order, `size` at a time: exactly the reports of
-    `reconciled_ids` (the reconciliation's drops left out, the check's exclusions kept), none of
-    another task's interleaved with them."""
-    store.add_task("other", "{}", b"\x00", b"\x00")
-    order = [7, 3, 11, 0, 5, 9, 2, 8]
-    for i in order:
-        store.add_many(TASK, [(rid(i), share(i))])
-        store.add_many("other", [(rid(100 + i), share(100 + i))])
-    store.freeze(TASK, set_hash)
-    store.exclude(TASK, [rid(11)], set_hash)  # a reconciliation drop
-    store.exclude(TASK, [rid(5)], set_hash, reason="weight")  # the check's: still checked
-    chunks = list(store.reconciled_shares(TASK, 3))
-    assert [len(ids) for ids, _ in chunks] == [3, 3, 1]
-    ids = [r for chunk, _ in chunks for r in chunk]
-    assert ids == [rid(i) for i in order if i != 11]
-    assert [s for _, shares in chunks for s in shares] == [share(i) for i in order if i != 11]
-    assert sorted(ids) == store.reconciled_ids(TASK)
-
-
 def test_reconciled_ids_follow_every_exclusion_although_kept_in_memory(store):
     store.add_many(TASK, [(rid(i), share(i)) for i in range(5)])
     store.freeze(TASK, set_hash)

@@ -347,6 +347,9 @@ def test_add_remove_tasks_do_not_reveal_the_number_of_reports(servers):
         http("POST", f"{config.servers[0]}/tasks/{config.task_id}/query", ('{"kind": "nodes", "level": %d}' % root).encode(), token)
     rel = Analyst(config, token).release()
     assert np.isfinite(rel.total)  # estimated from the noisy counts, not read off the server
+    smooth = Analyst(config, token).release(postprocess_with="smooth")  # the same answers, post-processed
+    np.testing.assert_array_equal(smooth.fitted, rel.fitted)
+    assert np.all(np.diff(smooth.counts) >= 0) and smooth.statement == rel.statement
 
 
 def test_the_first_query_closes_collection_so_differences_leak_nothing(servers):

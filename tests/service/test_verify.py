@@ -724,9 +724,9 @@ def test_exhaustive_calibration_joint():
 
 def test_a_hundred_thousand_honest_reports_all_pass_through_the_servers_code_path():
     """Issue 12: 10^5 honest count reports (real p61 keys from the client's code, a 50-point grid on a
-    6-bit domain), checked exactly as the servers do at the close (`verification.decode_shares`,
+    6-bit domain), checked exactly as the servers do at the close (`round_one.decode_shares`,
     `grid_values`, `Check`): none is excluded, and the histogram shares add up to the exact counts."""
-    from dpcdf.service import _sketch, verification
+    from dpcdf.service import _sketch, round_one
     from dpcdf.service.task import TaskConfig
     from dpcdf.service.wire import join_share
 
@@ -745,8 +745,8 @@ def test_a_hundred_thousand_honest_reports_all_pass_through_the_servers_code_pat
         rows = np.frombuffer(body, np.uint8).reshape(n, -1)
         shares = [head + rows[i].tobytes() + extras[party][i].astype("<u8").tobytes() for i in range(n)]
         assert shares[7] == join_share(keys[party][7].to_bytes(), extras[party][7])
-        batch, x = verification.decode_shares(dcf, check.extras, shares, party)
-        y = verification.grid_values(dcf, batch, size)
+        batch, x = round_one.decode_shares(dcf, check.extras, shares, party)
+        y = round_one.grid_values(dcf, batch, size)
         parts.append((check.round_one(party, y, x, ch), x))
         hist.append(_sketch.column_sums(y))
     opened = F.add(parts[0][0][0], parts[1][0][0])
@@ -764,7 +764,7 @@ def test_sorting_takes_storage_order_to_the_sorted_ids():
     import secrets
 
     from dpcdf.service.reconcile import SyncError
-    from dpcdf.service.verification import sorting
+    from dpcdf.service.round_one import sorting
 
     ids = sorted({secrets.token_bytes(16) for _ in range(200)} | {bytes(16), bytes(15) + b"\x01", b"\x01" + bytes(15),
                                                                    b"\xff" * 16, b"\xff" * 15 + b"\x00"})

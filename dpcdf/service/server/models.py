@@ -20,6 +20,8 @@ class Health(BaseModel):
     party: int
     status: Literal["ok"] = "ok"
     warm: bool = Field(description="whether the kernels are compiled (answers before are slower)")
+    checking: bool = Field(False, description="whether round one of verified tasks' reports has work queued or running "
+                                              "(a close now waits for it)")
 
 
 class Hpke(BaseModel):

@@ -6,6 +6,7 @@ No request holds a server-wide lock while it works: a task's state is built outs
 (once per task id), and one task's close or query never waits for another task's."""
 from __future__ import annotations
 
+import logging
 import os
 import secrets
 import threading
@@ -17,7 +18,7 @@ from fss import KeyBatch, backend
 
 import numpy as np
 
-from .. import reconcile, verification
+from .. import reconcile, round_one, verification
 from ..aggregate import Aggregator, Histogram
 from .. import segments
 from ..files import write_secret
@@ -26,6 +27,8 @@ from ..store import Store
 from ..task import TaskConfig, token_hash
 from ...errors import DpcdfError
 from .errors import HttpError
+
+log = logging.getLogger("dpcdf.server")
 
 
 class TaskState:
@@ -53,7 +56,7 @@ class TaskState:
         once (started in the background when its reconciliation ends, `prepare_in_background`)."""
         with self._preparing:
             if self._checking is None:  # R changes only by reconciliation drops, which forget it (`forget_keys`)
-                self._checking = verification.Helper(verification.prepare(store, self.config, self.party, self.pair_key))
+                self._checking = verification.Helper(round_one.prepare(store, self.config, self.party, self.pair_key))
             return self._checking
 
     def prepare_in_background(self, store: Store) -> None:
@@ -111,6 +114,54 @@ class TaskState:
 
     def set_hash(self, ids: list[bytes]) -> str:
         return reconcile.set_hash(self.pair_key, ids)
+
+
+class Checker:
+    """Round one of verified tasks' reports while they arrive (`round_one`), in one background
+    thread: an upload wakes it for its task; at start it takes every task whose check is not done
+    (reports stored while the server was down, or before this version). A close catches up on what
+    is left itself (`round_one.prepare`), so the worker only moves work out of the close; a failure
+    here is logged and retried at the next upload or close, never lost."""
+
+    def __init__(self, server: "Server"):
+        self.server = server
+        self._pending: set[str] = set()
+        self._wake = threading.Condition()
+        self.busy = False
+        threading.Thread(target=self._run, name="round-one", daemon=True).start()
+
+    def wake(self, task_id: str) -> None:
+        with self._wake:
+            self._pending.add(task_id)
+            self._wake.notify()
+
+    def backlog(self) -> bool:
+        """Whether round one has work queued or running (what /health shows as `checking`)."""
+        with self._wake:
+            return bool(self._pending) or self.busy
+
+    def _run(self) -> None:
+        try:
+            for task_id, config in self.server.store.tasks_to_check():
+                if TaskConfig.from_json(config).verify:
+                    self.wake(task_id)
+        except Exception:  # noqa: BLE001 - a store that cannot be read fails the requests, not this thread
+            log.exception("round one: cannot list the tasks to check")
+        while True:
+            with self._wake:
+                while not self._pending:
+                    self._wake.wait()
+                task_id = self._pending.pop()
+                self.busy = True
+            try:
+                st = self.server.task(task_id)
+                if st.config.verify and not self.server.store.marked(task_id, "verified"):
+                    round_one.catch_up(self.server.store, st.config, self.server.party, st.pair_key)
+            except Exception:  # noqa: BLE001 - retried at the next upload or at the close
+                log.exception("round one of task %s failed; the close will do it", task_id)
+            finally:
+                with self._wake:
+                    self.busy = False
 
 
 def pair_key(config: TaskConfig, party: int, keys: ServerKeys) -> bytes:
@@ -202,6 +253,7 @@ class Server:
         self._tasks: dict[str, TaskState] = {}
         self._building: dict[str, threading.Lock] = {}  # per task id: one build at a time, others unaffected
         self._tasks_lock = threading.Lock()  # guards the two dicts only, never held while a task is built
+        self.checker = Checker(self)
 
     def close(self) -> None:
         """Disconnects from the Dask cluster (and stops a local one), if any."""
@@ -213,7 +265,7 @@ class Server:
         """Compiles the kernels in the background, while reports arrive."""
         def run() -> None:
             backend.warm_up()
-            verification.warm_up()
+            round_one.warm_up()
             self.warm.set()
 
         threading.Thread(target=run, name="warm-up", daemon=True).start()

@@ -1,4 +1,5 @@
-"""GET /health (is the server up, are its kernels compiled) and GET /hpke (its public keys)."""
+"""GET /health (is the server up, are its kernels compiled, is round one of verified reports still
+running) and GET /hpke (its public keys)."""
 from __future__ import annotations
 
 from fastapi import APIRouter
@@ -12,7 +13,7 @@ router = APIRouter(tags=["health"])
 
 @router.get("/health", response_model=Health)
 def health(srv: ServerDep) -> Health:
-    return Health(party=srv.party, warm=srv.warm.is_set())
+    return Health(party=srv.party, warm=srv.warm.is_set(), checking=srv.checker.backlog())
 
 
 @router.get("/hpke", response_model=Hpke)

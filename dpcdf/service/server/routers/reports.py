@@ -36,6 +36,8 @@ def upload(task_id: str, srv: ServerDep, st: TaskDep, raw: RawBody) -> Accepted:
         raise HttpError(409, CLOSED) from None
     if not added:
         raise HttpError(409, "duplicate report id: already stored and counted once")
+    if st.config.verify:
+        srv.checker.wake(task_id)
     return Accepted()
 
 
@@ -52,6 +54,8 @@ def upload_batch(task_id: str, srv: ServerDep, st: TaskDep, raw: RawBody) -> Bat
         added = srv.store.add_many(task_id, good) if good else 0
     except CollectionClosed:
         raise HttpError(409, CLOSED) from None
+    if added and st.config.verify:
+        srv.checker.wake(task_id)  # round one of these reports now, not at the close
     return BatchAccepted(accepted=added, duplicates=len(good) - added, rejected=rejected)
 
 

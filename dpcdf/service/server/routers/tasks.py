@@ -9,7 +9,7 @@ import time
 from fastapi import APIRouter, Response
 
 from ....errors import DpcdfError
-from ... import reconcile, verification
+from ... import reconcile, round_one, verification
 from ...hpke import public_key
 from ...http import ServerError, fetch
 from ...store import AlreadyAnswered
@@ -107,7 +107,7 @@ def _check_reports(srv: Server, st: TaskState, helper: str) -> None:
     store, config, key, fp = srv.store, st.config, st.pair_key, st.config.fingerprint
     if store.marked(config.task_id, "verified"):
         return
-    local = verification.prepare(store, config, 0, key)
+    local = round_one.prepare(store, config, 0, key)
     try:
         verdicts = verification.lead(local, config.check(), key, fp, lambda m: _peer(helper, m, patient=True))
         mine = verification.finish(store, config, 0, key, local, verdicts)

@@ -1,0 +1,203 @@
+"""Round one of the report check of a verified task (`verify.Check`), computed while its reports
+arrive: each server evaluates every key share it stores over the whole grid once, in batches of
+consecutive reports, and keeps per report only its round-one message, state and check randomness
+(a few field elements), plus the sum of the batch's grid values (its share of their histogram).
+At the close, `prepare` reads the batches back for the reconciled set R (the reports of a batch
+that the reconciliation dropped are left out and their grid values subtracted), so the close itself
+no longer evaluates a key (issue 12: a close of 10^6 reports is its messages, not 10^6 grid walks).
+
+The challenges: both servers derive them from a subkey of their shared K and the task id only
+(`challenges`), so they are the same for every batch on both servers however the batches are cut.
+Security, next to what `verification` states for the exchange:
+- A malicious client cannot predict them: K comes from the two servers' X25519 keys (`reconcile`)
+  and no client, and no analyst, holds it; nothing a server sends before the close depends on them
+  (the round-one values are opened only in the close's messages), so a client learns nothing about
+  them before or after its upload that it could use in this task. Its report is a function of its
+  own choices, independent of the challenges, which is all the check's soundness needs (error at
+  most 2/p per report, docs/verification.md). The earlier design fixed them only at the close (from
+  H_R); that also kept them from a server colluding with a client, which buys nothing: a server
+  can move the release by itself (it can add anything to its own answers), so robustness against
+  clients presumes two honest servers, as in Prio3, whose verification key is likewise fixed per task.
+- The stored values leak nothing new: a server already holds the key shares they are computed from.
+- Re-running is safe: batches are consecutive ranges of the task's reports; a batch is stored only if
+  it starts after the last stored one (`Store.add_check_batch`), so a concurrent or repeated run
+  stores nothing twice, and everything is a deterministic function of the shares and K.
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+
+from fss import DCF, KeyBatch
+from fss import field as F
+
+from . import _sketch, reconcile
+from .reconcile import SyncError
+from .store import CheckBatch, Store
+from .task import TaskConfig
+from .verify import Check
+
+MESSAGE_ELEMENTS = 1 << 21  # field elements per message (16 MiB, under the 64 MiB body limit)
+PASS_ELEMENTS = 1 << 22  # grid values evaluated at once (32 MiB, a few times that in eval_grid's buffers)
+
+
+def keys_per_pass(size: int, width: int) -> int:
+    """Keys evaluated over the grid at once: about PASS_ELEMENTS values (4096 keys at 2^10 points)."""
+    return max(16, PASS_ELEMENTS // (size * width))
+
+
+def verification_key(pair_key: bytes) -> bytes:
+    """The challenges' key: a subkey of the servers' shared K (no client or analyst can compute it)."""
+    return hmac.new(pair_key, b"verify challenges", hashlib.sha256).digest()
+
+
+def challenges(check: Check, pair_key: bytes, task_id: str):
+    """The task's challenges, the same on both servers for every batch (see the module docstring)."""
+    return check.challenges(verification_key(pair_key), b"dpcdf round one/" + task_id.encode())
+
+
+def grid_values(dcf: DCF, batch: KeyBatch, size: int) -> np.ndarray:
+    """Every key's shares at grid indices 0 .. size-1: (n, size, width) uint64."""
+    y = dcf.eval_grid(batch, size)
+    return np.ascontiguousarray(y.reshape(len(batch), size, dcf.width))
+
+
+def warm_up() -> None:
+    """Compiles (or loads from numba's disk cache) what a verified close runs: the grid kernel of
+    every payload's width over F_p, and the check's sums; about 4 s the first time after an
+    install, a fraction of a second after, instead of inside the first close."""
+    for payload in ("count", "label", "calibration"):
+        check = Check(payload, 4)
+        dcf = DCF(2, width=check.width, cmp="ge", group="p61")
+        keys, _ = dcf.gen_batch(np.arange(2), 1 if check.width == 1 else np.ones((2, check.width), np.int64))
+        check.round_one(0, grid_values(dcf, keys, 4), np.zeros((2, check.extras), np.uint64), check.challenges(b"k" * 32, b"warm"))
+        _sketch.column_sums(grid_values(dcf, keys, 4))
+
+
+def decode_shares(dcf: DCF, extras: int, shares: list[bytes], party: int) -> tuple[KeyBatch, np.ndarray]:
+    """Stored shares (each a key, then `extras` field elements; checked at upload by
+    `wire.split_share`) -> (their keys as one batch, the extras (n, extras)), in one vectorized pass."""
+    size = dcf.key_size
+    try:
+        rows = np.frombuffer(b"".join(shares), np.uint8).reshape(len(shares), size + 8 * extras)
+    except ValueError:
+        raise SyncError("a stored share has the wrong length for this task") from None
+    header = np.frombuffer(dcf.params.header(party), np.uint8)
+    if (rows[:, :header.size] != header).any():
+        raise SyncError("a stored share is not a key of this task's function")
+    blob = dcf.params.header(party, batch=True) + len(shares).to_bytes(8, "little") + rows[:, header.size:size].tobytes()
+    values = np.ascontiguousarray(rows[:, size:]).view("<u8").astype(np.uint64).reshape(len(shares), extras)
+    return dcf.batch_from_bytes(blob, party), values
+
+
+@dataclass
+class Local:
+    """One server's side of the check over R: its round-one messages and state, the client's check
+    randomness, and its share of the histogram over all of R (`total`, (size, width))."""
+    ids: list[bytes]
+    context: bytes
+    extras: np.ndarray
+    message: np.ndarray
+    state: np.ndarray
+    total: np.ndarray
+
+    def chunks(self) -> list[slice]:
+        """Reports per message: MESSAGE_ELEMENTS over the elements each report sends (its round-one
+        message and, in the answer, its check values too)."""
+        n, per = len(self.ids), max(1, MESSAGE_ELEMENTS // (self.message.shape[1] + 4))
+        return [slice(s, min(s + per, n)) for s in range(0, n, per)]
+
+
+
+
+def step(store: Store, config: TaskConfig, party: int, pair_key: bytes, limit: int | None = None) -> int:
+    """Round one for the task's next stored reports not yet in a batch (one pass at most): evaluates
+    their keys over the grid and stores the batch. Returns how many reports it took (0: caught up)."""
+    task_id, dcf, check = config.task_id, config.dcf(), config.check()
+    size = config.make_grid().size
+    seqs, ids, shares = store.unchecked(task_id, limit or keys_per_pass(size, dcf.width))
+    if not ids:
+        return 0
+    batch, x = decode_shares(dcf, check.extras, shares, party)
+    y = grid_values(dcf, batch, size)
+    msg, st = check.round_one(party, y, x, challenges(check, pair_key, task_id))
+    le = lambda a: np.ascontiguousarray(a, dtype="<u8").tobytes()  # noqa: E731
+    store.add_check_batch(task_id, CheckBatch(seqs[0], seqs[-1], len(ids), b"".join(ids), le(msg), le(st), le(x),
+                                              le(_sketch.column_sums(y))))
+    return len(ids)
+
+
+_locks: dict[tuple[str, str], threading.Lock] = {}
+_locks_guard = threading.Lock()
+
+
+def lock(store: Store, task_id: str) -> threading.Lock:
+    """One round-one run at a time per task and store (the background worker and a close)."""
+    with _locks_guard:
+        return _locks.setdefault((str(store.path), task_id), threading.Lock())
+
+
+def catch_up(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> int:
+    """Round one for every stored report of the task not yet in a batch; returns how many."""
+    done = 0
+    with lock(store, config.task_id):
+        while (k := step(store, config, party, pair_key)):
+            done += k
+    return done
+
+
+def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Local:
+    """After the reconciliation: every report of R's round one (catching up first), in the order
+    of the sorted ids (both servers' order in the messages), and the sum of R's grid values."""
+    task_id, dcf, check = config.task_id, config.dcf(), config.check()
+    size = config.make_grid().size
+    catch_up(store, config, party, pair_key)
+    ids = store.reconciled_ids(task_id)
+    raw_hash = bytes.fromhex(reconcile.set_hash(pair_key, ids))
+    batches = store.check_batches(task_id)
+    total = np.zeros((size, dcf.width), np.uint64)
+    if not ids:
+        return Local(ids, raw_hash, np.zeros((0, check.extras), np.uint64), np.zeros((0, check.opened), np.uint64),
+                     np.zeros((0, 0), np.uint64), total)
+    n = sum(b.n for b in batches)
+    width = len(ids[0])
+    stored = np.frombuffer(b"".join(b.ids for b in batches), np.uint8).reshape(n, width) if n else np.zeros((0, width), np.uint8)
+    cols = lambda field, k: np.frombuffer(b"".join(getattr(b, field) for b in batches), "<u8").astype(np.uint64).reshape(n, k) if n else np.zeros((0, k), np.uint64)  # noqa: E731,E501
+    message, extras = cols("message", check.opened), cols("extras", check.extras)
+    state = cols("state", (sum(len(b.state) for b in batches) // 8) // max(n, 1))
+    for b in batches:
+        total = F.add(total, np.frombuffer(b.sums, "<u8").astype(np.uint64).reshape(size, dcf.width))
+    dropped = store.dropped_ids(task_id)
+    keep = np.ones(n, bool)
+    if dropped:  # the reconciliation's drops: out of R, their grid values out of the sum
+        keep = ~np.isin(np.frombuffer(stored.tobytes(), f"S{width}"), np.frombuffer(b"".join(dropped), f"S{width}"))
+        gone = [bytes(stored[k]) for k in np.flatnonzero(~keep)]
+        for start in range(0, len(gone), keys_per_pass(size, dcf.width)):
+            batch, _ = decode_shares(dcf, check.extras, store.shares_by_id(task_id, gone[start:start + keys_per_pass(size, dcf.width)]), party)
+            total = F.sub(total, _sketch.column_sums(grid_values(dcf, batch, size)))
+    kept = stored[keep]
+    order = sorting(ids, [bytes(row) for row in kept])
+    return Local(ids, raw_hash, extras[keep][order], message[keep][order], state[keep][order], total)
+
+
+def sorting(ids: list[bytes], stored: list[bytes]) -> np.ndarray:
+    """The permutation that takes `stored` (R's ids in storage order) to `ids` (R's ids sorted
+    bytewise, `Store.reconciled_ids`): a lexicographic sort of the ids as big-endian 64-bit words.
+    SyncError if they are not the same set of equal-length ids (the set changed between the two
+    reads): never a report checked at another's position."""
+    width = len(ids[0])
+    raw = b"".join(stored)
+    if len(stored) != len(ids) or len(raw) != width * len(ids) or len(b"".join(ids)) != len(raw):
+        raise SyncError("the stored report set changed while the check read it")
+    words = -(-width // 8)
+    padded = np.zeros((len(ids), 8 * words), np.uint8)
+    padded[:, :width] = np.frombuffer(raw, np.uint8).reshape(len(ids), width)
+    cols = padded.view(">u8").reshape(len(ids), words)
+    order = np.lexsort(cols.T[::-1])
+    if np.frombuffer(raw, np.uint8).reshape(len(ids), width)[order].tobytes() != b"".join(ids):
+        raise SyncError("the stored report set changed while the check read it")
+    return order
