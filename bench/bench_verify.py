@@ -428,7 +428,7 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
         for party in (0, 1):
             t, loc = timed(lambda: round_one.prepare(stores[party], config, party, key))
             local.append(loc)
-            rows.append((f"prepare, server {party} (the batches of R, in id order)", t))
+            rows.append((f"prepare, server {party} (batches of R, id order)", t))
         helper = verification.Helper(local[1])
         t, verdicts = timed(lambda: verification.lead(local[0], check, key, fp, lambda m: helper.answer(check, key, fp, m)[0]))
         assert (verdicts == 0).all() and (helper.all_verdicts() == 0).all()
