@@ -191,8 +191,6 @@ def release_ecdf(
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     if v.size == 0:
         raise ParameterError("need at least one value")
-    if postprocess_with not in POSTPROCESS:
-        raise ParameterError(f"postprocess_with must be one of {POSTPROCESS}, got {postprocess_with!r}")
     prefix = prefix_counts(v, grid)
     if mech is None:
         mech = _mechanism(mechanism, grid.size, epsilon, relation)
@@ -211,6 +209,8 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     interpolated between the ends of the tree level whose unbiased risk estimate is least,
     `smoothing`; then the monotone fit). All of them are post-processing of the one release: no
     privacy cost."""
+    if postprocess_with not in POSTPROCESS:
+        raise ParameterError(f"postprocess_with must be one of {POSTPROCESS}, got {postprocess_with!r}")
     raw, fitted = mech.estimate(noisy, copies)
     if postprocess_with == "sparse":  # post-processing of the same release: no privacy cost
         if not isinstance(mech, TreeMechanism):
