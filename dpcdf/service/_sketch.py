@@ -1,10 +1,14 @@
 """The verification's hot loop (numba): per report, the weighted sums of its grid values that the
-check needs (and, for count/label, its top entry), in F_p (p = 2^61 - 1). See `verify.Check.round_one`."""
+check needs (and, for count/label, its top entry), in F_p (p = 2^61 - 1). See `verify.Check.round_one`.
+
+Single-threaded on purpose: the servers run them in their round-one worker thread while other
+threads serve requests, and numba's "workqueue" threading layer (where neither TBB nor OpenMP is
+installed) aborts the process when two threads launch parallel kernels at once."""
 from __future__ import annotations
 
 import numpy as np
 from llvmlite import ir
-from numba import njit, prange, types
+from numba import njit, types
 from numba.extending import intrinsic
 
 _P = np.uint64((1 << 61) - 1)
@@ -41,7 +45,7 @@ def _fold128(lo, hi):
     return _fold((lo & _P) + (lo >> np.uint64(61)) + ((hi << np.uint64(3)) & _P) + (hi >> np.uint64(58)))
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def sketch(y, wz, wl, one):
     """y (n, N, w) canonical; wz, wl (N, w): z[k] = sum y[k] * wz, l[k] = sum y[k] * wl, and
     top[k] = one - sum_c y[k, N-1, c] (mod p).
@@ -56,7 +60,7 @@ def sketch(y, wz, wl, one):
     z = np.empty(n, np.uint64)
     l = np.empty(n, np.uint64)
     top = np.empty(n, np.uint64)
-    for k in prange(n):
+    for k in range(n):
         zl = zh = ll = lh = np.uint64(0)
         for j in range(m):
             v = yf[k, j]
@@ -97,7 +101,7 @@ def column_sums(y):
 
 
 
-@njit(parallel=True, cache=True)
+@njit(cache=True)
 def sketch_calibration(y, w):
     """The four weighted sums of a calibration report's check (`verify.Check`, payload
     "calibration"): y (n, N, 3) canonical grid values of the components (1, label, q), w (N, 5)
@@ -107,7 +111,7 @@ def sketch_calibration(y, w):
     n, size, width = y.shape
     res = np.empty((n, 4), np.uint64)
     half = FOLD_EVERY // 2  # z and l take two products per grid point
-    for k in prange(n):
+    for k in range(n):
         zl = zh = ll = lh = al = ah = ul = uh = np.uint64(0)
         for i in range(size):
             y0 = y[k, i, 0]

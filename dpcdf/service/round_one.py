@@ -19,6 +19,9 @@ Security, next to what `verification` states for the exchange:
   can move the release by itself (it can add anything to its own answers), so robustness against
   clients presumes two honest servers, as in Prio3, whose verification key is likewise fixed per task.
 - The stored values leak nothing new: a server already holds the key shares they are computed from.
+- Cost: a report that reached one server only is evaluated there twice (in its batch, and again at
+  the close to subtract it); a client that uploads to one server only spends half an honest
+  client's sealing work on it (`tests/service/test_review_round_one.py` pins this).
 - Re-running is safe: batches are consecutive ranges of the task's reports; a batch is stored only if
   it starts after the last stored one (`Store.add_check_batch`), so a concurrent or repeated run
   stores nothing twice, and everything is a deterministic function of the shares and K.
