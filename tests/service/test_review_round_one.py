@@ -5,7 +5,8 @@ the close), consistency of the stored batches (other tasks interleaved, drops, c
 a server killed while its worker runs, stores without check_batches or with a batch lost), and the
 worker itself. Real server processes on loopback (noise off) where it matters.
 
-A test marked `# BUG:` asserts the correct behaviour and fails on the code as reviewed."""
+A test marked `# BUG:` asserted the correct behaviour and failed on the code as reviewed (fixed in
+77735fa: the check kernels are single-threaded)."""
 from __future__ import annotations
 
 import os
@@ -386,7 +387,7 @@ def test_the_worker_survives_a_failing_round_one_and_takes_the_next_wake(monkeyp
 
 
 def test_client_uploads_do_not_crash_a_server_whose_numba_threading_layer_is_not_threadsafe(tmp_path):
-    # BUG: round one now runs numba parallel kernels (`_sketch.sketch`) in the background worker on
+    # BUG (fixed in 77735fa): round one ran numba parallel kernels (`_sketch.sketch`) in the background worker on
     # every upload to a verified task. Numba's default layer where neither TBB nor OpenMP is
     # installed (workqueue; forced here) aborts the whole process on concurrent parallel launches,
     # so any client's upload during an analyst's query of another task (eval_sum, parallel), a
