@@ -185,25 +185,23 @@ def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Lo
         for start in range(0, len(gone), keys_per_pass(size, dcf.width)):
             batch, _ = decode_shares(dcf, check.extras, store.shares_by_id(task_id, gone[start:start + keys_per_pass(size, dcf.width)]), party)
             total = F.sub(total, _sketch.column_sums(grid_values(dcf, batch, size)))
-    kept = stored[keep]
-    order = sorting(ids, [bytes(row) for row in kept])
+    order = sorting(ids, stored[keep])
     return Local(ids, raw_hash, extras[keep][order], message[keep][order], state[keep][order], total)
 
 
-def sorting(ids: list[bytes], stored: list[bytes]) -> np.ndarray:
-    """The permutation that takes `stored` (R's ids in storage order) to `ids` (R's ids sorted
-    bytewise, `Store.reconciled_ids`): a lexicographic sort of the ids as big-endian 64-bit words.
-    SyncError if they are not the same set of equal-length ids (the set changed between the two
-    reads): never a report checked at another's position."""
-    width = len(ids[0])
-    raw = b"".join(stored)
-    if len(stored) != len(ids) or len(raw) != width * len(ids) or len(b"".join(ids)) != len(raw):
+def sorting(ids: list[bytes], stored: np.ndarray) -> np.ndarray:
+    """The permutation that takes `stored` (R's ids in storage order, (n, width) uint8 rows) to `ids`
+    (R's ids sorted bytewise, `Store.reconciled_ids`): a lexicographic sort of the ids as big-endian
+    64-bit words. SyncError if they are not the same set of equal-length ids (the set changed
+    between the two reads): never a report checked at another's position."""
+    n, width = stored.shape
+    raw = b"".join(ids)
+    if n != len(ids) or len(raw) != width * n:
         raise SyncError("the stored report set changed while the check read it")
     words = -(-width // 8)
-    padded = np.zeros((len(ids), 8 * words), np.uint8)
-    padded[:, :width] = np.frombuffer(raw, np.uint8).reshape(len(ids), width)
-    cols = padded.view(">u8").reshape(len(ids), words)
-    order = np.lexsort(cols.T[::-1])
-    if np.frombuffer(raw, np.uint8).reshape(len(ids), width)[order].tobytes() != b"".join(ids):
+    padded = np.zeros((n, 8 * words), np.uint8)
+    padded[:, :width] = stored
+    order = np.lexsort(padded.view(">u8").reshape(n, words).T[::-1])
+    if stored[order].tobytes() != raw:
         raise SyncError("the stored report set changed while the check read it")
     return order

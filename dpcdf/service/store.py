@@ -280,11 +280,15 @@ class Store:
             if done is not None:
                 return done
             self._state(task_id)  # raises UnknownTask
-            rows = self.db.execute("SELECT seq, report_id FROM reports WHERE task_id = ?", (task_id,)).fetchall()
-            fixed = Frozen(max((r[0] for r in rows), default=0), len(rows), set_hash([bytes(r[1]) for r in rows]))
+            rows = self.db.execute("SELECT seq, report_id FROM reports WHERE task_id = ? ORDER BY report_id", (task_id,)).fetchall()
+            ids = [bytes(r[1]) for r in rows]
+            fixed = Frozen(max((r[0] for r in rows), default=0), len(rows), set_hash(ids))
             self.db.execute("UPDATE tasks SET frozen_seq = ?, report_count = ?, set_hash = ?, closed_at = ? WHERE task_id = ?",
                             (*fixed, time.time(), task_id))
-            return fixed
+            clean = self.db.execute("SELECT 1 FROM excluded WHERE task_id = ? LIMIT 1", (task_id,)).fetchone() is None
+        if clean:  # committed, and nothing excluded yet: these sorted ids are `reconciled_ids` (read once, not twice)
+            self._reconciled[task_id] = ids
+        return fixed
 
     def frozen_ids(self, task_id: str) -> list[bytes]:
         """The report ids of the closed set (excluded ones left out), in upload order. Raises
@@ -403,10 +407,13 @@ class Store:
         order (up to the frozen set's last one once the collection is closed)."""
         with self.lock:
             after, frozen = self.checked_upto(task_id), self._state(task_id)[0]
+            if not after:  # the first batch: start at the task's first report (a scan of its index, once)
+                first = self.db.execute("SELECT min(seq) FROM reports WHERE task_id = ?", (task_id,)).fetchone()[0]
+                after = (first or 1) - 1
+            # plain bounds (no subquery in the range), so SQLite reads the rowid range, not the whole table
             rows = self.db.execute(
-                "SELECT seq, report_id, key_share FROM reports WHERE seq > max(?, (SELECT coalesce(min(seq), 1) FROM reports "
-                "WHERE task_id = ?) - 1) AND seq <= ? AND +task_id = ? ORDER BY seq LIMIT ?",
-                (after, task_id, frozen if frozen is not None else 2**62, task_id, int(limit))).fetchall()
+                "SELECT seq, report_id, key_share FROM reports WHERE seq > ? AND seq <= ? AND +task_id = ? ORDER BY seq LIMIT ?",
+                (after, frozen if frozen is not None else 2**62, task_id, int(limit))).fetchall()
         return [r[0] for r in rows], [bytes(r[1]) for r in rows], [bytes(r[2]) for r in rows]
 
     def add_check_batch(self, task_id: str, batch: CheckBatch) -> bool:

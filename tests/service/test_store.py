@@ -365,8 +365,13 @@ def test_a_store_from_before_verification_gains_its_columns_and_keeps_its_rows(t
 
 
 def test_reconciled_ids_follow_every_exclusion_although_kept_in_memory(store):
-    store.add_many(TASK, [(rid(i), share(i)) for i in range(5)])
-    store.freeze(TASK, set_hash)
+    store.add_many(TASK, [(rid(i), share(i)) for i in (3, 0, 4, 1, 2)])
+    store.freeze(TASK, set_hash)  # keeps its sorted ids as reconciled_ids: the same as SQLite's order
+    fresh = Store(store.path)
+    try:
+        assert fresh.reconciled_ids(TASK) == store.reconciled_ids(TASK) == [rid(i) for i in range(5)]
+    finally:
+        fresh.close()
     first = store.reconciled_ids(TASK)
     first.clear()  # a caller's list is its own
     assert store.reconciled_ids(TASK) == [rid(i) for i in range(5)]

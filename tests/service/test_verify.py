@@ -770,10 +770,11 @@ def test_sorting_takes_storage_order_to_the_sorted_ids():
                                                                    b"\xff" * 16, b"\xff" * 15 + b"\x00"})
     stored = ids[:]
     random.Random(3).shuffle(stored)
-    order = sorting(ids, stored)
+    rows = lambda ids: np.frombuffer(b"".join(ids), np.uint8).reshape(len(ids), -1)  # noqa: E731
+    order = sorting(ids, rows(stored))
     assert [stored[k] for k in order] == ids
     odd = sorted([b"\x00" * 7 + b"\x01\x02", b"\x00" * 8 + b"\x01", b"\xff" * 9])  # 9 bytes: two words, padded
-    assert [odd[::-1][k] for k in sorting(odd, odd[::-1])] == odd
+    assert [odd[::-1][k] for k in sorting(odd, rows(odd[::-1]))] == odd
     for bad in (stored[:-1] + [secrets.token_bytes(16)], stored[:-1] + stored[:1], stored[:-1], stored + [bytes(16)]):
         with pytest.raises(SyncError):
-            sorting(ids, bad)
+            sorting(ids, rows(bad))
