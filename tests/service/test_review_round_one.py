@@ -20,7 +20,7 @@ import numpy as np
 import pytest
 
 from dpcdf.release.ecdf import prefix_counts
-from dpcdf.service import reconcile, round_one
+from dpcdf.service import round_one
 from dpcdf.service.analyst import Analyst
 from dpcdf.service.client import create_task, make_reports, submit
 from dpcdf.service.hpke import ServerKeys
