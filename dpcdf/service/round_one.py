@@ -118,8 +118,6 @@ class Local:
         return [slice(s, min(s + per, n)) for s in range(0, n, per)]
 
 
-
-
 def step(store: Store, config: TaskConfig, party: int, pair_key: bytes, limit: int | None = None) -> int:
     """Round one for the task's next stored reports not yet in a batch (one pass at most): evaluates
     their keys over the grid and stores the batch. Returns how many reports it took (0: caught up)."""
@@ -169,24 +167,28 @@ def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Lo
     if not ids:
         return Local(ids, raw_hash, np.zeros((0, check.extras), np.uint64), np.zeros((0, check.opened), np.uint64),
                      np.zeros((0, 0), np.uint64), total)
-    n = sum(b.n for b in batches)
-    width = len(ids[0])
-    stored = np.frombuffer(b"".join(b.ids for b in batches), np.uint8).reshape(n, width) if n else np.zeros((0, width), np.uint8)
-    cols = lambda field, k: np.frombuffer(b"".join(getattr(b, field) for b in batches), "<u8").astype(np.uint64).reshape(n, k) if n else np.zeros((0, k), np.uint64)  # noqa: E731,E501
-    message, extras = cols("message", check.opened), cols("extras", check.extras)
-    state = cols("state", (sum(len(b.state) for b in batches) // 8) // max(n, 1))
+    n, width = sum(b.n for b in batches), len(ids[0])
+    stored = np.frombuffer(b"".join(b.ids for b in batches), np.uint8).reshape(n, width)
+    message, extras = _column(batches, "message", n, check.opened), _column(batches, "extras", n, check.extras)
+    state = _column(batches, "state", n, sum(len(b.state) for b in batches) // 8 // max(n, 1))
     for b in batches:
         total = F.add(total, np.frombuffer(b.sums, "<u8").astype(np.uint64).reshape(size, dcf.width))
-    dropped = store.dropped_ids(task_id)
     keep = np.ones(n, bool)
+    dropped = store.dropped_ids(task_id)
     if dropped:  # the reconciliation's drops: out of R, their grid values out of the sum
         keep = ~np.isin(np.frombuffer(stored.tobytes(), f"S{width}"), np.frombuffer(b"".join(dropped), f"S{width}"))
         gone = [bytes(stored[k]) for k in np.flatnonzero(~keep)]
-        for start in range(0, len(gone), keys_per_pass(size, dcf.width)):
-            batch, _ = decode_shares(dcf, check.extras, store.shares_by_id(task_id, gone[start:start + keys_per_pass(size, dcf.width)]), party)
+        per = keys_per_pass(size, dcf.width)
+        for start in range(0, len(gone), per):
+            batch, _ = decode_shares(dcf, check.extras, store.shares_by_id(task_id, gone[start:start + per]), party)
             total = F.sub(total, _sketch.column_sums(grid_values(dcf, batch, size)))
     order = sorting(ids, stored[keep])
     return Local(ids, raw_hash, extras[keep][order], message[keep][order], state[keep][order], total)
+
+
+def _column(batches: list[CheckBatch], field: str, n: int, k: int) -> np.ndarray:
+    """One of the batches' per-report arrays, all batches in order: (n, k) field elements."""
+    return np.frombuffer(b"".join(getattr(b, field) for b in batches), "<u8").astype(np.uint64).reshape(n, k)
 
 
 def sorting(ids: list[bytes], stored: np.ndarray) -> np.ndarray:
