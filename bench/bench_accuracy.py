@@ -4,8 +4,8 @@
 
 Rows: the paper's path mechanism (eq. 2, scale (L+1)/eps) and its theory 2 (L+1)^3 / eps^2; the same
 with the exact sensitivity; ours ("auto": the b-ary tree with the least exact expected error,
-consistent and monotone; "+ smooth": the same release interpolated between the ends of the tree
-level of least unbiased risk estimate, `postprocess_with="smooth"`, post-processing); OpenDP's make_b_ary_tree + then_laplace + make_consistent_b_ary_tree at
+consistent and monotone; "+ smooth": the same release with its per-level details shrunk inside each
+node by their exact noise variance, `postprocess_with="smooth"`, post-processing); OpenDP's make_b_ary_tree + then_laplace + make_consistent_b_ary_tree at
 b = 2 and 16; the Sarus post's histogram and adaptive-bisection methods (pure eps-DP Laplace versions,
 their hyper-parameter picked by an oracle grid search, which favours them). Column: mean squared
 error of the prefix counts over the grid; in parentheses: quantile error (mean |q - q_hat| in grid
@@ -179,7 +179,7 @@ def main() -> None:
                 "path, exact sensitivity (raw)": lambda: dpcdf.release_ecdf(data, grid, eps, "path", rel, "none").raw,
                 "path, exact sensitivity + monotone": lambda: dpcdf.release_ecdf(data, grid, eps, "path", rel).counts,
                 "ours: auto (best b-ary, consistent, monotone)": lambda: dpcdf.release_ecdf(data, grid, eps, "auto", rel),
-                "ours: auto + smooth (risk-selected, no oracle)": lambda: dpcdf.release_ecdf(data, grid, eps, "auto", rel, "smooth"),
+                "ours: auto + smooth (shrunk details, no oracle)": lambda: dpcdf.release_ecdf(data, grid, eps, "auto", rel, "smooth"),
                 "OpenDP b=2 + consistency": lambda: opendp_prefix(hist, eps, 2, d_in),
                 "OpenDP b=16 + consistency": lambda: opendp_prefix(hist, eps, 16, d_in),
                 "Sarus histogram (oracle-best bins)": None,
@@ -210,7 +210,7 @@ def main() -> None:
             sarus = b["Sarus adaptive (oracle-best queries)"]
             print(f"eps={eps}: ours / OpenDP's best = {ratio:.2f} (goal <= 0.75); / Sarus adaptive: auto "
                   f"{b['ours: auto (best b-ary, consistent, monotone)'] / sarus:.2f}, "
-                  f"+ smooth {b['ours: auto + smooth (risk-selected, no oracle)'] / sarus:.2f} (goal <= 1)")
+                  f"+ smooth {b['ours: auto + smooth (shrunk details, no oracle)'] / sarus:.2f} (goal <= 1)")
         if args.zcdp:
             zcdp_block(data, grid, prefix, hist, total, rel, runs)
 

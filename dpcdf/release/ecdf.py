@@ -205,10 +205,10 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     the L2 monotone fit), "monotone-l1", "none", or "sparse" (trees only: the data-adaptive consistent
     fit of `TreeMechanism.consistent` with tau = 1.5, which takes nodes within 1.5 noise sds of zero
     and 4 sds below an even share of their parent as empty, keeping the parent's total; then the
-    monotone fit), or "smooth" (trees on grids of up to 2^12 points: the consistent estimate
-    interpolated between the ends of the tree level whose unbiased risk estimate is least,
-    `smoothing`; then the monotone fit). All of them are post-processing of the one release: no
-    privacy cost."""
+    monotone fit), or "smooth" (trees on grids of up to 2^12 points: the consistent estimate's
+    details level by level, each kept inside every node in the proportion its squared size exceeds
+    its exact noise variance, `smoothing`; then the monotone fit). All of them are post-processing
+    of the one release: no privacy cost."""
     if postprocess_with not in POSTPROCESS:
         raise ParameterError(f"postprocess_with must be one of {POSTPROCESS}, got {postprocess_with!r}")
     raw, fitted = mech.estimate(noisy, copies)
@@ -218,7 +218,7 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
         fitted = mech.consistent(noisy, copies, threshold=SPARSE_TAU, relative=SPARSE_RELATIVE)
     to_fit = fitted
     if postprocess_with == "smooth":  # post-processing of the same release: no privacy cost
-        to_fit, _ = smoothing.smooth(mech, fitted, copies)
+        to_fit = smoothing.smooth(mech, fitted, copies)
     substitution = mech.relation == "substitution"
     total = float(n) if substitution else float(max(fitted[-1], 1.0))
     sd = float(np.sqrt(mech.expected_mse() * copies))

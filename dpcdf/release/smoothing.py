@@ -1,23 +1,21 @@
-"""Risk-selected smoothing of a tree release: post-processing that adapts to the data without an
-oracle and without spending budget (`postprocess_with="smooth"`).
+"""Data-adaptive smoothing of a tree release without an oracle or budget: `postprocess_with="smooth"`.
 
 A tree release's consistent estimate c (`TreeMechanism.consistent`, least squares) is unbiased,
 c = F + C z, with a covariance Sigma = C D C^T that depends on the mechanism only (D: the nodes'
-noise variances), never on the data. For a fixed linear smoother S,
+noise variances), never on the data. Write c as its coarsest interpolation plus details:
+c = S_H c + sum_h d_h, d_h = (S_h - S_(h+1)) c, where S_h interpolates c linearly between the ends of
+the tree's level-h nodes (S_0 c = c; S_H c is one line through the root). Each detail is noise plus
+the data's departure from a straight line inside level-(h+1) nodes. `smooth` keeps, inside each
+level-(h+1) node B, the fraction lambda = max(0, 1 - tr(Sigma_dB) / ||d_B||^2) of the detail, where
+tr(Sigma_dB) is its exact noise variance: since E ||d_B||^2 = ||mu_B||^2 + tr(Sigma_dB), this is the
+positive-part James-Stein estimate of the best scalar ||mu_B||^2 / (||mu_B||^2 + tr(Sigma_dB)): a detail
+that is mostly noise (near-uniform data, flat stretches) is dropped, one that is mostly signal (a
+spike, the bend of a skewed distribution) is kept. Then the monotone fit, as for every release.
 
-    E ||c - S c||^2 = ||(I - S) F||^2 + tr((I - S) Sigma (I - S)^T)        (any zero-mean noise)
-    E ||S c - F||^2 = ||(I - S) F||^2 + tr(S Sigma S^T)
-
-so R(S) = ||c - S c||^2 - tr((I - S) Sigma (I - S)^T) + tr(S Sigma S^T) is an unbiased estimate of
-S's squared error, computed from the release and the mechanism alone (Stein's unbiased risk
-estimate; for a linear S it needs no Gaussian assumption). The family: S_h, the piecewise-linear
-interpolation of c between the ends of the tree's level-h nodes (h = 0 is c itself). `smooth`
-takes the h of least R. On near-uniform data (the paper's Poisson(3) set) a coarse h removes
-most of the noise; on spiky data R keeps h = 0.
-
-Privacy: the choice reads only the released node counts and public mechanism parameters, so the
-result has exactly the release's guarantee (post-processing). The traces take O(N x nodes x
-levels) once per mechanism (cached), so grids up to MAX_SMOOTH_GRID points.
+Privacy: it reads only the released node counts and public mechanism parameters, so the result
+has exactly the release's guarantee (post-processing). It assumes the noise is there: a release
+made without noise (a test server) is shrunk as if it had it. The traces take O(N x nodes x levels)
+once per mechanism (cached), so grids up to MAX_SMOOTH_GRID points.
 """
 from __future__ import annotations
 
@@ -49,14 +47,13 @@ def interpolate(c: np.ndarray, at: np.ndarray) -> np.ndarray:
     return (1 - lam) * left + lam * c[hi]
 
 
-_TRACES: dict[tuple, tuple[np.ndarray, np.ndarray]] = {}
+_TRACES: dict[tuple, np.ndarray] = {}
 
 
-def _traces(mech: TreeMechanism) -> tuple[np.ndarray, np.ndarray]:
-    """Per level h, the diagonals of (I - S_h) Sigma (I - S_h)^T and S_h Sigma S_h^T (each (levels, N))
-    for one noise copy,
-    from the consistent estimate's response to each noised node's unit noise (in column blocks).
-    Kept per mechanism (its shape and noise variances are all they depend on)."""
+def detail_variances(mech: TreeMechanism) -> np.ndarray:
+    """(levels - 1, N): per grid point, the noise variance of detail d_h = (S_h - S_(h+1)) c for one
+    noise copy, from the consistent estimate's response to each noised node's unit noise (in column
+    blocks). Kept per mechanism (its shape and noise variances are all it depends on)."""
     b, height, size = mech.shape.branching, mech.shape.height, mech.size
     key = (size, b, tuple(mech.variances()), tuple(mech.released_levels()))
     if key in _TRACES:
@@ -65,38 +62,38 @@ def _traces(mech: TreeMechanism) -> tuple[np.ndarray, np.ndarray]:
     var = mech.variances()
     noised = [(lv, i) for lv in mech.released_levels() if var[lv] > 0 for i in range(levels[lv])]
     at = [knots(size, b, h) for h in range(height + 1)]
-    resid, kept = np.zeros((height + 1, size)), np.zeros((height + 1, size))
+    out = np.zeros((height, size))
     for start in range(0, len(noised), _COLUMNS):
         block = noised[start:start + _COLUMNS]
         nodes = [np.zeros((levels[lv], len(block))) for lv in range(height + 1)]
         for col, (lv, i) in enumerate(block):
             nodes[lv][i, col] = np.sqrt(var[lv])
         response = mech.consistent(nodes)  # (size, columns): C D^(1/2) on these nodes
-        for h in range(height + 1):
-            smooth = interpolate(response, at[h])
-            resid[h] += ((response - smooth) ** 2).sum(axis=1)
-            kept[h] += (smooth**2).sum(axis=1)
+        smooth = [interpolate(response, at[h]) for h in range(height + 1)]
+        for h in range(height):
+            out[h] += ((smooth[h] - smooth[h + 1]) ** 2).sum(axis=1)
     if len(_TRACES) >= 32:
         _TRACES.clear()
-    _TRACES[key] = resid, kept
-    return resid, kept
+    _TRACES[key] = out
+    return out
 
 
-def risks(mech: TreeMechanism, fitted: np.ndarray, copies: int = 1) -> np.ndarray:
-    """(levels, N): R(S_h) split over the grid points (row h sums to the unbiased risk estimate of
-    S_h above), for a release whose nodes carry `copies` independent noises."""
+def smooth(mech: TreeMechanism, fitted: np.ndarray, copies: int = 1) -> np.ndarray:
+    """S_H c plus every detail d_h shrunk inside each level-(h+1) node by its James-Stein factor
+    (module docstring), for a release whose nodes carry `copies` independent noises."""
     if not isinstance(mech, TreeMechanism):
-        raise ParameterError(f"risk-selected smoothing needs a tree release, not the {mech.name} mechanism")
+        raise ParameterError(f"smoothing needs a tree release, not the {mech.name} mechanism")
     if mech.size > MAX_SMOOTH_GRID:
-        raise ParameterError(f"risk-selected smoothing works on grids of up to {MAX_SMOOTH_GRID} points, got {mech.size}")
-    resid, kept = _traces(mech)
+        raise ParameterError(f"smoothing works on grids of up to {MAX_SMOOTH_GRID} points, got {mech.size}")
+    b, height, size = mech.shape.branching, mech.shape.height, mech.size
+    noise = copies * detail_variances(mech)
     c = np.asarray(fitted, dtype=np.float64)
-    b = mech.shape.branching
-    observed = np.array([(c - interpolate(c, knots(mech.size, b, h))) ** 2 for h in range(len(resid))])
-    return observed - copies * resid + copies * kept
-
-
-def smooth(mech: TreeMechanism, fitted: np.ndarray, copies: int = 1) -> tuple[np.ndarray, int]:
-    """(S_h c, h) for the level h of least estimated risk. Post-processing: the release's guarantee."""
-    level = int(np.argmin(risks(mech, fitted, copies).sum(axis=1)))
-    return interpolate(np.asarray(fitted, dtype=np.float64), knots(mech.size, mech.shape.branching, level)), level
+    levels = [interpolate(c, knots(size, b, h)) for h in range(height + 1)]
+    out = levels[height].copy()
+    for h in range(height):
+        detail = levels[h] - levels[h + 1]
+        starts = np.arange(0, size, b ** (h + 1))
+        signal = np.add.reduceat(detail**2, starts)
+        keep = np.maximum(0.0, 1.0 - np.add.reduceat(noise[h], starts) / np.where(signal > 0, signal, np.inf))
+        out += np.repeat(keep, np.diff(np.append(starts, size))) * detail
+    return out

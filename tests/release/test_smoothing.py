@@ -1,6 +1,6 @@
-"""Risk-selected smoothing (`postprocess_with="smooth"`): the batched consistent estimate, the exact
-traces against a dense covariance, the risk estimate's unbiasedness (a statistical test of the
-error formula), and what a user gets from `release_ecdf`."""
+"""Smoothing by shrunk details (`postprocess_with="smooth"`): the batched consistent estimate, the
+details' exact noise variances against a dense covariance, the noise formula the shrinkage rests on
+(a statistical test), and what a user gets from `release_ecdf`."""
 from __future__ import annotations
 
 import numpy as np
@@ -41,7 +41,7 @@ def test_interpolate_keeps_the_knots_and_is_linear_between():
 
 
 @pytest.mark.parametrize("size,branching,relation", [(40, 3, "substitution"), (27, 2, "add-remove"), (64, 4, "substitution")])
-def test_traces_are_the_diagonals_of_the_dense_covariance(size, branching, relation):
+def test_detail_variances_are_the_diagonals_of_the_dense_covariance(size, branching, relation):
     """Sigma = C D C^T built column by column from unit noises, one release at a time."""
     mech = TreeMechanism(size, 0.5, relation, branching=branching)
     var = mech.variances()
@@ -53,38 +53,35 @@ def test_traces_are_the_diagonals_of_the_dense_covariance(size, branching, relat
             cols.append(mech.consistent(nodes))
     m = np.array(cols).T
     sigma = m @ m.T
-    resid, kept = smoothing._traces(mech)
-    for h in range(mech.shape.height + 1):
-        s = np.array([smoothing.interpolate(e, smoothing.knots(size, branching, h)) for e in np.eye(size)]).T
-        np.testing.assert_allclose(resid[h], np.diag((np.eye(size) - s) @ sigma @ (np.eye(size) - s).T), rtol=1e-9, atol=1e-6)
-        np.testing.assert_allclose(kept[h], np.diag(s @ sigma @ s.T), rtol=1e-9, atol=1e-6)
+    got = smoothing.detail_variances(mech)
+    interp = [np.array([smoothing.interpolate(e, smoothing.knots(size, branching, h)) for e in np.eye(size)]).T
+              for h in range(mech.shape.height + 1)]
+    for h in range(mech.shape.height):
+        d = interp[h] - interp[h + 1]
+        np.testing.assert_allclose(got[h], np.diag(d @ sigma @ d.T), rtol=1e-9, atol=1e-6)
 
 
-def test_the_risk_estimate_is_unbiased_for_every_level():
-    """Over many releases (exact discrete Laplace noise), the mean of R(S_h) matches the mean squared
-    error of S_h c for every h, within 5 standard errors: the error formula the choice rests on."""
+def test_on_linear_data_each_detail_is_pure_noise_of_the_stated_variance():
+    """One value per grid point: F is a straight line, so every detail of c has mean 0 and
+    E ||d_h||^2 is the sum of its stated variances; over 600 releases (exact discrete Laplace noise)
+    the mean squared detail matches, within 5 standard errors, at every level."""
     grid = Grid.integers(48)
-    rng = np.random.default_rng(11)  # the data only
-    values = np.concatenate([rng.integers(0, 48, 300), np.full(200, 30)])
-    prefix = dpcdf.prefix_counts(values, grid)
+    values = np.arange(48)
     mech = TreeMechanism(48, 0.5, "substitution", branching=4)
-    est, err = [], []
+    stated = smoothing.detail_variances(mech).sum(axis=1)
+    seen = []
     for _ in range(600):
-        rel = dpcdf.release_ecdf(values, grid, 0.5, mech, "substitution")
-        est.append(smoothing.risks(mech, rel.fitted).sum(axis=1))
-        err.append([((smoothing.interpolate(rel.fitted, smoothing.knots(48, 4, h)) - prefix) ** 2).sum()
-                    for h in range(mech.shape.height + 1)])
-    est, err = np.array(est), np.array(err)
-    diff = est - err
-    se = diff.std(axis=0, ddof=1) / np.sqrt(len(diff))
-    assert np.all(np.abs(diff.mean(axis=0)) <= 5 * se + 1e-9), (diff.mean(axis=0), se)
+        c = dpcdf.release_ecdf(values, grid, 0.5, mech, "substitution").fitted
+        levels = [smoothing.interpolate(c, smoothing.knots(48, 4, h)) for h in range(mech.shape.height + 1)]
+        seen.append([((levels[h] - levels[h + 1]) ** 2).sum() for h in range(mech.shape.height)])
+    seen = np.array(seen)
+    se = seen.std(axis=0, ddof=1) / np.sqrt(len(seen))
+    assert np.all(np.abs(seen.mean(axis=0) - stated) <= 5 * se), (seen.mean(axis=0), stated, se)
 
 
 def test_smooth_release_on_near_uniform_data_beats_the_default_and_keeps_its_guarantee():
     """The paper's kind of data (Poisson(3) per grid point): the smoothed release's typical (median)
-    counts MSE is a fraction of the default's at eps = 0.1 (the mean is 1/40 of it at N = 1024 in
-    bench/bench_accuracy.py; at N = 256 the choice of level is noisier: about one release in ten
-    takes a level that is worse than the default's)."""
+    counts MSE is a fraction of the default's at eps = 0.1 (its details are mostly noise)."""
     rng = np.random.default_rng(7)  # the data only
     values = np.repeat(np.arange(256), rng.poisson(3, 256))
     grid = Grid.integers(256)
@@ -102,7 +99,7 @@ def test_smooth_release_on_near_uniform_data_beats_the_default_and_keeps_its_gua
 
 def test_smooth_needs_a_tree_on_a_grid_it_can_afford():
     values = np.arange(100) % 50
-    with pytest.raises(ParameterError, match="tree release"):
+    with pytest.raises(ParameterError, match="needs a tree release"):
         dpcdf.release_ecdf(values, Grid.integers(50), 1.0, "path", "substitution", "smooth")
     with pytest.raises(ParameterError, match="up to"):
         dpcdf.release_ecdf(values, Grid.integers(smoothing.MAX_SMOOTH_GRID + 1), 1.0, "auto", "substitution", "smooth")
