@@ -271,7 +271,9 @@ def test_demo_runs_and_plots(tmp_path):
 
     out = run_demo(clients=400, epsilon=1.0, mechanism="tree", plot=str(tmp_path / "demo.png"))
     assert (tmp_path / "demo.png").stat().st_size > 1000
-    assert out["metrics"]["KS"] < 0.2
+    # 400 values, eps 1, both servers' noise: KS has median 0.11 and exceeded 0.2 in 1.8% of 1,500 simulated
+    # releases (max 0.246), so 0.3 fails only for a real error (half the reports lost puts it near 0.5)
+    assert out["metrics"]["KS"] < 0.3
 
 
 @pytest.mark.parametrize("mechanism", ["path", "tree"])
