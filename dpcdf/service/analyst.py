@@ -9,7 +9,6 @@ import json
 
 import numpy as np
 
-
 from ..errors import DpcdfError, ParameterError
 from ..release.ecdf import Release, finish_release
 from .http import ServerError, http

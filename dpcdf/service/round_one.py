@@ -177,13 +177,21 @@ def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Lo
     dropped = store.dropped_ids(task_id)
     if dropped:  # the reconciliation's drops: out of R, their grid values out of the sum
         keep = ~np.isin(np.frombuffer(stored.tobytes(), f"S{width}"), np.frombuffer(b"".join(dropped), f"S{width}"))
-        gone = [bytes(stored[k]) for k in np.flatnonzero(~keep)]
-        per = keys_per_pass(size, dcf.width)
-        for start in range(0, len(gone), per):
-            batch, _ = decode_shares(dcf, check.extras, store.shares_by_id(task_id, gone[start:start + per]), party)
-            total = F.sub(total, _sketch.column_sums(grid_values(dcf, batch, size)))
+        total = F.sub(total, grid_sum(store, config, party, [bytes(stored[k]) for k in np.flatnonzero(~keep)]))
     order = sorting(ids, stored[keep])
     return Local(ids, raw_hash, extras[keep][order], message[keep][order], state[keep][order], total)
+
+
+def grid_sum(store: Store, config: TaskConfig, party: int, ids: list[bytes]) -> np.ndarray:
+    """The sum of these stored reports' grid values, (size, width) in F_p: their keys evaluated
+    again (the reports a close takes out of a sum it already holds), a pass at a time."""
+    dcf, extras, size = config.dcf(), config.check().extras, config.make_grid().size
+    total = np.zeros((size, dcf.width), np.uint64)
+    per = keys_per_pass(size, dcf.width)
+    for start in range(0, len(ids), per):
+        batch, _ = decode_shares(dcf, extras, store.shares_by_id(config.task_id, ids[start:start + per]), party)
+        total = F.add(total, _sketch.column_sums(grid_values(dcf, batch, size)))
+    return total
 
 
 def _column(batches: list[CheckBatch], field: str, n: int, k: int) -> np.ndarray:

@@ -290,6 +290,12 @@ class Store:
             self._reconciled[task_id] = ids
         return fixed
 
+    def _before_first(self, task_id: str) -> int:
+        """One less than the task's first sequence number: where a scan of its rows in table order
+        starts (the range keeps SQLite on the rowid, not the whole table)."""
+        first = self.db.execute("SELECT min(seq) FROM reports WHERE task_id = ?", (task_id,)).fetchone()[0]
+        return (first or 1) - 1
+
     def frozen_ids(self, task_id: str) -> list[bytes]:
         """The report ids of the closed set (excluded ones left out), in upload order. Raises
         CollectionOpen while the collection is open. (A scan of the table's rows in order: through
@@ -297,9 +303,8 @@ class Store:
         with self.lock:
             seq = self._frozen_seq(task_id)
             return [bytes(r[0]) for r in self.db.execute(
-                "SELECT report_id FROM reports WHERE seq >= (SELECT coalesce(min(seq), 0) FROM reports WHERE task_id = ?) "
-                "AND seq <= ? AND +task_id = ? AND report_id NOT IN (SELECT report_id FROM excluded WHERE task_id = ?) "
-                "ORDER BY seq", (task_id, seq, task_id, task_id))]
+                "SELECT report_id FROM reports WHERE seq > ? AND seq <= ? AND +task_id = ? AND report_id NOT IN "
+                "(SELECT report_id FROM excluded WHERE task_id = ?) ORDER BY seq", (self._before_first(task_id), seq, task_id, task_id))]
 
     def exclude(self, task_id: str, ids: Sequence[bytes], set_hash: SetHash, reason: str | None = None) -> Frozen:
         """Drops reports from the closed set (they stay stored), before any answer: after one, a
@@ -407,9 +412,7 @@ class Store:
         order (up to the frozen set's last one once the collection is closed)."""
         with self.lock:
             after, frozen = self.checked_upto(task_id), self._state(task_id)[0]
-            if not after:  # the first batch: start at the task's first report (a scan of its index, once)
-                first = self.db.execute("SELECT min(seq) FROM reports WHERE task_id = ?", (task_id,)).fetchone()[0]
-                after = (first or 1) - 1
+            after = after or self._before_first(task_id)  # the first batch (a scan of the task's index, once)
             # plain bounds (no subquery in the range), so SQLite reads the rowid range, not the whole table
             rows = self.db.execute(
                 "SELECT seq, report_id, key_share FROM reports WHERE seq > ? AND seq <= ? AND +task_id = ? ORDER BY seq LIMIT ?",

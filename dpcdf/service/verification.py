@@ -44,9 +44,9 @@ import numpy as np
 
 from fss import field as F
 
-from . import _sketch, reconcile
+from . import reconcile
 from .reconcile import SyncError, open_sealed, seal
-from .round_one import Local, decode_shares, grid_values, keys_per_pass
+from .round_one import Local, grid_sum
 from .store import Mark, Store
 from .task import TaskConfig
 from .verify import OK, REASONS, Check
@@ -170,7 +170,7 @@ def finish(store: Store, config: TaskConfig, party: int, pair_key: bytes, local:
     """Excludes every failed report under its reason class (idempotent), stores this server's
     histogram share over the passing reports (the sum over R minus the failures' values, recomputed),
     and returns the keyed hash of the passing set."""
-    task_id, dcf = config.task_id, config.dcf()
+    task_id = config.task_id
     if store.marked(task_id, Mark.VERIFIED):  # done before (a repeated close): the same verdicts, nothing to change
         return store.frozen(task_id).digest
     set_hash = lambda ids: reconcile.set_hash(pair_key, ids)  # noqa: E731
@@ -179,13 +179,7 @@ def finish(store: Store, config: TaskConfig, party: int, pair_key: bytes, local:
         ids = [local.ids[k] for k in np.flatnonzero(verdicts == code)]
         if ids:
             frozen = store.exclude(task_id, ids, set_hash, reason=name)
-    failed = [local.ids[k] for k in np.flatnonzero(verdicts != OK)]
-    histogram = local.total
-    size, extras = config.make_grid().size, config.check().extras
-    step = keys_per_pass(size, dcf.width)
-    for start in range(0, len(failed), step):
-        batch, _ = decode_shares(dcf, extras, store.shares_by_id(task_id, failed[start:start + step]), party)
-        histogram = F.sub(histogram, _sketch.column_sums(grid_values(dcf, batch, size)))
+    histogram = F.sub(local.total, grid_sum(store, config, party, [local.ids[k] for k in np.flatnonzero(verdicts != OK)]))
     store.save_histogram(task_id, frozen.digest, histogram.shape, histogram.astype("<u8").tobytes())
     return frozen.digest
 
