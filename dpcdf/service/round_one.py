@@ -28,6 +28,7 @@ Security, next to what `verification` states for the exchange:
 """
 from __future__ import annotations
 
+import functools
 import hashlib
 import hmac
 import threading
@@ -62,8 +63,14 @@ def verification_key(pair_key: bytes) -> bytes:
 
 
 def challenges(check: Check, pair_key: bytes, task_id: str):
-    """The task's challenges, the same on both servers for every batch (see the module docstring)."""
-    return check.challenges(verification_key(pair_key), b"dpcdf round one/" + task_id.encode())
+    """The task's challenges, the same on both servers for every batch (see the module docstring).
+    Derived once per task and kept: at 2^16 grid points they cost about as much as a batch's keys."""
+    return _challenges(check.payload, check.size, pair_key, task_id)
+
+
+@functools.lru_cache(maxsize=16)
+def _challenges(payload: str, size: int, pair_key: bytes, task_id: str):
+    return Check(payload, size).challenges(verification_key(pair_key), b"dpcdf round one/" + task_id.encode())
 
 
 def grid_values(dcf: DCF, batch: KeyBatch, size: int) -> np.ndarray:
