@@ -18,10 +18,11 @@ from .release import metrics
 from .release.ecdf import Release, prefix_counts, quantiles, release_ecdf
 from .release.grid import Grid
 from .release.mechanisms import PathMechanism, TreeMechanism
+from .release.factorization import SqrtFactorizationMechanism, sqrt_factorization
 from .release.zcdp import GaussianTreeMechanism, gaussian_tree
 
 __all__ = ["DomainError", "DpcdfError", "GaussianTreeMechanism", "Grid", "HosmerLemeshow", "NoisyHosmerLemeshow", "ParameterError", "PathMechanism", "Release",
-           "RocRelease", "TreeMechanism", "gaussian_tree", "hosmer_lemeshow", "hosmer_lemeshow_direct", "metrics", "prefix_counts", "quantiles", "release_ecdf", "roc"]
+           "RocRelease", "SqrtFactorizationMechanism", "TreeMechanism", "gaussian_tree", "hosmer_lemeshow", "hosmer_lemeshow_direct", "metrics", "prefix_counts", "quantiles", "release_ecdf", "roc", "sqrt_factorization"]
 
 
 def __getattr__(name: str):

@@ -11,7 +11,9 @@ from . import postprocess, smoothing
 from ..errors import ParameterError
 from .grid import Grid
 from .mechanisms import Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
+from .factorization import MAX_FACTOR_GRID, SqrtFactorizationMechanism, sqrt_factorization
 from .noise import secure_noise
+from .zcdp import GaussianTreeMechanism, GaussianVariance, check_rho, gaussian_tree, secure_dgauss
 
 MECHANISMS = ("auto", "path", "tree")
 POSTPROCESS = ("auto", "none", "monotone", "monotone-l1", "sparse", "smooth")
@@ -21,8 +23,6 @@ SPARSE_TAU, SPARSE_RELATIVE = 1.5, 4.0  # the "sparse" fit's thresholds, in nois
 def secure_node_noise(node_ids: np.ndarray, scale: Fraction) -> np.ndarray:
     """Fresh CSPRNG noise for each node id (each id must be asked for once per release): DLap(scale),
     or N_Z(0, scale) when the scale is a `zcdp.GaussianVariance`."""
-    from .zcdp import GaussianVariance, secure_dgauss
-
     if isinstance(scale, GaussianVariance):
         return secure_dgauss(np.asarray(node_ids).size, scale)
     return secure_noise(np.asarray(node_ids).size, scale)
@@ -162,23 +162,14 @@ def release_ecdf(
     relation: which neighbouring datasets the guarantee covers ("substitution": one value changes
     and n is public; "add-remove": one person joins or leaves). The returned `Release.statement`
     says the guarantee. Raises ParameterError for bad epsilon, no data, or unknown names.
-    privacy="zcdp" with `rho` (and no epsilon): rho-zCDP with exact discrete Gaussian noise on a
-    binary tree (`zcdp.GaussianTreeMechanism`; mechanism "auto" or "tree" or such an object)."""
+    privacy="zcdp" with `rho` (and no epsilon): rho-zCDP with exact discrete Gaussian noise, mechanism
+    "auto" (the square-root factorization on grids of up to 2^13 points, `factorization`, else the
+    binary tree), "factorization", "tree" (`zcdp.GaussianTreeMechanism`), or such an object."""
     relation = check_relation(relation)
     if privacy == "zcdp":
-        from .zcdp import GaussianTreeMechanism, check_rho, gaussian_tree
-
         if epsilon is not None:
             raise ParameterError("privacy='zcdp' takes rho, not epsilon")
-        rho = check_rho(rho)
-        if isinstance(mechanism, GaussianTreeMechanism):
-            if mechanism.rho != rho or mechanism.relation != relation or mechanism.size != grid.size:
-                raise ParameterError("the mechanism's rho, relation and size must be the release's")
-            mech = mechanism
-        elif mechanism in ("auto", "tree"):
-            mech = gaussian_tree(grid.size, rho, relation) if isinstance(grid, Grid) else None
-        else:
-            raise ParameterError(f"privacy='zcdp' needs mechanism 'auto', 'tree' or a GaussianTreeMechanism, got {mechanism!r}")
+        mech = _zcdp_mechanism(mechanism, grid, check_rho(rho), relation)
     elif privacy == "pure":
         if rho is not None:
             raise ParameterError("rho is for privacy='zcdp'")
@@ -227,6 +218,21 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     known_last = total if substitution else None  # every value is <= t_max (clamped or refused)
     counts = postprocess.monotone(to_fit, 0.0, total, 1 if postprocess_with == "monotone-l1" else 2, known_last)
     return Release(grid, mech, raw, counts, total, fitted, sd)
+
+
+def _zcdp_mechanism(mechanism, grid: Grid, rho: float, relation: str):
+    if isinstance(mechanism, (GaussianTreeMechanism, SqrtFactorizationMechanism)):
+        if mechanism.rho != rho or mechanism.relation != relation or mechanism.size != getattr(grid, "size", None):
+            raise ParameterError("the mechanism's rho, relation and size must be the release's")
+        return mechanism
+    if not isinstance(grid, Grid):
+        raise ParameterError(f"grid must be a dpcdf.Grid, got {type(grid).__name__}")
+    if mechanism == "factorization" or (mechanism == "auto" and 2 <= grid.size <= MAX_FACTOR_GRID):
+        return sqrt_factorization(grid.size, rho, relation)
+    if mechanism in ("auto", "tree"):
+        return gaussian_tree(grid.size, rho, relation)
+    raise ParameterError("privacy='zcdp' needs mechanism 'auto', 'factorization', 'tree', a GaussianTreeMechanism "
+                         f"or a SqrtFactorizationMechanism, got {mechanism!r}")
 
 
 def _mechanism(mechanism, size: int, epsilon: float, relation: str):

@@ -110,8 +110,60 @@ class GaussianVariance(Fraction):
     """A node noise 'scale' that asks the noise function for N_Z(0, sigma^2) instead of DLap."""
 
 
+def calibrate_sigma2(delta2: int | Fraction, rho: float) -> GaussianVariance:
+    """sigma^2 = Delta2 / (2 rho) for a release of L2 squared sensitivity Delta2 at rho-zCDP (CKS 2020,
+    Theorem 14), rounded *up* to a rational of denominator <= 2^20, so the exact guarantee
+    Delta2 / (2 sigma^2) is at most rho (and within a relative 2^-20 of it)."""
+    want = Fraction(delta2) / (2 * Fraction(rho))
+    s2 = want.limit_denominator(_MAX_DEN)
+    if s2 < want:
+        s2 = Fraction(math.ceil(want * _MAX_DEN), _MAX_DEN)
+    return GaussianVariance(s2)
+
+
+class ZcdpAccounting:
+    """The guarantee of a discrete Gaussian mechanism, stated in rho and in (epsilon, delta): what
+    the zCDP mechanisms share. A subclass gives `exact_rho(relation)` (a Fraction, or None when the
+    release gives no guarantee under that relation) and `_describe()`."""
+
+    rho: float
+    relation: str
+
+    def exact_rho(self, relation: str) -> Fraction | None:
+        raise NotImplementedError
+
+    def rho_for(self, relation: str) -> float:
+        exact = self.exact_rho(relation)
+        return math.inf if exact is None else float(exact)
+
+    def epsilon_for(self, relation: str, delta: float = 1e-6) -> float:
+        """The (epsilon, delta)-DP guarantee under `relation` (inf if none)."""
+        rho = self.rho_for(relation)
+        return math.inf if math.isinf(rho) else zcdp_to_dp(rho, delta)
+
+    def exact_epsilon(self, relation: str):  # pure epsilon-DP: none (only approximate DP)
+        return None
+
+    def rounded_budgets(self) -> int:
+        return 1
+
+    def statement(self, relation: str | None = None) -> str:
+        relation = check_relation(self.relation if relation is None else relation)
+        rho = self.exact_rho(relation)
+        if rho is None:
+            return f"no DP guarantee under {relation} ({self._no_guarantee()}; {self._describe()})"
+        return (f"{float(rho):.6g}-zCDP under {relation} (exact rational accounting <= rho = {self.rho:g}; implies "
+                f"({zcdp_to_dp(float(rho), 1e-6):.4g}, 1e-6)-DP; {self._describe()})")
+
+    def stated_epsilon(self, relation: str | None = None) -> float:
+        return self.epsilon_for(self.relation if relation is None else relation)
+
+    def _describe(self) -> str:
+        raise NotImplementedError
+
+
 @dataclass
-class GaussianTreeMechanism(TreeMechanism):
+class GaussianTreeMechanism(ZcdpAccounting, TreeMechanism):
     """A b-ary tree (default b = 2) with discrete Gaussian node noise N_Z(0, sigma^2), the same
     sigma^2 at every noised level, the consistent (GLS) estimate and the monotone fit afterwards.
 
@@ -142,11 +194,7 @@ class GaussianTreeMechanism(TreeMechanism):
         noised = self.noised_levels()
         self.budgets = tuple(self.rho / len(noised) for _ in noised)
         delta2 = self.level_sensitivity(self.relation)  # 2 or 1 is also the L2 squared norm per level
-        want = Fraction(len(noised) * delta2) / (2 * Fraction(self.rho))
-        s2 = want.limit_denominator(_MAX_DEN)
-        if s2 < want:
-            s2 = Fraction(math.ceil(want * _MAX_DEN), _MAX_DEN)
-        self.sigma2 = GaussianVariance(s2)
+        self.sigma2 = calibrate_sigma2(len(noised) * delta2, self.rho)
         self.scales = [None] * (self.shape.height + 1)
         for level in noised:
             self.scales[level] = self.sigma2
@@ -158,35 +206,9 @@ class GaussianTreeMechanism(TreeMechanism):
             return None
         return Fraction(len(self.noised_levels()) * self.level_sensitivity(relation)) / (2 * Fraction(self.sigma2))
 
-    def rho_for(self, relation: str) -> float:
-        exact = self.exact_rho(relation)
-        return math.inf if exact is None else float(exact)
-
-    def epsilon_for(self, relation: str, delta: float = 1e-6) -> float:
-        """The (epsilon, delta)-DP guarantee under `relation` (inf if none)."""
-        rho = self.rho_for(relation)
-        return math.inf if math.isinf(rho) else zcdp_to_dp(rho, delta)
-
-    def exact_epsilon(self, relation: str):  # pure epsilon-DP: none (only approximate DP)
-        return None
-
-    def rounded_budgets(self) -> int:
-        return 1
-
     def variances(self) -> np.ndarray:
         v = dgauss_variance(float(self.sigma2))
         return np.array([0.0 if s is None else v for s in self.scales])
-
-    def statement(self, relation: str | None = None) -> str:
-        relation = check_relation(self.relation if relation is None else relation)
-        rho = self.exact_rho(relation)
-        if rho is None:
-            return f"no DP guarantee under {relation} (the tree is calibrated for substitution: its root, n, is exact; {self._describe()})"
-        return (f"{float(rho):.6g}-zCDP under {relation} (exact rational accounting <= rho = {self.rho:g}; implies "
-                f"({zcdp_to_dp(float(rho), 1e-6):.4g}, 1e-6)-DP; {self._describe()})")
-
-    def stated_epsilon(self, relation: str | None = None) -> float:
-        return self.epsilon_for(self.relation if relation is None else relation)
 
     def _describe(self) -> str:
         return (f"discrete Gaussian tree, branching {self.branching}, height {self.shape.height}, "

@@ -48,8 +48,10 @@ def test_sparse_fit_beats_the_plain_fit_on_sparse_data():
 def test_sparse_fit_works_for_zcdp_and_add_remove_and_refuses_the_path_mechanism():
     grid = dpcdf.Grid.integers(256)
     values = np.random.default_rng(4).integers(0, 256, 400)  # the test's data
-    for kwargs in ({"epsilon": 1.0, "relation": "add-remove"}, {"privacy": "zcdp", "rho": 0.5}):
+    for kwargs in ({"epsilon": 1.0, "relation": "add-remove"}, {"privacy": "zcdp", "rho": 0.5, "mechanism": "tree"}):
         rel = dpcdf.release_ecdf(values, grid, postprocess_with="sparse", **kwargs)
         assert np.all(np.diff(rel.counts) >= 0)
+    with pytest.raises(dpcdf.ParameterError, match="sparse"):  # zCDP's default is the factorization: no tree
+        dpcdf.release_ecdf(values, grid, privacy="zcdp", rho=0.5, postprocess_with="sparse")
     with pytest.raises(dpcdf.ParameterError, match="sparse"):
         dpcdf.release_ecdf(values, grid, 1.0, mechanism="path", postprocess_with="sparse")
