@@ -71,8 +71,11 @@ def main(argv: list[str] | None = None) -> int:
     t = sub.add_parser("task", help="create a task on both servers; writes the config and the analyst token")
     t.add_argument("--servers", nargs=2, required=True)
     t.add_argument("--grid", required=True, help="uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,...")
-    t.add_argument("--epsilon", type=float, required=True)
-    t.add_argument("--mechanism", default="tree", choices=["tree", "path"])
+    budget = t.add_mutually_exclusive_group(required=True)
+    budget.add_argument("--epsilon", type=float, help="epsilon-DP, discrete Laplace noise")
+    budget.add_argument("--rho", type=float, help="rho-zCDP, discrete Gaussian noise (grids of up to 2^16 points)")
+    t.add_argument("--mechanism", choices=["tree", "path", "factorization"],
+                   help="default: tree (epsilon), factorization (rho: the square-root factorization, up to 2^13 points)")
     t.add_argument("--relation", default="substitution", choices=["substitution", "add-remove"])
     t.add_argument("--min-batch", type=int, default=None, help="queries wait for this many reports "
                    "(default 100 under substitution; under add/remove it must be 0)")
@@ -120,9 +123,10 @@ def main(argv: list[str] | None = None) -> int:
                     admin = [Path(f).read_text().strip() for f in args.admin_token_file] * (3 - len(args.admin_token_file))
                 except OSError as exc:
                     raise DpcdfError(f"cannot read the operator token: {exc}") from None
-            config, token = create_task(args.servers, parse_grid(args.grid), args.epsilon, args.mechanism,
+            mechanism = args.mechanism or ("tree" if args.rho is None else "factorization")
+            config, token = create_task(args.servers, parse_grid(args.grid), args.epsilon, mechanism,
                                         args.relation, _min_batch(args), args.kem, admin_tokens=admin[:2] if admin else None,
-                                        verify=False if args.unverified else None)
+                                        verify=False if args.unverified else None, rho=args.rho)
             Path(args.out).write_text(config.to_json())
             write_secret(args.out + ".token", token.encode())
             print(f"task {config.task_id} on both servers; config {args.out}, analyst token {args.out}.token")

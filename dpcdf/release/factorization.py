@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import ParameterError
-from .mechanisms import Answers, Mechanism, NodeAnswers, NoiseFn, check_relation
+from .mechanisms import Answers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, check_relation
 from .zcdp import GaussianVariance, ZcdpAccounting, calibrate_sigma2, check_rho, dgauss_variance, zcdp_to_dp
 
 MAX_FACTOR_GRID = 1 << 13  # the exact sensitivity takes O(N^2) integer work, R x O(N^2) too
@@ -37,6 +37,21 @@ def right_factor(m: int) -> np.ndarray:
     for k in range(1, m):
         b[k] = b[k - 1] * (2 * k - 1) / (2 * k)
     return np.rint(b * (1 << PRECISION_BITS)).astype(np.int64)
+
+
+def right_factor_times(x: np.ndarray, modulus: int) -> np.ndarray:
+    """R x mod `modulus` for a vector of shares x in [0, modulus) (uint64): a server's share of R x.
+    Exact: x is cut into four 16-bit limbs, each limb's convolution with r is an exact int64 sum
+    (r_k <= 2^16, limbs < 2^16, m <= 2^13: below 2^45), and the limbs are recombined mod `modulus`."""
+    x = np.asarray(x, np.uint64).reshape(-1)
+    m = x.size
+    r = right_factor(m)
+    out = [0] * m
+    for j in range(4):
+        limb = ((x >> np.uint64(16 * j)) & np.uint64(0xFFFF)).astype(np.int64)
+        conv = np.convolve(limb, r)[:m].tolist()
+        out = [o + (c << (16 * j)) for o, c in zip(out, conv)]
+    return np.array([o % modulus for o in out], np.uint64)
 
 
 @lru_cache(maxsize=16)
@@ -128,17 +143,30 @@ class SqrtFactorizationMechanism(ZcdpAccounting, Mechanism):
         return "calibrated for substitution: n is released exactly"
 
     # --- the release -------------------------------------------------------------------------
+    answers_prefixes = False  # its noise is on R x: a server answers its coordinates only (`gather`)
+
+    def coordinate_noise(self, noise: NoiseFn) -> np.ndarray:
+        """z: N_Z(0, sigma^2) for coordinates 0 .. m-1 (ids 0 .. m-1 of `noise`, a CSPRNG or a server's PRF)."""
+        return noise(np.arange(self.m), self.sigma2)
+
     def noisy(self, prefix: np.ndarray, noise: NoiseFn) -> np.ndarray:
         """The central release: R x + z (exact integers plus N_Z(0, sigma^2)), then n under
         substitution. `noise(ids, sigma2)` draws one value per id."""
         prefix = np.asarray(prefix).astype(np.int64)
         x = np.diff(prefix, prepend=0)
         rx = np.convolve(x, right_factor(self.m))[: self.m]  # integer convolution: exact
-        y = (rx + noise(np.arange(self.m), self.sigma2)).astype(np.float64)
+        y = (rx + self.coordinate_noise(noise)).astype(np.float64)
         return np.concatenate([y, [float(prefix[-1])]]) if self.relation == "substitution" else y
 
-    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers):
-        raise ParameterError("the factorization mechanism is a central release: the two servers answer path and tree tasks")
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None) -> np.ndarray:
+        """The release over the servers: their summed coordinates R x + z (each server adding its own
+        z), then, under substitution, the exact n (`Aggregator.coordinate_shares`)."""
+        if coordinates_at is None:
+            raise ParameterError("the factorization mechanism's release is its noisy coordinates (a 'coordinates' query)")
+        y = np.asarray(coordinates_at(), np.float64)
+        if y.shape[0] != self.m + (self.relation == "substitution"):
+            raise ParameterError(f"a factorization release has {self.m + (self.relation == 'substitution')} values, got {y.shape[0]}")
+        return y
 
     def node_noise(self, level: int, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
         raise ParameterError("the factorization mechanism has no tree nodes")

@@ -32,6 +32,7 @@ RELATIONS = ("substitution", "add-remove")
 NoiseFn = Callable[[np.ndarray, Fraction], np.ndarray]  # (node ids, scale) -> int64 noise
 Answers = Callable[[np.ndarray], np.ndarray]  # grid indices -> noisy prefix counts
 NodeAnswers = Callable[[int], np.ndarray]  # level -> noisy counts of its data-holding nodes
+CoordinateAnswers = Callable[[], np.ndarray]  # () -> a factorization's noisy coordinates R x + z (then n)
 
 
 def check_relation(relation: str) -> str:
@@ -93,11 +94,18 @@ class Mechanism(ABC):
     def released_levels(self) -> list[int]:
         """Tree levels whose node counts are released (none for the path mechanism)."""
 
+    answers_prefixes = True  # whether a server answers noisy prefix counts at any index (not a factorization)
+
+    def coordinate_noise(self, noise: NoiseFn) -> np.ndarray:
+        """A factorization's noise on its coordinates R x; the path and tree mechanisms have none."""
+        raise ParameterError(f"the {self.name} mechanism has no coordinates to release (a factorization has)")
+
     @abstractmethod
-    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers):
-        """The release, asked for through `prefix_at(indices)` (noisy prefix counts) and
-        `nodes_at(level)` (noisy node counts of a released level): the analyst's questions to the
-        servers. Arrays may carry a trailing payload axis (one column per released ECDF)."""
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None):
+        """The release, asked for through `prefix_at(indices)` (noisy prefix counts), `nodes_at(level)`
+        (noisy node counts of a released level) or `coordinates_at()` (a factorization's noisy
+        coordinates): the analyst's questions to the servers. Arrays may carry a trailing payload
+        axis (one column per released ECDF)."""
 
     def noisy(self, prefix: np.ndarray, noise: NoiseFn):
         """The central release of exact prefix counts (at every grid index) with `noise`."""
@@ -269,7 +277,7 @@ class PathMechanism(Mechanism):
     def released_levels(self) -> list[int]:
         return []
 
-    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers) -> np.ndarray:
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None) -> np.ndarray:
         """The path release: noisy prefix counts at every grid index."""
         return prefix_at(np.arange(self.size))
 
@@ -419,7 +427,7 @@ class TreeMechanism(Mechanism):
         sums = np.concatenate([[0], np.cumsum(self.node_noise(level, nodes, noise))]).astype(np.int64)
         return sums[np.searchsorted(nodes, hi)] - sums[np.searchsorted(nodes, lo)]
 
-    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers) -> list[np.ndarray]:
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None) -> list[np.ndarray]:
         """The tree release: noisy counts of every data-holding node, per level (float64); the root
         is n itself under substitution (public), noised under add/remove when released, NaN when not
         released."""

@@ -1,9 +1,10 @@
 """zCDP releases: the exact discrete Gaussian (Canonne, Kamath, Steinke, "The Discrete Gaussian for
 Differential Privacy", NeurIPS 2020, Algorithm 3) on a binary tree.
 
-The sampler uses only integer and rational arithmetic (Python ints and Fractions) and the OS CSPRNG
-(`secrets.randbelow`), so no floating point touches the sampling path. It is pure Python: about
-10^4 to 10^5 samples a second, enough for trees of up to ~2^16 leaves in the central release.
+The sampler uses only integer and rational arithmetic (Python ints and Fractions) and uniform
+integers from the OS CSPRNG (`secrets.randbelow`, the central release) or from a server's AES PRF
+keystream per node (`prf_dgauss`, the two-server release), so no floating point touches the sampling
+path. It is pure Python: about 10^4 to 10^5 samples a second, enough for trees of up to ~2^16 leaves.
 """
 from __future__ import annotations
 
@@ -11,6 +12,7 @@ import math
 import secrets
 from dataclasses import dataclass, field
 from fractions import Fraction
+from typing import Callable
 
 import numpy as np
 
@@ -21,52 +23,104 @@ from .tree import TreeShape
 _MAX_DEN = 1 << 20
 
 
-def _bern_exp(gamma: Fraction) -> int:
+RandBelow = Callable[[int], int]  # m -> a uniform integer in [0, m)
+
+
+def _bern_exp(gamma: Fraction, randbelow: RandBelow) -> int:
     """Bernoulli(exp(-gamma)) for a rational gamma >= 0 (CKS 2020, Algorithm 1)."""
     while gamma > 1:
-        if not _bern_exp(Fraction(1)):
+        if not _bern_exp(Fraction(1), randbelow):
             return 0
         gamma -= 1
     num, den = gamma.numerator, gamma.denominator
     k = 1
-    while secrets.randbelow(den * k) < num:  # Bernoulli(gamma / k)
+    while randbelow(den * k) < num:  # Bernoulli(gamma / k)
         k += 1
     return k % 2
 
 
-def _dlaplace_int(t: int) -> int:
+def _dlaplace_int(t: int, randbelow: RandBelow) -> int:
     """DLap(t) for an integer t >= 1 (CKS 2020, Algorithm 2 with s = 1)."""
     while True:
-        u = secrets.randbelow(t)
-        if not _bern_exp(Fraction(u, t)):
+        u = randbelow(t)
+        if not _bern_exp(Fraction(u, t), randbelow):
             continue
         v = 0
-        while _bern_exp(Fraction(1)):
+        while _bern_exp(Fraction(1), randbelow):
             v += 1
         y = u + t * v
-        b = secrets.randbelow(2)
+        b = randbelow(2)
         if b == 1 and y == 0:
             continue
         return -y if b else y
 
 
-def dgauss_one(sigma2: Fraction) -> int:
+def dgauss_one(sigma2: Fraction, randbelow: RandBelow = secrets.randbelow) -> int:
     """One exact sample of the discrete Gaussian N_Z(0, sigma2): P(y) proportional to
-    exp(-y^2 / (2 sigma2)) on the integers (CKS 2020, Algorithm 3)."""
+    exp(-y^2 / (2 sigma2)) on the integers (CKS 2020, Algorithm 3), from uniform integers
+    `randbelow(m)` (the OS CSPRNG by default)."""
     t = math.isqrt(sigma2.numerator // sigma2.denominator) + 1  # floor(sigma) + 1
     while True:
-        y = _dlaplace_int(t)
+        y = _dlaplace_int(t, randbelow)
         gamma = (abs(y) - sigma2 / t) ** 2 / (2 * sigma2)
-        if _bern_exp(gamma):
+        if _bern_exp(gamma, randbelow):
             return y
+
+
+def _check_sigma2(sigma2) -> Fraction:
+    sigma2 = Fraction(sigma2)
+    if sigma2 <= 0:
+        raise ParameterError(f"the discrete Gaussian's sigma^2 must be > 0, got {sigma2}")
+    return sigma2
 
 
 def secure_dgauss(count: int, sigma2: Fraction) -> np.ndarray:
     """`count` independent N_Z(0, sigma2) samples (int64) from the OS CSPRNG."""
-    sigma2 = Fraction(sigma2)
-    if sigma2 <= 0:
-        raise ParameterError(f"the discrete Gaussian's sigma^2 must be > 0, got {sigma2}")
+    sigma2 = _check_sigma2(sigma2)
     return np.array([dgauss_one(sigma2) for _ in range(int(count))], dtype=np.int64)
+
+
+class PrfStream:
+    """The uniform integers of one id's keystream AES_key(id || j), j = 0, 1, ... (the layout of
+    `noise.prf_noise`'s streams): a server's discrete Gaussian for a node or coordinate is the same
+    whenever it is asked for, in any process. `randbelow(m)` takes ceil(bits(m) / 64) words as one
+    integer and rejects the top 2^(64 w) mod m values, so it is exactly uniform for any m."""
+
+    _CHUNK = 16  # AES blocks encrypted at a time (32 words)
+
+    def __init__(self, ecb, node_id: int):
+        self.ecb, self.id, self.next_block, self.words = ecb, int(node_id), 0, []
+
+    def _word(self) -> int:
+        if not self.words:
+            inp = np.empty((self._CHUNK, 2), np.uint64)
+            inp[:, 0] = self.id
+            inp[:, 1] = np.arange(self.next_block, self.next_block + self._CHUNK, dtype=np.uint64)
+            self.next_block += self._CHUNK
+            self.words = np.frombuffer(self.ecb.encrypt(inp.astype("<u8").tobytes()), "<u8").tolist()[::-1]
+        return self.words.pop()
+
+    def randbelow(self, m: int) -> int:
+        w = -(-m.bit_length() // 64)
+        top = 1 << (64 * w)
+        limit = top - top % m
+        while True:
+            v = 0
+            for _ in range(w):
+                v = (v << 64) | self._word()
+            if v < limit:
+                return v % m
+
+
+def prf_dgauss(key: bytes, ids: np.ndarray, sigma2: Fraction) -> np.ndarray:
+    """N_Z(0, sigma2) for each id (uint64), each from its own keystream under the AES key `key`
+    (`PrfStream`): the same id always gives the same sample, different ids independent ones."""
+    from Crypto.Cipher import AES
+
+    sigma2 = _check_sigma2(sigma2)
+    ecb = AES.new(key, AES.MODE_ECB)
+    ids = np.asarray(ids, np.uint64).reshape(-1)
+    return np.array([dgauss_one(sigma2, PrfStream(ecb, int(i)).randbelow) for i in ids], dtype=np.int64)
 
 
 def dgauss_pmf(sigma2: float, support: np.ndarray) -> np.ndarray:

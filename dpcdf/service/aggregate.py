@@ -1,5 +1,6 @@
-"""What a server computes for the analyst, free of HTTP: shares of prefix and node counts from its
-key shares, plus its own full tree noise derived from its secret seed.
+"""What a server computes for the analyst, free of HTTP: shares of prefix and node counts (or a
+factorization's coordinates) from its key shares, plus its own full noise derived from its secret
+seed (discrete Laplace, or the discrete Gaussian for a zCDP task).
 
 Evaluation is a map over key shards and a sum (`partial_sums`), done in-process or by an
 `Evaluator` such as `dask_eval.DaskEvaluator` (a Dask cluster); either way the sum comes back here
@@ -17,7 +18,9 @@ from fss import field as F
 
 from ..errors import ParameterError
 from ..release.mechanisms import Mechanism
+from ..release.factorization import right_factor_times
 from ..release.noise import prf_key, prf_noise
+from ..release.zcdp import GaussianVariance, prf_dgauss
 
 
 def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.ndarray:
@@ -74,6 +77,8 @@ class Aggregator:
         def noise(ids: np.ndarray, scale: Fraction) -> np.ndarray:
             if not self.noise_on:
                 return np.zeros(np.asarray(ids).size, np.int64)
+            if isinstance(scale, GaussianVariance):  # a zCDP task: the exact discrete Gaussian
+                return prf_dgauss(self.keys[element], ids, scale)
             return prf_noise(self.keys[element], ids, scale)
 
         return noise
@@ -121,6 +126,20 @@ class Aggregator:
         has_lo = starts > 0
         lo[has_lo] = sums[np.searchsorted(points, starts[has_lo] - 1)]
         return self._add(self._minus(hi, lo), lambda fn: mech.node_noise(level, np.arange(starts.size), fn))
+
+    def coordinate_shares(self, shards: list[KeyBatch]) -> np.ndarray:
+        """A factorization task's release share: R x + this server's N_Z(0, sigma^2) per coordinate
+        (x: its share of the histogram, R the mechanism's integer right factor, exact in the DCF's
+        group), then under substitution its share of n itself (public there). ParameterError for any
+        other mechanism."""
+        mech = self.mechanism
+        if self.dcf.width != 1:
+            raise ParameterError("coordinates are released for count tasks only")
+        noise = mech.coordinate_noise(self.noise_fn(0))  # ParameterError unless a factorization
+        prefix = self.sums(shards, np.arange(mech.size))
+        x = self._minus(prefix, np.concatenate([np.zeros(1, np.uint64), prefix[:-1]]))
+        shares = self._plus(right_factor_times(x, self.dcf.modulus), noise)
+        return np.concatenate([shares, prefix[-1:]]) if mech.relation == "substitution" else shares
 
     def group_shares(self, shards: list[KeyBatch], edges: np.ndarray, scales: list) -> np.ndarray:
         """Shares of every payload element summed over the index groups (.., e_1], (e_1, e_2], ...,

@@ -57,7 +57,10 @@ class Analyst:
         return (total if width == 1 else total.reshape(-1, width)), (0 if n is None else int(n))
 
     def prefix_counts(self, indices) -> tuple[np.ndarray, int]:
-        """Noisy counts #{v : index(v) <= i} (int64) at grid indices, and n."""
+        """Noisy counts #{v : index(v) <= i} (int64) at grid indices, and n. A factorization task
+        (zCDP) answers its full release only: use `release()`."""
+        if not self.mechanism.answers_prefixes:
+            raise DpcdfError(f"a {self.mechanism.name} task releases the whole ECDF at once: use release()")
         idx = [int(i) for i in indices]
         parts = [self._ask({"kind": "prefix", "indices": idx[k:k + MAX_QUERY_POINTS]})
                  for k in range(0, max(len(idx), 1), MAX_QUERY_POINTS)]
@@ -112,7 +115,11 @@ class Analyst:
             counts, seen["n"] = self._ask({"kind": "nodes", "level": level})
             return counts
 
-        release = mech.gather(prefix_at, nodes_at)  # the questions the mechanism's release needs
+        def coordinates_at() -> np.ndarray:
+            counts, seen["n"] = self._ask({"kind": "coordinates"})
+            return counts
+
+        release = mech.gather(prefix_at, nodes_at, coordinates_at)  # the questions the mechanism's release needs
         return [finish_release(self.grid, mech, part, seen["n"], postprocess_with, copies=2) for part in mech.elements(release)]
 
     def release(self, postprocess_with: str = "auto") -> Release:

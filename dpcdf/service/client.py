@@ -69,12 +69,14 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
     return reports
 
 
-def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, relation: str, min_batch: int,
+def create_task(servers: list[str], grid: dict, epsilon: float | None, mechanism: str, relation: str, min_batch: int,
                 kem: str = "x25519", payload: str = "count", split: float = 0.5,
-                admin_tokens: str | Sequence[str] | None = None, verify: bool | None = None) -> tuple[TaskConfig, str]:
+                admin_tokens: str | Sequence[str] | None = None, verify: bool | None = None,
+                rho: float | None = None) -> tuple[TaskConfig, str]:
     """The operator's step: fetches both servers' HPKE keys, registers the task with both (each needs
     its operator token: one for both, a pair, or $DPCDF_ADMIN_TOKEN), returns it and the analyst token.
     verify: check every report at the close (`TaskConfig.verify`; None: where the task allows it).
+    rho (with epsilon None): a rho-zCDP task (mechanism 'factorization' or 'tree', discrete Gaussian).
 
     Whoever writes a task config chooses the servers' keys in it: clients must check that the keys
     are those of the two organisations they trust (an analyst who names a server it runs would get
@@ -86,8 +88,10 @@ def create_task(servers: list[str], grid: dict, epsilon: float, mechanism: str, 
     admin = (admin, admin) if isinstance(admin, str) else tuple(admin)
     keys = [http("GET", f"{url}/hpke")["keys"][kem] for url in servers]
     token = secrets.token_urlsafe(24)
-    config = TaskConfig(grid, float(epsilon), mechanism, relation, int(min_batch), (servers[0], servers[1]),
-                        (keys[0], keys[1]), token_hash(token), payload=payload, split=split, kem=kem, verify=verify)
+    privacy = "pure" if rho is None else "zcdp"
+    config = TaskConfig(grid, None if epsilon is None else float(epsilon), mechanism, relation, int(min_batch),
+                        (servers[0], servers[1]), (keys[0], keys[1]), token_hash(token), payload=payload, split=split,
+                        kem=kem, verify=verify, privacy=privacy, rho=rho)
     for url, operator in zip(servers, admin):
         http("POST", f"{url}/tasks", config.to_json().encode(), operator)
     return config, token

@@ -18,11 +18,14 @@ from ..release.grid import Grid
 from ..release.calibration import group_scales
 from . import verify
 from .hpke import check_kem
-from ..release.mechanisms import PathMechanism, TreeMechanism, check_epsilon, check_relation
+from ..release.factorization import sqrt_factorization
+from ..release.mechanisms import Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
+from ..release.zcdp import check_rho, gaussian_tree
 
 FORMAT = "dpcdf-task/v1"
 OUT_BITS = 64
 MAX_TREE_SIZE = 1 << 20
+MAX_ZCDP_TREE_SIZE = 1 << 16
 MAX_QUERY_POINTS = 1 << 16  # prefix indices per query (the analyst splits larger requests)
 MAX_VERIFIED_GRID = 1 << 16  # grid points a verified task evaluates every report at, at the close
 
@@ -46,7 +49,7 @@ class TaskConfig:
     field out, so its fingerprint is what it was."""
 
     grid: dict
-    epsilon: float
+    epsilon: float | None
     mechanism: str
     relation: str
     min_batch: int
@@ -57,6 +60,8 @@ class TaskConfig:
     split: float = 0.5
     kem: str = "x25519"
     verify: bool | None = None
+    privacy: str = "pure"
+    rho: float | None = None
     task_id: str = field(default_factory=lambda: secrets.token_hex(16))
     format: str = FORMAT
 
@@ -67,10 +72,8 @@ class TaskConfig:
             raise ParameterError("servers, hpke_keys, token_hash and kem are strings")
         if not isinstance(self.grid, dict):
             raise ParameterError(f"grid must be an object, got {self.grid!r:.80}")
-        check_epsilon(self.epsilon)
         check_relation(self.relation)
-        if self.mechanism not in ("path", "tree"):
-            raise ParameterError(f"a task's mechanism is 'path' or 'tree', got {self.mechanism!r}")
+        self._check_privacy()
         if isinstance(self.min_batch, bool) or not isinstance(self.min_batch, int) or self.min_batch < 0:
             raise ParameterError(f"min_batch must be an int >= 0, got {self.min_batch!r}")
         if self.payload not in ("count", "label", "calibration"):
@@ -89,6 +92,9 @@ class TaskConfig:
         if self.mechanism == "tree" and self.make_grid().size > MAX_TREE_SIZE:
             raise ParameterError(f"the tree mechanism takes grids of up to {MAX_TREE_SIZE} points in a task "
                                  "(its planning would stall the server): use the path mechanism")
+        if self.privacy == "zcdp" and self.make_grid().size > MAX_ZCDP_TREE_SIZE:
+            raise ParameterError(f"a zCDP task takes grids of up to {MAX_ZCDP_TREE_SIZE} points (its discrete Gaussian "
+                                 "sampler is pure Python)")
         self.make_mechanism()  # validates the grid, the noise scales and that the mechanism can be built
         size = self.make_grid().size
         if self.verify is None:
@@ -102,6 +108,27 @@ class TaskConfig:
             self.check()  # raises for a payload that cannot be verified
         if self.payload == "calibration":
             group_scales(self.epsilon, self.split)  # the group sums' noise scales are in range
+
+    def _check_privacy(self) -> None:
+        """pure: epsilon-DP with discrete Laplace noise, mechanism 'path' or 'tree'. zcdp: rho-zCDP with
+        the exact discrete Gaussian, mechanism 'factorization' (the square-root factorization, grids of
+        up to 2^13 points) or 'tree', one ECDF per task (payload 'count'), no epsilon."""
+        if self.privacy == "pure":
+            check_epsilon(self.epsilon)
+            if self.rho is not None:
+                raise ParameterError("rho is for privacy 'zcdp'")
+            if self.mechanism not in ("path", "tree"):
+                raise ParameterError(f"a task's mechanism is 'path' or 'tree', got {self.mechanism!r}")
+        elif self.privacy == "zcdp":
+            if self.epsilon is not None:
+                raise ParameterError("a zCDP task takes rho, not epsilon")
+            check_rho(self.rho)
+            if self.mechanism not in ("factorization", "tree"):
+                raise ParameterError(f"a zCDP task's mechanism is 'factorization' or 'tree', got {self.mechanism!r}")
+            if self.payload != "count":
+                raise ParameterError("a zCDP task releases one ECDF: payload 'count'")
+        else:
+            raise ParameterError(f"privacy must be 'pure' or 'zcdp', got {self.privacy!r}")
 
     # --- derived ------------------------------------------------------------------------------
     def make_grid(self) -> Grid:
@@ -130,9 +157,13 @@ class TaskConfig:
     def width(self) -> int:
         return {"count": 1, "label": 2, "calibration": 3}[self.payload]
 
-    def make_mechanism(self) -> PathMechanism | TreeMechanism:
+    def make_mechanism(self) -> Mechanism:
         """The mechanism of each released ECDF (for a label payload: of each of the two curves)."""
         size = self.make_grid().size
+        if self.privacy == "zcdp":
+            if self.mechanism == "factorization":
+                return sqrt_factorization(size, self.rho, self.relation)
+            return gaussian_tree(size, self.rho, self.relation)
         eps, relation = self.epsilon, self.relation
         if self.payload == "label":
             eps, relation = self.epsilon / 2, "add-remove"
@@ -163,6 +194,8 @@ class TaskConfig:
         d["servers"], d["hpke_keys"] = list(self.servers), list(self.hpke_keys)
         if not self.verify:
             del d["verify"]  # configs from before verification: the same JSON, the same fingerprint
+        if self.privacy == "pure":
+            del d["privacy"], d["rho"]  # and from before zCDP tasks
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @classmethod

@@ -196,8 +196,10 @@ def test_tree_only_post_processing_and_the_servers_refuse_it_clearly():
         with pytest.raises(dpcdf.ParameterError, match="tree"):
             dpcdf.release_ecdf([1, 5, 9], grid, privacy="zcdp", rho=0.5, mechanism="factorization", postprocess_with=post)
     mech = sqrt_factorization(64, 0.5)
-    with pytest.raises(dpcdf.ParameterError, match="central"):
+    with pytest.raises(dpcdf.ParameterError, match="coordinates"):
         mech.gather(lambda idx: idx, lambda level: level)
+    with pytest.raises(dpcdf.ParameterError, match="has 65 values"):
+        mech.gather(None, None, lambda: np.zeros(64))
     with pytest.raises(dpcdf.ParameterError, match="the mechanism's rho"):
         dpcdf.release_ecdf([1, 5, 9], grid, privacy="zcdp", rho=0.25, mechanism=mech)
 

@@ -8,7 +8,7 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field
 
 from ..task import MAX_QUERY_POINTS
 
-KINDS = "kind must be 'prefix', 'nodes' or (calibration tasks) 'groups'"
+KINDS = "kind must be 'prefix', 'nodes', (factorization tasks) 'coordinates' or (calibration tasks) 'groups'"
 
 
 class Error(BaseModel):
@@ -35,8 +35,8 @@ class TaskSpec(BaseModel):
     the body with TaskConfig.from_json, whose canonical form the fingerprint is taken of."""
     model_config = ConfigDict(extra="allow")
     grid: dict
-    epsilon: float
-    mechanism: Literal["path", "tree"]
+    epsilon: float | None = Field(description="pure epsilon-DP tasks; null for zCDP")
+    mechanism: Literal["path", "tree", "factorization"]
     relation: Literal["substitution", "add-remove"]
     min_batch: int
     servers: list[str] = Field(min_length=2, max_length=2)
@@ -45,6 +45,8 @@ class TaskSpec(BaseModel):
     payload: Literal["count", "label", "calibration"] = "count"
     split: float = 0.5
     kem: Literal["x25519", "mlkem768-x25519"] = "x25519"
+    privacy: Literal["pure", "zcdp"] = "pure"
+    rho: float | None = Field(None, description="zCDP tasks: rho (discrete Gaussian noise)")
     task_id: str | None = Field(None, description="1 to 64 of A-Z, a-z, 0-9, '-', '_'; random if left out")
     format: str = "dpcdf-task/v1"
 
@@ -118,12 +120,18 @@ class GroupsQuery(BaseModel):
     edges: Annotated[list[StrictInt], AfterValidator(_edges)]
 
 
+class CoordinatesQuery(BaseModel):
+    """Factorization tasks (zCDP): shares of R x + noise at every coordinate, then (substitution) of n."""
+    kind: Literal["coordinates"]
+
+
 def _kind(v: object) -> object:
     return v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
 
 
 Query = Annotated[
-    Union[Annotated[PrefixQuery, Tag("prefix")], Annotated[NodesQuery, Tag("nodes")], Annotated[GroupsQuery, Tag("groups")]],
+    Union[Annotated[PrefixQuery, Tag("prefix")], Annotated[NodesQuery, Tag("nodes")], Annotated[GroupsQuery, Tag("groups")],
+          Annotated[CoordinatesQuery, Tag("coordinates")]],
     Discriminator(_kind, custom_error_type="kind", custom_error_message=KINDS),
 ]
 

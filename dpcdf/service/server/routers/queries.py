@@ -1,5 +1,5 @@
 """POST /tasks/{id}/query, for the analyst: this server's shares of noisy prefix counts, tree nodes,
-or (calibration tasks) group sums, from the reconciled report set."""
+(factorization tasks) coordinates, or (calibration tasks) group sums, from the reconciled report set."""
 from __future__ import annotations
 
 import json
@@ -11,7 +11,7 @@ from fastapi import APIRouter, Body
 from ....release.calibration import group_scales
 from ..deps import THROTTLED, AnalystTaskDep, ServerDep
 from ..errors import HttpError
-from ..models import KINDS, GroupsQuery, NodesQuery, PrefixQuery, Query, QueryResponse, errors
+from ..models import KINDS, CoordinatesQuery, GroupsQuery, NodesQuery, PrefixQuery, Query, QueryResponse, errors
 from ..state import TaskState
 
 router = APIRouter(prefix="/tasks/{task_id}", tags=["queries"])
@@ -41,6 +41,8 @@ def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, 
             shares = agg.group_shares(shards, np.array(q.edges, np.int64), group_scales(config.epsilon, config.split))
         elif isinstance(q, PrefixQuery):
             shares = agg.prefix_shares(shards, np.array(q.indices, np.int64))
+        elif isinstance(q, CoordinatesQuery):
+            shares = agg.coordinate_shares(shards)
         else:
             shares = agg.node_shares(shards, q.level)
         if config.payload == "calibration" and not isinstance(q, GroupsQuery):
@@ -51,10 +53,16 @@ def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, 
                          shares=[str(int(v)) for v in shares.reshape(-1)], modulus=str(st.dcf.modulus))
 
 
-def check(st: TaskState, q: PrefixQuery | NodesQuery | GroupsQuery) -> None:
+def check(st: TaskState, q: PrefixQuery | NodesQuery | GroupsQuery | CoordinatesQuery) -> None:
     """What the model cannot check without the task: indices on its grid, a released tree level,
-    groups on calibration tasks only."""
-    size = st.aggregator.mechanism.size
+    groups on calibration tasks only, coordinates on factorization tasks only (which answer nothing
+    else: their noise is on R x, not on prefixes or nodes)."""
+    mech = st.aggregator.mechanism
+    size = mech.size
+    if isinstance(q, CoordinatesQuery) != (not mech.answers_prefixes):
+        raise HttpError(400, "a factorization task answers 'coordinates' queries only, and only it does")
+    if isinstance(q, CoordinatesQuery):
+        return
     if isinstance(q, GroupsQuery):
         if st.config.payload != "calibration":
             raise HttpError(400, KINDS)
