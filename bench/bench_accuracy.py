@@ -12,11 +12,13 @@ error of the prefix counts over the grid; in parentheses: quantile error (mean |
 units over p = 0.01 .. 0.99; ours through `Release.quantile`, the others by inverting their estimate
 at its first crossing; under add/remove each divides by its own estimate of n, which is not public).
 
---zcdp adds rho-zCDP rows at rho = eps^2 / 2: ours (`privacy="zcdp"`: discrete Gaussian b = 2 tree,
+--zcdp adds rho-zCDP rows at rho = eps^2 / 2: ours (`privacy="zcdp"`: the default, the square-root
+factorization with exact discrete Gaussian noise, monotone; and the discrete Gaussian b = 2 tree,
 consistent, monotone) and OpenDP's make_b_ary_tree + make_gaussian (discrete Gaussian on integers)
-made consistent, its scale calibrated to the tree's exact L2 sensitivity under the relation
-(`opendp_zcdp_scale`), so both put the same sigma^2 on every node: 10 / rho (substitution) or
-11 / (2 rho) (add/remove) on the 2^10 grid.
+made consistent, at b = 2 and at its default branching (`choose_branching_factor`: 26 at N = 1024),
+its scale calibrated to the tree's exact L2 sensitivity under the relation (`opendp_zcdp_scale`), so
+the b = 2 trees put the same sigma^2 on every node: 10 / rho (substitution) or 11 / (2 rho)
+(add/remove) on the 2^10 grid.
 """
 from __future__ import annotations
 
@@ -216,11 +218,21 @@ def main() -> None:
 
 
 def zcdp_block(data, grid, prefix, hist, total, rel, runs) -> None:
+    """rho-zCDP rows, and per rho the ratio of our default to OpenDP's b = 2 tree and to OpenDP's tree
+    at its default branching (`choose_branching_factor`, made for Laplace noise)."""
+    import opendp.prelude as dp
+
+    dp.enable_features("contrib")
+    b_default = int(dp.t.choose_branching_factor(hist.size))
     rhos = (0.005, 0.125, 0.5)  # eps^2 / 2 for eps = 0.1, 0.5, 1
     print("zCDP, same data and relation: counts MSE (quantile error)")
     print(f"{'method':<44}" + "".join(f"{'rho=' + str(r):>22}" for r in rhos))
-    rows = {"ours zCDP: discrete Gaussian b=2 tree": lambda r: dpcdf.release_ecdf(data, grid, privacy="zcdp", rho=r, relation=rel),
-            "OpenDP zCDP b=2 + consistency": lambda r: opendp_zcdp_prefix(hist, r, 2, rel)}
+    ours = "ours zCDP: square-root factorization (default)"
+    rows = {ours: lambda r: dpcdf.release_ecdf(data, grid, privacy="zcdp", rho=r, relation=rel),
+            "ours zCDP: discrete Gaussian b=2 tree": lambda r: dpcdf.release_ecdf(data, grid, privacy="zcdp", rho=r, relation=rel, mechanism="tree"),
+            "OpenDP zCDP b=2 + consistency": lambda r: opendp_zcdp_prefix(hist, r, 2, rel),
+            f"OpenDP zCDP b={b_default} (its default) + consistency": lambda r: opendp_zcdp_prefix(hist, r, b_default, rel)}
+    mses: dict[str, list[float]] = {}
     for label, fn in rows.items():
         cells = []
         for r in rhos:
@@ -228,8 +240,12 @@ def zcdp_block(data, grid, prefix, hist, total, rel, runs) -> None:
             mse = float(np.mean([metrics.mse_counts(prefix, getattr(e, "counts", e)) for e in ests]))
             qe = float(np.mean([quantile_error(prefix, e, total, rel == "substitution") for e in ests]))
             cells.append(f"{mse:>14.0f} ({qe:>5.1f})")
+            mses.setdefault(label, []).append(mse)
         print(f"{label:<44}" + "".join(cells))
-
+    b2, bd = mses["OpenDP zCDP b=2 + consistency"], mses[f"OpenDP zCDP b={b_default} (its default) + consistency"]
+    for k, r in enumerate(rhos):
+        print(f"rho={r}: ours / OpenDP b=2 = {mses[ours][k] / b2[k]:.2f} (goal <= 0.75); "
+              f"/ OpenDP b={b_default} = {mses[ours][k] / bd[k]:.2f} (goal <= 0.5)")
 
 if __name__ == "__main__":
     main()
