@@ -1,6 +1,7 @@
 """Accuracy of full-grid DP ECDF releases, side by side, at the same epsilon and neighbouring relation.
 
-    python bench/bench_accuracy.py [--runs 20] [--relation substitution|add-remove]
+    python bench/bench_accuracy.py [--runs 20] [--relation substitution|add-remove] [--zcdp]
+        [--only paper|skewed|sparse] [--n 10000 (values in the sparse set)]
 
 Rows: the paper's path mechanism (eq. 2, scale (L+1)/eps) and its theory 2 (L+1)^3 / eps^2; the same
 with the exact sensitivity; ours ("auto": the b-ary tree with the least exact expected error,
@@ -160,10 +161,13 @@ def main() -> None:
     ap.add_argument("--relation", default="substitution", choices=["substitution", "add-remove"])
     ap.add_argument("--n", type=int, default=10_000, help="how many values the sparse data set has (1e3 .. 1e6)")
     ap.add_argument("--zcdp", action="store_true", help="also compare rho-zCDP releases at rho = eps^2 / 2")
+    ap.add_argument("--only", choices=["paper", "skewed", "sparse"], help="one data set (e.g. sparse at another --n)")
     args = ap.parse_args()
     rel, runs = args.relation, args.runs
     d_in = 2 if rel == "substitution" else 1
     for name, (data, size) in datasets(args.n).items():
+        if args.only and not name.startswith(args.only):
+            continue
         grid = Grid.integers(size)
         L = int(np.log2(size))
         prefix = dpcdf.prefix_counts(data, grid)
