@@ -1,6 +1,7 @@
 """Shared test helpers: the function families under test and the truth to compare against."""
 from __future__ import annotations
 
+import itertools
 import os
 
 import numpy as np
@@ -70,3 +71,19 @@ def values(n: int, seed: int) -> np.ndarray:
 
 def urls(pair) -> list[str]:
     return [url for _, url, _ in pair]
+
+
+def neighbour_prefixes(size: int, relation: str):
+    """(prefix, prefix') for every neighbour pair of one-value data sets on `size` grid points (a common
+    background cancels in any linear release's differences): substitution moves the value from leaf a
+    to leaf c; add/remove adds it at leaf a."""
+    if relation == "substitution":
+        for a, c in itertools.product(range(size), repeat=2):
+            x, y = np.zeros(size, np.int64), np.zeros(size, np.int64)
+            x[a], y[c] = 1, 1
+            yield np.cumsum(x), np.cumsum(y)
+    else:
+        for a in range(size):
+            x = np.zeros(size, np.int64)
+            x[a] = 1
+            yield np.zeros(size, np.int64), np.cumsum(x)

@@ -5,7 +5,6 @@ statements, refusals, and pinned vectors (tests/vectors/factorization_v1.json)."
 from __future__ import annotations
 
 import hashlib
-import itertools
 import json
 import math
 from fractions import Fraction
@@ -17,6 +16,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 import dpcdf
+from helpers import neighbour_prefixes
 from dpcdf.release.ecdf import finish_release, secure_node_noise
 from dpcdf.release.factorization import (MAX_FACTOR_GRID, SqrtFactorizationMechanism, column_sensitivities, last_prefix_gain,
                                          left_factor, right_factor, sqrt_factorization)
@@ -30,21 +30,6 @@ def no_noise(ids, scale):
     return np.zeros(np.asarray(ids).size, np.int64)
 
 
-def neighbours(size: int, relation: str):
-    """(prefix, prefix') for every neighbour pair of one-value data sets (a common background cancels
-    in R x - R x'): substitution moves the value from a to c, add/remove adds it at a."""
-    if relation == "substitution":
-        for a, c in itertools.product(range(size), repeat=2):
-            x, y = np.zeros(size, np.int64), np.zeros(size, np.int64)
-            x[a], y[c] = 1, 1
-            yield np.cumsum(x), np.cumsum(y)
-    else:
-        for a in range(size):
-            x = np.zeros(size, np.int64)
-            x[a] = 1
-            yield np.zeros(size, np.int64), np.cumsum(x)
-
-
 @pytest.mark.parametrize("relation", RELATIONS)
 @pytest.mark.parametrize("size", [2, 3, 7, 16, 33, 64])
 def test_exact_rho_is_the_brute_force_worst_case(size, relation):
@@ -53,7 +38,7 @@ def test_exact_rho_is_the_brute_force_worst_case(size, relation):
     rho = 0.3
     mech = sqrt_factorization(size, rho, relation)
     worst = 0
-    for p, q in neighbours(size, relation):
+    for p, q in neighbour_prefixes(size, relation):
         a, b = mech.noisy(p, no_noise), mech.noisy(q, no_noise)
         if relation == "substitution":
             assert a[-1] == b[-1]  # n, released without noise

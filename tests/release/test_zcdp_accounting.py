@@ -9,7 +9,6 @@ mechanism's sigma^2 and `exact_rho` against it as Fractions.
 from __future__ import annotations
 
 import importlib.util
-import itertools
 from fractions import Fraction
 from pathlib import Path
 
@@ -17,33 +16,18 @@ import numpy as np
 import pytest
 
 import dpcdf
+from helpers import neighbour_prefixes
 from dpcdf.release.mechanisms import node_counts
 from dpcdf.release.zcdp import gaussian_tree
 
 ROOT = Path(__file__).resolve().parents[2]
 
 
-def neighbours(size: int, relation: str):
-    """(prefix, prefix') for every neighbour pair of one-value data sets (plus a common background,
-    which cancels in the differences): substitution moves the value from leaf a to leaf c; add/remove
-    adds it at leaf a."""
-    if relation == "substitution":
-        for a, c in itertools.product(range(size), repeat=2):
-            x, y = np.zeros(size, np.int64), np.zeros(size, np.int64)
-            x[a], y[c] = 1, 1
-            yield np.cumsum(x), np.cumsum(y)
-    else:
-        for a in range(size):
-            x = np.zeros(size, np.int64)
-            x[a] = 1
-            yield np.zeros(size, np.int64), np.cumsum(x)
-
-
 def worst_rho(mech, relation: str) -> Fraction:
     """max over neighbours of sum over released levels of ||d_l||^2 / (2 sigma_l^2), exactly; a
     released level without noise (the public root under substitution) must not change at all."""
     worst = Fraction(0)
-    for p, q in neighbours(mech.size, relation):
+    for p, q in neighbour_prefixes(mech.size, relation):
         total = Fraction(0)
         for level in mech.released_levels():
             d = node_counts(p, mech.shape, level) - node_counts(q, mech.shape, level)
@@ -131,7 +115,7 @@ def test_benchmark_calibrates_a_full_tree_with_its_exact_l2_sensitivity(size):
         return np.concatenate([np.diff(np.concatenate([[0], prefix[2**lv - 1::2**lv]])) for lv in range(layers)])
 
     for relation in ("substitution", "add-remove"):
-        worst = max(int(((nodes(p) - nodes(q)) ** 2).sum()) for p, q in neighbours(size, relation))
+        worst = max(int(((nodes(p) - nodes(q)) ** 2).sum()) for p, q in neighbour_prefixes(size, relation))
         assert bench.tree_l2_sq_sensitivity(layers, relation) == worst
     # on the benchmark's grid both sides then use the same sigma^2 per node at the same rho
     assert bench.tree_l2_sq_sensitivity(11, "substitution") / (2 * 0.005) == pytest.approx(float(gaussian_tree(1024, 0.005).sigma2))
