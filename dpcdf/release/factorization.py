@@ -36,7 +36,9 @@ def right_factor(m: int) -> np.ndarray:
     b = np.ones(m)
     for k in range(1, m):
         b[k] = b[k - 1] * (2 * k - 1) / (2 * k)
-    return np.rint(b * (1 << PRECISION_BITS)).astype(np.int64)
+    r = np.rint(b * (1 << PRECISION_BITS)).astype(np.int64)
+    r.flags.writeable = False  # cached: the sensitivity is computed from it
+    return r
 
 
 def right_factor_times(x: np.ndarray, modulus: int) -> np.ndarray:
@@ -62,7 +64,9 @@ def left_factor(m: int) -> np.ndarray:
     inv[0] = 1 / r[0]
     for k in range(1, m):
         inv[k] = -(r[1 : k + 1] @ inv[k - 1 :: -1]) / r[0]
-    return np.cumsum(inv)
+    out = np.cumsum(inv)
+    out.flags.writeable = False  # cached
+    return out
 
 
 @lru_cache(maxsize=16)
@@ -72,7 +76,9 @@ def last_prefix_gain(m: int) -> tuple[np.ndarray, float]:
     l = left_factor(m)
     cov = np.convolve(l, l[::-1])[:m]  # Cov((L z)_i, (L z)_(m-1)) = sum_(k<=i) l_(i-k) l_(m-1-k)
     trace = float(np.cumsum(l * l).sum())
-    return cov / cov[-1], trace - float(cov @ cov) / cov[-1]
+    gain = cov / cov[-1]
+    gain.flags.writeable = False  # cached
+    return gain, trace - float(cov @ cov) / cov[-1]
 
 
 @lru_cache(maxsize=16)

@@ -25,7 +25,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ParameterError
-from .noise import EPSILON_ROUNDING, dlaplace_variance, scale_fraction
+from .noise import EPSILON_ROUNDING, check_epsilon, dlaplace_variance, scale_fraction  # noqa: F401 (check_epsilon: re-exported)
 from .tree import TreeShape, path_sensitivity
 
 RELATIONS = ("substitution", "add-remove")
@@ -39,12 +39,6 @@ def check_relation(relation: str) -> str:
     if relation not in RELATIONS:
         raise ParameterError(f"relation must be one of {RELATIONS}, got {relation!r}")
     return relation
-
-
-def check_epsilon(epsilon: object) -> float:
-    if isinstance(epsilon, bool) or not isinstance(epsilon, (int, float)) or not math.isfinite(epsilon) or epsilon <= 0:
-        raise ParameterError(f"epsilon must be a finite number > 0, got {epsilon!r}")
-    return float(epsilon)
 
 
 def node_counts(prefix: np.ndarray, shape: TreeShape, level: int) -> np.ndarray:

@@ -33,12 +33,22 @@ EPSILON_ROUNDING = Fraction(1, _MAX_DEN)  # so it loses less than this: the boun
 MIN_EPSILON = 1e-6
 
 
+def check_epsilon(epsilon: object) -> float:
+    """epsilon as a positive finite float; ParameterError for anything else (also an int too large for a float)."""
+    try:
+        ok = not isinstance(epsilon, bool) and isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise ParameterError(f"epsilon must be a finite number > 0, got {epsilon!r:.60}")
+    return float(epsilon)
+
+
 def scale_fraction(sensitivity: int, epsilon: float) -> Fraction:
     """The Laplace scale sensitivity / epsilon as a fraction, with epsilon rounded *down* to a
     rational of denominator <= 2^20 (the private direction: the noise gets no smaller). Epsilon must
     be at least 1e-6 (below that the noise would dwarf any count anyway)."""
-    if isinstance(epsilon, bool) or not (isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0):
-        raise ParameterError(f"epsilon must be a finite number > 0, got {epsilon!r}")
+    check_epsilon(epsilon)
     if epsilon < MIN_EPSILON:
         raise ParameterError(f"epsilon must be at least {MIN_EPSILON}, got {epsilon!r}")
     eps = Fraction(epsilon).limit_denominator(_MAX_DEN)

@@ -123,16 +123,27 @@ def prf_dgauss(key: bytes, ids: np.ndarray, sigma2: Fraction) -> np.ndarray:
     return np.array([dgauss_one(sigma2, PrfStream(ecb, int(i)).randbelow) for i in ids], dtype=np.int64)
 
 
+_WIDE = 50.0  # sigma^2 above this: the discrete sums equal their Gaussian integrals in float64
+
+
 def dgauss_pmf(sigma2: float, support: np.ndarray) -> np.ndarray:
-    """The exact probabilities of N_Z(0, sigma2) at `support` (normalised over |y| <= 40 sigma + 40)."""
+    """The exact probabilities of N_Z(0, sigma2) at `support`: normalised over |y| <= 40 sigma + 40, or,
+    for sigma^2 > 50, by sqrt(2 pi sigma^2) (Poisson summation: the sum differs from it by a relative
+    2 exp(-2 pi^2 sigma^2) < 10^-400, and summing would take memory in proportion to sigma)."""
+    ys = np.asarray(support, np.float64)
+    if sigma2 > _WIDE:
+        return np.exp(-ys**2 / (2 * sigma2)) / math.sqrt(2 * math.pi * sigma2)
     m = int(40 * math.sqrt(sigma2)) + 40
-    ys = np.arange(-m, m + 1, dtype=np.float64)
-    z = np.exp(-ys**2 / (2 * sigma2)).sum()
-    return np.exp(-np.asarray(support, np.float64) ** 2 / (2 * sigma2)) / z
+    grid = np.arange(-m, m + 1, dtype=np.float64)
+    return np.exp(-ys**2 / (2 * sigma2)) / np.exp(-grid**2 / (2 * sigma2)).sum()
 
 
 def dgauss_variance(sigma2: float) -> float:
-    """Var of N_Z(0, sigma2) (at most sigma2; CKS 2020, Corollary 9)."""
+    """Var of N_Z(0, sigma2) (at most sigma2; CKS 2020, Corollary 9): summed for sigma^2 <= 50, else
+    sigma^2 itself (the gap is below sigma^2 * 8 pi^2 sigma^2 exp(-2 pi^2 sigma^2), far under float64's
+    resolution; the factorization's sigma^2 is ~10^10 / rho)."""
+    if sigma2 > _WIDE:
+        return float(sigma2)
     m = int(40 * math.sqrt(sigma2)) + 40
     ys = np.arange(-m, m + 1, dtype=np.float64)
     w = np.exp(-ys**2 / (2 * sigma2))
@@ -140,8 +151,13 @@ def dgauss_variance(sigma2: float) -> float:
 
 
 def check_rho(rho: object) -> float:
-    if isinstance(rho, bool) or not isinstance(rho, (int, float)) or not math.isfinite(rho) or rho <= 0 or rho > 1e6:
-        raise ParameterError(f"rho must be a finite number in (0, 1e6], got {rho!r}")
+    """rho as a float in [1e-9, 1e6]; ParameterError for anything else (also an int too large for a float)."""
+    try:
+        ok = not isinstance(rho, bool) and isinstance(rho, (int, float)) and math.isfinite(rho) and 0 < rho <= 1e6
+    except OverflowError:
+        ok = False
+    if not ok:
+        raise ParameterError(f"rho must be a finite number in (0, 1e6], got {rho!r:.60}")
     if rho < 1e-9:
         raise ParameterError(f"rho must be at least 1e-9, got {rho!r}")
     return float(rho)

@@ -207,7 +207,7 @@ class TaskConfig:
             return cls(**d)
         except ParameterError:
             raise
-        except (ValueError, TypeError, KeyError, RecursionError) as exc:
+        except (ValueError, TypeError, KeyError, RecursionError, ArithmeticError) as exc:
             raise ParameterError(f"not a task configuration: {exc!r:.200}") from None
 
     @property
