@@ -23,15 +23,15 @@ from dpcdf.release.ecdf import prefix_counts
 from dpcdf.release.factorization import column_sensitivities, right_factor, right_factor_times, sqrt_factorization
 from dpcdf.release.noise import prf_key
 from dpcdf.release.zcdp import GaussianVariance, PrfStream, calibrate_sigma2, check_rho, gaussian_tree, prf_dgauss
-from dpcdf.service import hpke
 from dpcdf.service.aggregate import Aggregator
 from dpcdf.service.analyst import Analyst
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.task import TaskConfig
-from dpcdf.service.wire import ID_BYTES, Report, encode_batch, hpke_info, join_share
+from dpcdf.service.wire import encode_batch, join_share
 from fss import field as F
 from helpers import GRID, OPERATOR, urls, values
+from test_malicious_clients import seal
 
 P = F.P
 RELATIONS = ["substitution", "add-remove"]
@@ -466,17 +466,6 @@ def test_the_coordinates_are_r_x_plus_both_servers_noise_and_nothing_noiseless(s
         assert y[m] == 60
 
 
-def _seal(config: TaskConfig, shares: tuple[bytes, bytes]) -> bytes:
-    rid = secrets.token_bytes(ID_BYTES)
-    suite, enc_len = hpke.suite(config.kem), hpke.enc_length(config.kem)
-    sealed = []
-    for party in (0, 1):
-        out = suite.encrypt(shares[party], hpke.public_key(config.kem, config.hpke_keys[party]),
-                            info=hpke_info(config.fingerprint, rid, party))
-        sealed.append((out[:enc_len], out[enc_len:]))
-    return Report(config.fingerprint, rid, (sealed[0], sealed[1])).to_bytes()
-
-
 def _forged(config: TaskConfig, alpha: int, beta=1, lie: bool = False) -> tuple[bytes, bytes]:
     k0, k1 = config.dcf().gen(alpha, beta)
     x0, x1 = config.check().client_extras(np.ones((1, config.width), np.int64))
@@ -498,7 +487,7 @@ def test_forged_reports_on_a_verified_factorization_task_change_nothing(servers,
     submit(config, vals, batch=45)
     bad = [_forged(config, 7, 0), _forged(config, 7, 2), _forged(config, 7, 10**6), _forged(config, 7, P - 1),
            _forged(config, 55), _forged(config, 63), _forged(config, 20, 1, lie=True)]
-    reports = [_seal(config, s) for s in bad]
+    reports = [seal(config, s) for s in bad]
     for url in config.servers:
         res = http("POST", f"{url}/tasks/{config.task_id}/reports/batch", encode_batch(reports),
                    content_type="application/octet-stream")
