@@ -103,8 +103,10 @@ def test_conditioning_on_n_matches_a_dense_covariance(size):
 @pytest.mark.parametrize("relation", RELATIONS)
 def test_release_error_matches_the_formula_and_the_noise_is_the_discrete_gaussian(relation):
     """60 releases of fixed data at N = 256: the fitted estimate's mean squared error is the stated
-    expected_mse (sd of the 60-run mean about 4%: bound 20%); the noise R x - y has the variance of
-    N_Z(0, sigma^2) (15,360 draws, bound 5 standard errors) and mean 0."""
+    expected_mse (the 60-run mean's sd is 5% of it, heavy-tailed: 1,500 simulated releases put it
+    0.2 away in 2-5 of 10^4 resamples, 0.3 away in none of 4 x 10^4: bound 0.3, which a variance off
+    by a factor 1.5 still fails); the noise R x - y has the variance of N_Z(0, sigma^2) (15,360 draws,
+    bound 5 standard errors) and mean 0."""
     size, rho = 256, 0.5
     grid = dpcdf.Grid.integers(size)
     values = np.random.default_rng(3).integers(0, size, 700)  # the test's data
@@ -116,7 +118,7 @@ def test_release_error_matches_the_formula_and_the_noise_is_the_discrete_gaussia
         y = mech.noisy(prefix, secure_node_noise)
         noise.append((y - exact)[:size])
         errs.append(np.mean((mech.estimate(y)[1] - prefix) ** 2))
-    assert abs(np.mean(errs) / mech.expected_mse() - 1) < 0.2
+    assert abs(np.mean(errs) / mech.expected_mse() - 1) < 0.3
     z = np.concatenate(noise) / math.sqrt(float(mech.sigma2))
     var = dgauss_variance(float(mech.sigma2)) / float(mech.sigma2)
     assert abs(z.var() - var) < 5 * var * math.sqrt(2 / z.size)
