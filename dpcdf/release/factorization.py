@@ -7,8 +7,8 @@ mechanism releases y = R x + z, x the histogram, R = round(2^16 B) (integers, so
 integer vector and the discrete Gaussian z ~ N_Z(0, sigma^2)^m stays exact), and estimates the
 prefix counts as L y = A x + L z with L = A R^(-1), a Toeplitz matrix too (the coefficients of
 1 / ((1 - z) R(z))). Under Gaussian noise this spreads a person's influence over every coordinate
-much more evenly than a tree: at N = 1024 its expected squared error per prefix is 0.67-0.70 of
-the consistent binary tree's at the same rho (`bench/bench_accuracy.py --zcdp`).
+much more evenly than a tree: at N = 1024 its expected squared error per prefix is 0.71 of
+the consistent binary tree's at the same rho, under either relation (`test_factorization.py`).
 
 Under substitution n is public: the release appends it, and the estimate is conditioned on it (the
 last prefix's observed noise L z_(N-1) = (L y)_(N-1) - n is regressed out of every prefix, exactly
