@@ -12,6 +12,7 @@ import numpy as np
 
 from .analyst import Analyst
 from .errors import DpcdfError
+from .release.ecdf import POSTPROCESS
 from .service.client import UploadIncomplete, create_task, submit
 from .service.files import write_secret
 from .service.task import TaskConfig
@@ -101,6 +102,9 @@ def main(argv: list[str] | None = None) -> int:
     q.add_argument("--quantiles", nargs="*", type=float, default=[0.1, 0.25, 0.5, 0.75, 0.9])
     q.add_argument("--bisect", action="store_true",
                    help="answer from prefix queries (Algorithm 1) instead of a post-processed full-grid release")
+    q.add_argument("--postprocess", default="auto", choices=list(POSTPROCESS),
+                   help="how the full-grid release is post-processed (default auto: smoothed for a tree on up to "
+                   "2^12 points, else consistent and monotone; monotone: the plain fit)")
     d = sub.add_parser("demo", help="two real servers on loopback, simulated clients, an analyst, a table and a plot")
     d.add_argument("--clients", type=int, default=3000)
     d.add_argument("--epsilon", type=float, default=1.0)
@@ -146,7 +150,7 @@ def main(argv: list[str] | None = None) -> int:
             config = TaskConfig.from_json(Path(args.task).read_text())
             token = Path(args.token_file or args.task + ".token").read_text().strip()
             analyst = Analyst(config, token)
-            source = analyst if args.bisect else analyst.release()
+            source = analyst if args.bisect else analyst.release(args.postprocess)
             for t_, f_ in zip(args.ecdf, source.ecdf(args.ecdf)):
                 print(f"F({t_:g}) = {f_:.4f}")
             for p_, q_ in zip(args.quantiles, source.quantile(args.quantiles)):

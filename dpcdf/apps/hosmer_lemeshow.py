@@ -92,7 +92,7 @@ def hosmer_lemeshow(probabilities, labels, epsilon: float, groups: int = 10, bit
     if not 0 < split < 1:
         raise ParameterError(f"split must lie in (0, 1), got {split!r}")
     grid = Grid.uniform(0.0, 1.0, bits)
-    ecdf = release_ecdf(p, grid, split * epsilon, noise=noise)
+    ecdf = release_ecdf(p, grid, split * epsilon, postprocess_with="monotone", noise=noise)
     inner = ecdf.quantile(np.arange(1, groups) / groups)
     group = np.clip(np.searchsorted(inner, p, side="left"), 0, groups - 1)  # p <= edge q -> group q
     sums = np.stack([np.bincount(group, minlength=groups), np.bincount(group, weights=y, minlength=groups),
@@ -109,7 +109,7 @@ def hosmer_lemeshow_from_servers(analyst: Analyst, groups: int = 10) -> HosmerLe
     if analyst.config.payload != "calibration":
         raise ParameterError("the Hosmer-Lemeshow statistic needs a calibration task")
     grid = analyst.grid
-    inner = analyst.release().quantile(np.arange(1, groups) / groups)
+    inner = analyst.release("monotone").quantile(np.arange(1, groups) / groups)  # the plain fit, as the central one
     edges = [int(i) for i in np.minimum(grid.index(inner), grid.size - 2)]
     sums = analyst.group_sums(edges)
     bounds = np.concatenate([[0.0], grid.thresholds[edges], [1.0]])

@@ -69,8 +69,8 @@ def roc(scores, labels, grid: Grid, epsilon: float, mechanism: str = "auto", noi
         raise ParameterError("labels must be 0 or 1")
     if y.min() == y.max():
         raise ParameterError("a ROC curve needs both classes in the data")
-    pos = release_ecdf(s[y == 1], grid, epsilon / 2, mechanism, "add-remove", noise=_domain(noise, 1))
-    neg = release_ecdf(s[y == 0], grid, epsilon / 2, mechanism, "add-remove", noise=_domain(noise, 2))
+    pos = release_ecdf(s[y == 1], grid, epsilon / 2, mechanism, "add-remove", "monotone", noise=_domain(noise, 1))
+    neg = release_ecdf(s[y == 0], grid, epsilon / 2, mechanism, "add-remove", "monotone", noise=_domain(noise, 2))
     return RocRelease(np.concatenate([grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg, float(epsilon))
 
 
@@ -79,7 +79,7 @@ def roc_from_servers(analyst: Analyst) -> RocRelease:
     negatives; both curves are post-processed full-grid releases carrying both servers' noise."""
     if analyst.config.payload != "label":
         raise ParameterError("this task releases an ECDF: use release()")
-    pos, neg = analyst.releases()
+    pos, neg = analyst.releases("monotone")  # the plain fit, as the central roc (its tables were made with it)
     return RocRelease(np.concatenate([analyst.grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg,
                       analyst.config.epsilon)
 

@@ -192,8 +192,9 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     """The post-processing every release shares (central, or the analyst's over two servers):
     `noisy` is the mechanism's release (`Mechanism.noisy` / `gather`: the path mechanism's noisy
     prefix counts, the tree's noisy node counts per level), each value carrying `copies` independent
-    noises; n is public under substitution. postprocess_with: "auto"/"monotone" (consistent, then
-    the L2 monotone fit), "monotone-l1", "none", or "sparse" (trees only: the data-adaptive consistent
+    noises; n is public under substitution. postprocess_with: "auto" (the default: "smooth" for a tree
+    release on a grid of up to 2^12 points, else "monotone"), "monotone" (consistent, then the L2
+    monotone fit), "monotone-l1", "none", or "sparse" (trees only: the data-adaptive consistent
     fit of `TreeMechanism.consistent` with tau = 1.5, which takes nodes within 1.5 noise sds of zero
     and 4 sds below an even share of their parent as empty, keeping the parent's total; then the
     monotone fit), or "smooth" (trees on grids of up to 2^12 points: the consistent estimate's
@@ -203,6 +204,8 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     if postprocess_with not in POSTPROCESS:
         raise ParameterError(f"postprocess_with must be one of {POSTPROCESS}, got {postprocess_with!r}")
     raw, fitted = mech.estimate(noisy, copies)
+    if postprocess_with == "auto":  # smoothing never lost to the plain fit in expectation (paired runs, docs/accuracy.md)
+        postprocess_with = "smooth" if isinstance(mech, TreeMechanism) and mech.size <= smoothing.MAX_SMOOTH_GRID else "monotone"
     if postprocess_with == "sparse":  # post-processing of the same release: no privacy cost
         if not isinstance(mech, TreeMechanism):
             raise ParameterError(f"postprocess_with='sparse' needs a tree release, not the {mech.name} mechanism")

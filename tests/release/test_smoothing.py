@@ -13,6 +13,8 @@ from dpcdf import Grid, metrics
 from dpcdf.errors import ParameterError
 from dpcdf.release import smoothing
 from dpcdf.release.mechanisms import TreeMechanism
+from dpcdf.release.noise import prf_noise
+from dpcdf.release.zcdp import GaussianVariance, prf_dgauss
 
 
 def node_arrays(mech: TreeMechanism, rng: np.random.Generator, batch: int | None = None) -> list[np.ndarray]:
@@ -81,20 +83,42 @@ def test_on_linear_data_each_detail_is_pure_noise_of_the_stated_variance():
 
 def test_smooth_release_on_near_uniform_data_beats_the_default_and_keeps_its_guarantee():
     """The paper's kind of data (Poisson(3) per grid point): the smoothed release's typical (median)
-    counts MSE is a fraction of the default's at eps = 0.1 (its details are mostly noise)."""
+    counts MSE is a fraction of the plain fit's at eps = 0.1 (its details are mostly noise)."""
     rng = np.random.default_rng(7)  # the data only
     values = np.repeat(np.arange(256), rng.poisson(3, 256))
     grid = Grid.integers(256)
     prefix = dpcdf.prefix_counts(values, grid)
     auto, smooth = [], []
     for _ in range(12):
-        a = dpcdf.release_ecdf(values, grid, 0.1, "auto", "substitution")
+        a = dpcdf.release_ecdf(values, grid, 0.1, "auto", "substitution", "monotone")
         s = dpcdf.release_ecdf(values, grid, 0.1, "auto", "substitution", "smooth")
         assert s.statement == a.statement and s.counts[-1] == values.size
         assert np.all(np.diff(s.counts) >= 0)
         auto.append(metrics.mse_counts(prefix, a.counts))
         smooth.append(metrics.mse_counts(prefix, s.counts))
     assert np.median(smooth) < 0.5 * np.median(auto)
+
+
+def test_the_default_smooths_tree_releases_on_grids_it_can_afford():
+    """postprocess_with="auto" is "smooth" for a tree (pure or zCDP) on up to 2^12 points and the plain
+    monotone fit otherwise (path, factorization, larger grids): the same release (a deterministic PRF
+    noise, as a server's) gives the same counts."""
+    key = bytes(range(16))
+    noise = lambda ids, scale: (prf_dgauss(key, ids, scale) if isinstance(scale, GaussianVariance)  # noqa: E731
+                                else prf_noise(key, ids, scale))
+    values = np.random.default_rng(2).integers(0, 4096, 3000)  # the test's data
+    cases = [(Grid.integers(256), {"epsilon": 0.5}, "smooth"), (Grid.integers(4096), {"epsilon": 0.5}, "smooth"),
+             (Grid.integers(256), {"privacy": "zcdp", "rho": 0.5, "mechanism": "tree"}, "smooth"),
+             (Grid.integers(256), {"epsilon": 0.5, "mechanism": "path"}, "monotone"),
+             (Grid.integers(256), {"privacy": "zcdp", "rho": 0.5}, "monotone"),
+             (Grid.integers(8192), {"epsilon": 0.5}, "monotone")]
+    for grid, kwargs, same_as in cases:
+        default = dpcdf.release_ecdf(values % grid.size, grid, noise=noise, **kwargs)
+        other = dpcdf.release_ecdf(values % grid.size, grid, noise=noise, postprocess_with=same_as, **kwargs)
+        np.testing.assert_array_equal(default.counts, other.counts)
+        if same_as == "smooth":
+            plain = dpcdf.release_ecdf(values % grid.size, grid, noise=noise, postprocess_with="monotone", **kwargs)
+            assert not np.array_equal(default.counts, plain.counts)
 
 
 def test_smooth_needs_a_tree_on_a_grid_it_can_afford():
