@@ -123,9 +123,9 @@ class Analyst:
         return [finish_release(self.grid, mech, part, seen["n"], postprocess_with, copies=2) for part in mech.elements(release)]
 
     def release(self, postprocess_with: str = "auto") -> Release:
-        """The full-grid ECDF release (path: monotone; tree: consistent, then monotone, or another
-        `postprocess_with` of `dpcdf.release_ecdf`'s, e.g. "smooth"); for a calibration task, the
-        ECDF of the probabilities."""
+        """The full-grid ECDF release, post-processed as `dpcdf.release_ecdf`'s (`postprocess_with`:
+        "auto" smooths a tree release on up to 2^12 points, "monotone" is the plain fit); for a
+        calibration task, the ECDF of the probabilities."""
         if self.config.payload == "label":
             raise DpcdfError("this task releases a ROC curve: use roc() (dpcdf.Analyst)")
         return self.releases(postprocess_with)[0]
