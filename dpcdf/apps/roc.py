@@ -22,6 +22,7 @@ import numpy as np
 from ..errors import ParameterError
 from ..release.grid import Grid
 from ..release.ecdf import Release, release_ecdf, secure_node_noise
+from ..release.mechanisms import TreeMechanism
 
 if TYPE_CHECKING:
     from ..service.analyst import Analyst
@@ -69,6 +70,8 @@ def roc(scores, labels, grid: Grid, epsilon: float, mechanism: str = "auto", noi
         raise ParameterError("labels must be 0 or 1")
     if y.min() == y.max():
         raise ParameterError("a ROC curve needs both classes in the data")
+    if mechanism in ("auto", "tree"):  # the plan its tables were made with (no root share; as a label task's)
+        mechanism = TreeMechanism(grid.size, epsilon / 2, "add-remove", root_share=0)
     pos = release_ecdf(s[y == 1], grid, epsilon / 2, mechanism, "add-remove", "monotone", noise=_domain(noise, 1))
     neg = release_ecdf(s[y == 0], grid, epsilon / 2, mechanism, "add-remove", "monotone", noise=_domain(noise, 2))
     return RocRelease(np.concatenate([grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg, float(epsilon))

@@ -316,6 +316,7 @@ class TreeMechanism(Mechanism):
     relation: str = "substitution"
     branching: int | None = None
     budgets: tuple[float, ...] | None = None
+    root_share: float = -1.0  # add/remove: the root's share of epsilon (ROOT_SHARE if < 0; 0: the old plan)
     shape: TreeShape = field(init=False)
     scales: list[Fraction | None] = field(init=False)
 
@@ -325,7 +326,7 @@ class TreeMechanism(Mechanism):
         self.epsilon = check_epsilon(self.epsilon)
         check_relation(self.relation)
         if self.branching is None or self.budgets is None:  # planned once per (size, epsilon, relation, b)
-            self.branching, budgets = tree_plan(self.size, self.epsilon, self.relation, self.branching)
+            self.branching, budgets = tree_plan(self.size, self.epsilon, self.relation, self.branching, self.root_share)
             self.budgets = budgets if self.budgets is None else self.budgets
         self.shape = TreeShape.for_size(self.size, self.branching)
         noised = self.noised_levels()
@@ -340,12 +341,14 @@ class TreeMechanism(Mechanism):
             raise ParameterError(f"level budgets {self.budgets} exceed epsilon {self.epsilon}")
 
     def noised_levels(self) -> list[int]:
-        """Levels with noisy counts: all below the root; the root too under add/remove, but only when
-        a prefix's covering uses it (the grid fills the padded tree), since n is not public there."""
+        """Levels with noisy counts: all below the root; the root (n) too under add/remove, where n is
+        not public and every normalised value, and every prefix past the data, rests on its estimate."""
         return list(range(self.shape.height)) + ([self.shape.height] if self._root_noised() else [])
 
     def _root_noised(self) -> bool:
-        return self.relation == "add-remove" and self.size == self.shape.branching**self.shape.height
+        if self.relation != "add-remove":
+            return False
+        return self.root_share != 0 or self.size == self.shape.branching**self.shape.height
 
     def released_levels(self) -> list[int]:
         """Levels whose counts are released: the noised ones, plus the root when it is public (n)."""
@@ -542,13 +545,15 @@ def _candidates(size: int) -> list[int]:
 
 
 @lru_cache(maxsize=1024)
-def tree_plan(size: int, epsilon: float, relation: str, branching: int | None = None) -> tuple[int, tuple[float, ...]]:
+def tree_plan(size: int, epsilon: float, relation: str, branching: int | None = None,
+              root_share: float = -1.0) -> tuple[int, tuple[float, ...]]:
     """The branching factor (the given one, else the candidate of least expected error) and its level
-    budgets. Pure and cached: a server builds a task's mechanism at registration, at every load and
-    per config parse, and the same (size, epsilon, relation) is planned once per process."""
+    budgets (`_plan`). Pure and cached: a server builds a task's mechanism at registration, at every
+    load and per config parse, and the same (size, epsilon, relation) is planned once per process."""
+    share = ROOT_SHARE if root_share < 0 else float(root_share)
     if branching is None:
-        branching = min(_candidates(size), key=lambda b: _plan(size, b, epsilon, relation)[1])
-    return branching, _plan(size, branching, epsilon, relation)[0]
+        branching = min(_candidates(size), key=lambda b: _plan(size, b, epsilon, relation, share)[1])
+    return branching, _plan(size, branching, epsilon, relation, share)[0]
 
 
 def _covering_counts(size: int, b: int, height: int) -> np.ndarray:
@@ -567,15 +572,29 @@ def _covering_counts(size: int, b: int, height: int) -> np.ndarray:
     return np.array(counts, np.int64)
 
 
-def _plan(size: int, b: int, epsilon: float, relation: str) -> tuple[tuple[float, ...], float]:
+ROOT_SHARE = 0.2
+"""Under add/remove the root (n) gets this fixed share of epsilon, the levels below the rest. Every
+quantile and ECDF value divides by the estimate of n, and after smoothing and the monotone fit every
+prefix past the data's support equals it: with the root's share proportional to its covering count
+(1 or 0) the estimate's sd was 127 at eps 0.1 on 2^10 points against 46 for OpenDP's b = 16 tree, and
+this share cut the counts MSE by 1.4 to 3x on skewed and sparse data (docs/accuracy.md)."""
+
+
+def _plan(size: int, b: int, epsilon: float, relation: str, root_share: float = ROOT_SHARE) -> tuple[tuple[float, ...], float]:
     """Level budgets minimising sum_l n_l * 2 (Delta / eps_l)^2 under sum eps_l = epsilon (eps_l
-    proportional to n_l^(1/3)), and the resulting expected squared error per prefix."""
+    proportional to n_l^(1/3)) over the levels below the root, plus under add/remove the root's fixed
+    `root_share` (0: the plan before it, where the root is noised only in a full tree, as one more level
+    with n_l = 1); and the covering estimator's expected squared error per prefix."""
     shape = TreeShape.for_size(size, b)
-    root_noised = relation == "add-remove" and size == b**shape.height
-    top = shape.height + (1 if root_noised else 0)
-    n_l = _covering_counts(size, b, shape.height)[:top].astype(np.float64)
-    weights = np.cbrt(np.maximum(n_l, 1e-9))
-    budgets = epsilon * (1 - 1e-12) * weights / weights.sum()  # the margin keeps the exact float sum <= epsilon
+    n_l = _covering_counts(size, b, shape.height).astype(np.float64)
+    full = size == b**shape.height
+    margin = 1 - 1e-12  # keeps the exact float sum <= epsilon
+    if relation == "add-remove" and root_share > 0:
+        weights = np.cbrt(np.maximum(n_l[: shape.height], 1e-9))
+        budgets = np.append(epsilon * (1 - root_share) * margin * weights / weights.sum(), epsilon * root_share * margin)
+    else:
+        weights = np.cbrt(np.maximum(n_l[: shape.height + (relation == "add-remove" and full)], 1e-9))
+        budgets = epsilon * margin * weights / weights.sum()
     delta = 2 if relation == "substitution" else 1
-    mse = float((n_l * 2 * (delta / budgets) ** 2).sum() / size)
+    mse = float((n_l[: budgets.size] * 2 * (delta / budgets) ** 2).sum() / size)
     return tuple(float(e) for e in budgets), mse

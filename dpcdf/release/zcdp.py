@@ -270,6 +270,11 @@ class GaussianTreeMechanism(ZcdpAccounting, TreeMechanism):
             self.scales[level] = self.sigma2
         self.epsilon = zcdp_to_dp(self.rho, 1e-6)  # informative only: the guarantee is stated in rho
 
+    def _root_noised(self) -> bool:
+        """The root is noised under add/remove when a covering uses it (a full tree): every level has
+        the same sigma^2 here, so a root level would cost as much as any other."""
+        return self.relation == "add-remove" and self.size == self.shape.branching**self.shape.height
+
     def exact_rho(self, relation: str) -> Fraction | None:
         """H Delta2 / (2 sigma^2) exactly; None for add/remove on a substitution-calibrated tree."""
         if check_relation(relation) == "add-remove" and self.relation == "substitution":

@@ -19,7 +19,7 @@ from ..release.calibration import group_scales
 from . import verify
 from .hpke import check_kem
 from ..release.factorization import sqrt_factorization
-from ..release.mechanisms import Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
+from ..release.mechanisms import ROOT_SHARE, Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
 from ..release.zcdp import check_rho, gaussian_tree
 
 FORMAT = "dpcdf-task/v1"
@@ -62,6 +62,7 @@ class TaskConfig:
     verify: bool | None = None
     privacy: str = "pure"
     rho: float | None = None
+    root_share: float = ROOT_SHARE
     task_id: str = field(default_factory=lambda: secrets.token_hex(16))
     format: str = FORMAT
 
@@ -74,6 +75,7 @@ class TaskConfig:
             raise ParameterError(f"grid must be an object, got {self.grid!r:.80}")
         check_relation(self.relation)
         self._check_privacy()
+        self._check_root_share()
         if isinstance(self.min_batch, bool) or not isinstance(self.min_batch, int) or self.min_batch < 0:
             raise ParameterError(f"min_batch must be an int >= 0, got {self.min_batch!r}")
         if self.payload not in ("count", "label", "calibration"):
@@ -108,6 +110,19 @@ class TaskConfig:
             self.check()  # raises for a payload that cannot be verified
         if self.payload == "calibration":
             group_scales(self.epsilon, self.split)  # the group sums' noise scales are in range
+
+    def _check_root_share(self) -> None:
+        """The add/remove tree's root share of epsilon (`mechanisms.ROOT_SHARE`), pinned in the config so a
+        server derives the same noise scales forever: configs written before it (no field) keep the
+        plan they were answered with (0: the root noised only in a full tree). It applies to pure
+        add/remove tree count tasks; elsewhere it is 0 and left out of the JSON (label tasks keep the
+        old plan, as the central `roc`)."""
+        applies = self.privacy == "pure" and self.mechanism == "tree" and self.relation == "add-remove" and self.payload == "count"
+        if not applies:
+            object.__setattr__(self, "root_share", 0.0)
+        share = self.root_share
+        if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
+            raise ParameterError(f"root_share must be a number in [0, 1), got {share!r:.40}")
 
     def _check_privacy(self) -> None:
         """pure: epsilon-DP with discrete Laplace noise, mechanism 'path' or 'tree'. zcdp: rho-zCDP with
@@ -164,6 +179,8 @@ class TaskConfig:
             if self.mechanism == "factorization":
                 return sqrt_factorization(size, self.rho, self.relation)
             return gaussian_tree(size, self.rho, self.relation)
+        if self.mechanism == "tree" and self.payload == "count":
+            return TreeMechanism(size, self.epsilon, self.relation, root_share=self.root_share)
         eps, relation = self.epsilon, self.relation
         if self.payload == "label":
             eps, relation = self.epsilon / 2, "add-remove"
@@ -171,7 +188,7 @@ class TaskConfig:
             eps = self.epsilon * self.split
         if self.mechanism == "path":
             return PathMechanism(size, eps, relation)
-        return TreeMechanism(size, eps, relation)
+        return TreeMechanism(size, eps, relation, root_share=0)  # label and calibration tasks keep their plan
 
     def dcf(self) -> DCF:
         """The comparison every report shares: f_a(t) = beta if t >= a, so sum_a f_a(i) counts values
@@ -196,6 +213,8 @@ class TaskConfig:
             del d["verify"]  # configs from before verification: the same JSON, the same fingerprint
         if self.privacy == "pure":
             del d["privacy"], d["rho"]  # and from before zCDP tasks
+        if self.root_share == 0:
+            del d["root_share"]  # and from before the add/remove root share
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -204,6 +223,7 @@ class TaskConfig:
             d = json.loads(text)
             d["servers"], d["hpke_keys"] = tuple(d["servers"]), tuple(d["hpke_keys"])
             d.setdefault("verify", False)
+            d.setdefault("root_share", 0.0)  # a config from before the root share: the plan it was answered with
             return cls(**d)
         except ParameterError:
             raise

@@ -1,6 +1,7 @@
-"""The released noise does not drift: tests/vectors/mechanism_noise_v1.json pins, under a fixed PRF
+"""The released noise does not drift: tests/vectors/mechanism_noise_v2.json pins, under a fixed PRF
 key, the prefix and node noise of both mechanisms and what a server adds to its shares, as the code
-before the common `Mechanism` interface computed them (the tree's prefix noise then came from a
+before the common `Mechanism` interface computed them (v2: the add/remove tree cases regenerated when
+that plan gave the root a fixed share; the rest is v1, value for value) (the tree's prefix noise then came from a
 per-index loop over `TreeShape.covering`; now it is batched). The batched tree prefix noise is also
 checked against that loop on trees of many shapes."""
 from __future__ import annotations
@@ -18,7 +19,7 @@ from dpcdf.release.noise import prf_noise
 from dpcdf.service.aggregate import Aggregator
 from fss import DCF
 
-VECTORS = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "mechanism_noise_v1.json").read_text())
+VECTORS = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "mechanism_noise_v2.json").read_text())
 KEY = bytes.fromhex(VECTORS["key"])
 CASES = VECTORS["cases"]
 

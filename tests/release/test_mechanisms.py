@@ -1,15 +1,19 @@
 """Mechanisms: tree geometry pinned on small examples, exact sensitivities, privacy statements, and
 the noise's error where the theory puts it."""
 import math
+from fractions import Fraction
 
 import numpy as np
 import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
+import dpcdf
 from dpcdf import ParameterError, PathMechanism, TreeMechanism
+from dpcdf.release.mechanisms import ROOT_SHARE, node_counts
 from dpcdf.release.noise import dlaplace_variance, secure_noise
 from dpcdf.release.tree import LEVEL_SHIFT, TreeShape, path_sensitivity, path_sensitivity_bruteforce
+from helpers import neighbour_prefixes
 
 
 def test_binary_tree_geometry_on_8_leaves():
@@ -63,10 +67,14 @@ def test_statements_and_epsilon_accounting():
     assert float(paper.scale) == 11
     t = TreeMechanism(1000, 0.5, "add-remove")
     assert t.epsilon_for("add-remove") == pytest.approx(0.5, rel=1e-5) and t.epsilon_for("add-remove") <= 0.5
-    # n is not public: the root is noised when a covering uses it (a full tree), else never released
-    assert t.shape.branching**t.shape.height > 1000 and t.shape.height not in t.released_levels()
+    # n is not public: the root is noised and released, with a fixed share of epsilon, also when the grid
+    # does not fill the padded tree (every normalised value rests on it)
+    assert t.shape.branching**t.shape.height > 1000 and t.noised_levels()[-1] == t.shape.height
+    assert t.budgets[-1] == pytest.approx(0.5 * ROOT_SHARE) and sum(t.budgets) <= 0.5
     full = TreeMechanism(1024, 0.5, "add-remove", branching=2)
-    assert full.noised_levels()[-1] == full.shape.height == 10
+    assert full.noised_levels()[-1] == full.shape.height == 10 and full.budgets[-1] == pytest.approx(0.5 * ROOT_SHARE)
+    gauss = dpcdf.gaussian_tree(1000, 0.5, "add-remove")  # the zCDP tree (equal sigma^2 per level): a full tree only
+    assert gauss.shape.height not in gauss.released_levels()
     s = TreeMechanism(1000, 0.5, "substitution")
     assert s.epsilon_for("add-remove") == math.inf and s.scales[-1] is None
     assert s.epsilon_for("substitution") <= 0.5
@@ -139,3 +147,25 @@ def test_tree_budgets_as_sampled_add_up_to_at_most_epsilon_exactly(size, epsilon
     t = TreeMechanism(size, epsilon, relation)
     delta = t.level_sensitivity(relation)
     assert sum(delta / t.scales[level] for level in t.noised_levels()) <= Fraction(epsilon)
+
+
+@pytest.mark.parametrize("relation", ["substitution", "add-remove"])
+@pytest.mark.parametrize("size, branching", [(5, 2), (8, 2), (10, 3), (9, 3), (30, 4)])
+def test_tree_epsilon_is_the_brute_force_worst_case(size, branching, relation):
+    """Discrete Laplace on node counts: a neighbour pair costs sum over released levels of ||d_l||_1 /
+    scale_l. Over every neighbour pair of the mechanism's own release the worst case is exact_epsilon,
+    at most epsilon; a released level without noise (the public root under substitution) never changes.
+    Under add/remove the root is noised with its own share, also when the grid does not fill the tree."""
+    mech = TreeMechanism(size, 0.7, relation, branching=branching)
+    assert (mech.shape.height in mech.noised_levels()) == (relation == "add-remove")
+    worst = Fraction(0)
+    for p, q in neighbour_prefixes(size, relation):
+        loss = Fraction(0)
+        for level in mech.released_levels():
+            d = int(np.abs(node_counts(p, mech.shape, level) - node_counts(q, mech.shape, level)).sum())
+            if mech.scales[level] is None:
+                assert d == 0
+            else:
+                loss += Fraction(d) / mech.scales[level]
+        worst = max(worst, loss)
+    assert worst == mech.exact_epsilon(relation) <= Fraction(0.7)

@@ -344,9 +344,13 @@ def test_add_remove_tasks_do_not_reveal_the_number_of_reports(servers):
     assert answer["n"] is None
     status = http("GET", f"{config.servers[0]}/tasks/{config.task_id}", token=token)
     assert status["reports"] is None and status["closed"] is True
-    root = config.make_mechanism().shape.height
+    root = config.make_mechanism().shape.height  # released under add/remove, but noised (its own share of epsilon)
+    n_noisy, n_public = Analyst(config, token)._ask({"kind": "nodes", "level": root})
+    noise = sum(_signed(agg, agg.node_shares([], root))[0] for agg in (
+        Aggregator(config.dcf(), config.make_mechanism(), _seed(d, config.task_id), config.task_id) for _, _, d in procs["noisy"]))
+    assert n_noisy.tolist() == [60 + noise] and n_public == 0  # n leaves a server only with its noise
     with pytest.raises(ServerError, match="400 node queries need the tree mechanism and a released level"):
-        http("POST", f"{config.servers[0]}/tasks/{config.task_id}/query", ('{"kind": "nodes", "level": %d}' % root).encode(), token)
+        http("POST", f"{config.servers[0]}/tasks/{config.task_id}/query", ('{"kind": "nodes", "level": %d}' % (root + 1)).encode(), token)
     rel = Analyst(config, token).release()
     assert np.isfinite(rel.total)  # estimated from the noisy counts, not read off the server
     smooth = Analyst(config, token).release(postprocess_with="smooth")  # the same answers, post-processed

@@ -1,4 +1,4 @@
-"""Writes mechanism_noise_v1.json: the noise the path and tree mechanisms release under a fixed
+"""Writes mechanism_noise_v2.json: the noise the path and tree mechanisms release under a fixed
 PRF key, pinned so that refactoring the mechanisms or the servers' aggregation cannot change a
 released value.
 
@@ -7,7 +7,9 @@ tree: the sum over the covering nodes of the released levels), the noise of the 
 tree nodes of each level, and what a server (`Aggregator`, fixed seed and task id, no reports) adds to its
 prefix and node shares (node shares: the first 64 of each level and a SHA-256 of all). The file was produced by the code *before* the mechanisms got a common
 interface (issue 10), so `tests/release/test_mechanism_vectors.py` checks the new code against the
-old one. Regenerate only on a deliberate change of the noise derivation (bump the version).
+old one. Regenerate only on a deliberate change of the noise derivation (bump the version). v2: the
+add/remove tree plan gives the root a fixed share of epsilon (`mechanisms.ROOT_SHARE`, issue 14), which
+changes the add/remove tree cases' scales; the path and substitution cases are v1's, value for value.
 
     python tests/vectors/generate_mechanism_noise.py
 """
@@ -23,7 +25,7 @@ import numpy as np
 from dpcdf.release.mechanisms import PathMechanism, TreeMechanism
 from dpcdf.release.noise import prf_noise
 
-OUT = Path(__file__).with_name("mechanism_noise_v1.json")
+OUT = Path(__file__).with_name("mechanism_noise_v2.json")
 KEY = hashlib.sha256(b"fss-dpcdf mechanism noise vector key").digest()[:16]
 SEED = hashlib.sha256(b"fss-dpcdf mechanism noise vector seed").digest()
 TASK_ID = "vectors-v1"

@@ -47,6 +47,8 @@ class TaskSpec(BaseModel):
     kem: Literal["x25519", "mlkem768-x25519"] = "x25519"
     privacy: Literal["pure", "zcdp"] = "pure"
     rho: float | None = Field(None, description="zCDP tasks: rho (discrete Gaussian noise)")
+    root_share: float = Field(0.0, description="pure add/remove tree count tasks: the root's share of epsilon "
+                              "(0.2 for new tasks; absent: 0, the plan before it)")
     task_id: str | None = Field(None, description="1 to 64 of A-Z, a-z, 0-9, '-', '_'; random if left out")
     format: str = "dpcdf-task/v1"
 

@@ -1,0 +1,49 @@
+"""A task config pins how its release is made: a server (or an analyst) that loads a config later
+must derive the same mechanism, or an answer given before an upgrade and one given after would be two
+releases of one budget. Here: the add/remove tree's root share (issue 14)."""
+from __future__ import annotations
+
+import json
+
+import pytest
+
+from dpcdf import ParameterError
+from dpcdf.release.mechanisms import ROOT_SHARE, TreeMechanism
+from dpcdf.service.task import TaskConfig
+
+BASE = dict(grid={"kind": "uniform", "lo": 0, "hi": 1, "bits": 10}, epsilon=0.5, mechanism="tree", min_batch=0,
+            servers=("http://a", "http://b"), hpke_keys=("00", "00"), token_hash="0" * 64, verify=False, task_id="t1")
+
+
+def test_a_new_add_remove_tree_task_pins_the_root_share():
+    config = TaskConfig(relation="add-remove", **BASE)
+    assert config.root_share == ROOT_SHARE and json.loads(config.to_json())["root_share"] == ROOT_SHARE
+    mech = config.make_mechanism()
+    assert mech.budgets[-1] == pytest.approx(0.5 * ROOT_SHARE) and mech.shape.height in mech.noised_levels()
+    assert TaskConfig.from_json(config.to_json()) == config
+
+
+def test_a_config_written_before_the_root_share_keeps_its_plan_and_fingerprint():
+    """Without the field: the plan it was answered with (the root noised only in a full tree), the
+    same JSON and fingerprint; the mechanism equals TreeMechanism(root_share=0)."""
+    old_json = TaskConfig(relation="add-remove", **BASE).to_json().replace(f',"root_share":{ROOT_SHARE}', "")
+    assert "root_share" not in old_json
+    old = TaskConfig.from_json(old_json)
+    assert old.root_share == 0 and old.to_json() == old_json
+    mech = old.make_mechanism()
+    assert mech.budgets == TreeMechanism(1024, 0.5, "add-remove", root_share=0).budgets
+    assert mech.budgets != TaskConfig(relation="add-remove", **BASE).make_mechanism().budgets
+
+
+@pytest.mark.parametrize("change", [{"relation": "substitution"}, {"relation": "add-remove", "payload": "label"},
+                                    {"relation": "add-remove", "mechanism": "path"}])
+def test_the_share_applies_to_add_remove_tree_count_tasks_only(change):
+    config = TaskConfig(**(BASE | change))
+    assert config.root_share == 0 and "root_share" not in config.to_json()
+    assert TaskConfig.from_json(config.to_json()) == config
+
+
+@pytest.mark.parametrize("share", [1.0, -0.1, True, "0.2", float("nan")])
+def test_a_bad_root_share_is_refused(share):
+    with pytest.raises(ParameterError, match="root_share"):
+        TaskConfig(relation="add-remove", root_share=share, **BASE)
