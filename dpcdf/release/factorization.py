@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import ParameterError
-from .mechanisms import Answers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, check_relation
+from .mechanisms import Answers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, array_elements, check_relation
 from .zcdp import GaussianVariance, ZcdpAccounting, calibrate_sigma2, check_rho, dgauss_variance, zcdp_to_dp
 
 MAX_FACTOR_GRID = 1 << 13  # the exact sensitivity takes O(N^2) integer work, R x O(N^2) too
@@ -128,7 +128,6 @@ class SqrtFactorizationMechanism(ZcdpAccounting, Mechanism):
         if isinstance(self.size, bool) or not isinstance(self.size, (int, np.integer)) or not 2 <= self.size <= MAX_FACTOR_GRID:
             raise ParameterError(f"the factorization mechanism takes grids of 2 to {MAX_FACTOR_GRID} points, got {self.size!r}")
         self.size = int(self.size)
-        self.m = self.size
         self.sigma2 = calibrate_sigma2(self.l2_sensitivity(self.relation), self.rho)
         self.epsilon = zcdp_to_dp(self.rho, 1e-6)  # informative only: the guarantee is stated in rho
 
@@ -136,7 +135,7 @@ class SqrtFactorizationMechanism(ZcdpAccounting, Mechanism):
     def l2_sensitivity(self, relation: str) -> int | None:
         """max ||R (x - x')||^2 over neighbours under `relation`; None if a neighbour moves a released
         value that has no noise (add/remove on the substitution release, which appends n)."""
-        single, pair = column_sensitivities(self.m)
+        single, pair = column_sensitivities(self.size)
         if check_relation(relation) == "add-remove":
             return None if self.relation == "substitution" else single
         return pair
@@ -153,14 +152,14 @@ class SqrtFactorizationMechanism(ZcdpAccounting, Mechanism):
 
     def coordinate_noise(self, noise: NoiseFn) -> np.ndarray:
         """z: N_Z(0, sigma^2) for coordinates 0 .. m-1 (ids 0 .. m-1 of `noise`, a CSPRNG or a server's PRF)."""
-        return noise(np.arange(self.m), self.sigma2)
+        return noise(np.arange(self.size), self.sigma2)
 
     def noisy(self, prefix: np.ndarray, noise: NoiseFn) -> np.ndarray:
         """The central release: R x + z (exact integers plus N_Z(0, sigma^2)), then n under
         substitution. `noise(ids, sigma2)` draws one value per id."""
         prefix = np.asarray(prefix).astype(np.int64)
         x = np.diff(prefix, prepend=0)
-        rx = np.convolve(x, right_factor(self.m))[: self.m]  # integer convolution: exact
+        rx = np.convolve(x, right_factor(self.size))[: self.size]  # integer convolution: exact
         y = (rx + self.coordinate_noise(noise)).astype(np.float64)
         return np.concatenate([y, [float(prefix[-1])]]) if self.relation == "substitution" else y
 
@@ -170,8 +169,9 @@ class SqrtFactorizationMechanism(ZcdpAccounting, Mechanism):
         if coordinates_at is None:
             raise ParameterError("the factorization mechanism's release is its noisy coordinates (a 'coordinates' query)")
         y = np.asarray(coordinates_at(), np.float64)
-        if y.shape[0] != self.m + (self.relation == "substitution"):
-            raise ParameterError(f"a factorization release has {self.m + (self.relation == 'substitution')} values, got {y.shape[0]}")
+        values = self.size + (self.relation == "substitution")  # R x + z, then n when it is public
+        if y.shape[0] != values:
+            raise ParameterError(f"a factorization release has {values} values, got {y.shape[0]}")
         return y
 
     def node_noise(self, level: int, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
@@ -184,14 +184,14 @@ class SqrtFactorizationMechanism(ZcdpAccounting, Mechanism):
         return []
 
     def elements(self, release: np.ndarray) -> list[np.ndarray]:
-        return [release] if release.ndim == 1 else [release[:, e] for e in range(release.shape[1])]
+        return array_elements(release)
 
     def estimate(self, release: np.ndarray, copies: int = 1) -> tuple[np.ndarray, np.ndarray]:
         """raw: L y (an FFT convolution along axis 0), unbiased. fitted: under substitution, L y minus
         g ((L y)_(N-1) - n), the Gaussian conditional mean given the public n (`last_prefix_gain`),
         whose last prefix is n exactly; under add/remove L y itself (R is invertible: no redundancy)."""
         y = np.asarray(release, np.float64)
-        m, n_fft = self.m, 1 << (2 * self.m - 1).bit_length()
+        m, n_fft = self.size, 1 << (2 * self.size - 1).bit_length()
         shape = (-1,) + (1,) * (y.ndim - 1)
         ly = np.fft.irfft(np.fft.rfft(y[:m], n_fft, axis=0) * np.fft.rfft(left_factor(m), n_fft).reshape(shape), n_fft, axis=0)[:m]
         if self.relation == "add-remove":
@@ -201,13 +201,13 @@ class SqrtFactorizationMechanism(ZcdpAccounting, Mechanism):
 
     def expected_mse(self) -> float:
         """Of the fitted estimate (conditioned on n under substitution), one copy of the noise."""
-        trace = float(np.cumsum(left_factor(self.m) ** 2).sum())
+        trace = float(np.cumsum(left_factor(self.size) ** 2).sum())
         if self.relation == "substitution":
-            trace = last_prefix_gain(self.m)[1]
+            trace = last_prefix_gain(self.size)[1]
         return dgauss_variance(float(self.sigma2)) * trace / self.size
 
     def _describe(self) -> str:
-        return (f"square-root factorization of {self.m} prefixes, integer right factor round(2^{PRECISION_BITS} B), "
+        return (f"square-root factorization of {self.size} prefixes, integer right factor round(2^{PRECISION_BITS} B), "
                 f"noise N_Z(0, {float(self.sigma2):.4g}) per coordinate")
 
 

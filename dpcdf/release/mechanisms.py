@@ -41,6 +41,11 @@ def check_relation(relation: str) -> str:
     return relation
 
 
+def array_elements(release: np.ndarray) -> list[np.ndarray]:
+    """A release that is one array (path, factorization): one per column of its trailing payload axis."""
+    return [release] if release.ndim == 1 else [release[:, e] for e in range(release.shape[1])]
+
+
 def node_counts(prefix: np.ndarray, shape: TreeShape, level: int) -> np.ndarray:
     """Exact counts of the level's nodes that hold data, from the prefix counts."""
     width = shape.branching**level
@@ -280,7 +285,7 @@ class PathMechanism(Mechanism):
         return self.noisy(prefix, noise)
 
     def elements(self, release: np.ndarray) -> list[np.ndarray]:
-        return [release] if release.ndim == 1 else [release[:, e] for e in range(release.shape[1])]
+        return array_elements(release)
 
     def estimate(self, release: np.ndarray, copies: int = 1) -> tuple[np.ndarray, np.ndarray]:
         raw = np.asarray(release, dtype=np.float64)
