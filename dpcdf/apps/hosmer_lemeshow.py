@@ -92,7 +92,7 @@ def hosmer_lemeshow(probabilities, labels, epsilon: float, groups: int = 10, bit
     if not 0 < split < 1:
         raise ParameterError(f"split must lie in (0, 1), got {split!r}")
     grid = Grid.uniform(0.0, 1.0, bits)
-    ecdf = release_ecdf(p, grid, split * epsilon, postprocess_with="monotone", noise=noise)
+    ecdf = release_ecdf(p, grid, split * epsilon, "tree", postprocess_with="monotone", noise=noise)  # as the two servers' calibration task
     inner = ecdf.quantile(np.arange(1, groups) / groups)
     group = np.clip(np.searchsorted(inner, p, side="left"), 0, groups - 1)  # p <= edge q -> group q
     sums = np.stack([np.bincount(group, minlength=groups), np.bincount(group, weights=y, minlength=groups),

@@ -11,11 +11,12 @@ from . import postprocess, smoothing
 from ..errors import ParameterError
 from .grid import Grid
 from .mechanisms import Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
+from .adaptive import MIN_ADAPTIVE_GRID, AdaptiveMechanism
 from .factorization import MAX_FACTOR_GRID, SqrtFactorizationMechanism, sqrt_factorization
 from .noise import secure_noise
 from .zcdp import GaussianTreeMechanism, GaussianVariance, check_rho, gaussian_tree, secure_dgauss
 
-MECHANISMS = ("auto", "path", "tree")
+MECHANISMS = ("auto", "path", "tree", "adaptive")
 POSTPROCESS = ("auto", "none", "monotone", "monotone-l1", "sparse", "smooth")
 SPARSE_TAU, SPARSE_RELATIVE = 1.5, 4.0  # the "sparse" fit's thresholds, in noise sds (data-independent)
 
@@ -184,7 +185,8 @@ def release_ecdf(
         raise ParameterError("need at least one value")
     prefix = prefix_counts(v, grid)
     if mech is None:
-        mech = _mechanism(mechanism, grid.size, epsilon, relation)
+        tree_fit = postprocess_with not in ("auto", "monotone", "none")  # a tree's post-processing: "auto" is the tree
+        mech = _mechanism("tree" if tree_fit and mechanism == "auto" else mechanism, grid.size, epsilon, relation)
     return finish_release(grid, mech, mech.noisy(prefix, noise), v.size, postprocess_with)
 
 
@@ -203,6 +205,8 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     of the one release: no privacy cost."""
     if postprocess_with not in POSTPROCESS:
         raise ParameterError(f"postprocess_with must be one of {POSTPROCESS}, got {postprocess_with!r}")
+    if isinstance(mech, AdaptiveMechanism):
+        return _finish_adaptive(grid, mech, noisy, n, postprocess_with, copies)
     raw, fitted = mech.estimate(noisy, copies)
     if postprocess_with == "auto":  # smoothing never lost to the plain fit in expectation (paired runs, docs/accuracy.md)
         postprocess_with = "smooth" if isinstance(mech, TreeMechanism) and mech.size <= smoothing.MAX_SMOOTH_GRID else "monotone"
@@ -221,6 +225,17 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     known_last = total if substitution else None  # every value is <= t_max (clamped or refused)
     counts = postprocess.monotone(to_fit, 0.0, total, 1 if postprocess_with == "monotone-l1" else 2, known_last)
     return Release(grid, mech, raw, counts, total, fitted, sd)
+
+
+def _finish_adaptive(grid: Grid, mech: AdaptiveMechanism, release, n: int, postprocess_with: str, copies: int) -> Release:
+    """An adaptive release: its round-two tree's as any tree's, a round-two histogram by `mech.counts`
+    ("auto": empty bins dropped, PCHIP where the plan says; "monotone": the plain fit, linear)."""
+    if postprocess_with not in ("auto", "monotone", "none"):
+        raise ParameterError(f"an adaptive release is post-processed 'auto', 'monotone' or 'none', not {postprocess_with!r}")
+    if release.plan.design == "tree":
+        return replace(finish_release(grid, mech.tree, release.round_two, n, postprocess_with, copies), mechanism=mech)
+    raw, counts, total = mech.counts(release, n, "monotone" if postprocess_with == "none" else postprocess_with, copies)
+    return Release(grid, mech, raw, raw if postprocess_with == "none" else counts, total)
 
 
 def _zcdp_mechanism(mechanism, grid: Grid, rho: float, relation: str):
@@ -247,6 +262,8 @@ def _mechanism(mechanism, size: int, epsilon: float, relation: str):
         return mechanism
     if mechanism == "path":
         return PathMechanism(size, epsilon, relation)
+    if mechanism == "adaptive" or (mechanism == "auto" and relation == "substitution" and size >= MIN_ADAPTIVE_GRID):
+        return AdaptiveMechanism(size, epsilon, relation)
     if mechanism in ("auto", "tree"):
         return TreeMechanism(size, epsilon, relation)
     raise ParameterError(f"mechanism must be one of {MECHANISMS} or a mechanism object, got {mechanism!r}")

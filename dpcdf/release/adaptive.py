@@ -1,0 +1,335 @@
+"""A two-round, data-adaptive ECDF release (pure epsilon-DP): `mechanism="adaptive"`.
+
+A b-ary tree spends its budget on every resolution of the grid, which is what sparse, spiky data
+needs; on smooth data (the paper's Poisson(3) counts) a histogram of a few bins, linear in between,
+is several times more accurate at small epsilon, and on data concentrated in a small part of the
+grid (a skewed distribution) a histogram of a few dozen bins placed at equal mass. Which of these
+fits the data is itself a question about the data, answered here by a first DP round:
+
+1. Round one spends `ROUND_ONE_SHARE` of epsilon on the counts of `ROUND_ONE_BINS` equal-width bins.
+2. From them alone (post-processing), `AdaptiveMechanism.plan` picks round two's design, which spends
+   the rest of epsilon (`RoundTwo`):
+   - when the bins' spread is what sampling and noise explain ("flat", `flat_statistic`): K
+     equal-width bins, K minimising the expected error, sampling n / (6K) plus the noise
+     (`bins_noise`), linear in between;
+   - otherwise K bins at equal mass of round one's monotone cubic (PCHIP) estimate, mixed with a
+     uniform share `UNIFORM_SHARE` (so a part round one missed still gets bins), K again minimising the
+     expected error, now with round one's estimate for the error inside the bins; up to
+     `MAX_PLANNED_BINS` bins they are measured as a histogram and filled in by PCHIP, beyond that
+     (spiky data) round two is the default `TreeMechanism` on the whole grid.
+3. The estimate (post-processing): a histogram's bins within `EMPTY_SDS` noise sds of zero are taken
+   as empty, the rest conditioned on n (substitution), cumulated, made monotone, and interpolated.
+
+Privacy: epsilon-DP under `relation`, by sequential composition of the two rounds, the second chosen
+from the first's output only (adaptive composition of pure DP): a histogram's count vector, for any
+partition of the grid, changes by at most 2 in L1 under substitution (one unit leaves a bin and joins
+another) and by 1 under add/remove, so DLap(Delta / eps_r) per bin is eps_r-DP; the round-two tree
+is `TreeMechanism`'s guarantee at eps_2. The exact guarantee is round one's plus the larger of the two
+round-two designs', each rounded down to a rational scale, so at most epsilon whichever design the data
+picks. Over two servers each round is fixed once per task (`dpcdf.service`): a server answers round
+one's bins, and one round-two design, from its own PRF noise, so an analyst cannot spend more.
+Measured against OpenDP and the Sarus methods in docs/accuracy.md.
+"""
+from __future__ import annotations
+
+import math
+from dataclasses import dataclass
+from fractions import Fraction
+from typing import Callable
+
+import numpy as np
+
+from ..errors import ParameterError
+from . import postprocess
+from .mechanisms import Answers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, TreeMechanism, check_relation, node_counts
+from .noise import check_epsilon, dlaplace_variance, scale_fraction
+from .tree import TreeShape
+
+ROUND_ONE_SHARE = 0.15  # of epsilon, for round one's bins
+ROUND_ONE_BINS = 32
+MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
+UNIFORM_SHARE = 0.3  # of the non-flat design's knots placed at equal width, not equal mass
+MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tree instead
+FLAT_BINS = (1, 2, 4, 8, 16, 32, 64, 128)
+MASS_BINS = (8, 16, 32, 64, 128, 256)
+FLAT_LIMIT = 1 + 3 * np.sqrt(5 / (ROUND_ONE_BINS - 1))  # 3 sds of flat_statistic on flat data (Laplace noise: Var(z^2) = 5 sd^4)
+EMPTY_SDS = 2.0  # a round-two bin within this many noise sds of zero is taken as empty
+ROUND_ONE_IDS, ROUND_TWO_IDS = 1 << 40, 1 << 41  # noise ids of the rounds' bins (tree node ids lie below)
+BinAnswers = Callable[[int, np.ndarray], np.ndarray]  # (round, bin ends) -> noisy bin counts
+
+
+@dataclass(frozen=True)
+class RoundTwo:
+    """Round two's design: "bins" (a histogram whose bins end at `ends`, filled in "linear"ly or by
+    "pchip") or "tree" (`AdaptiveMechanism.tree` on the whole grid)."""
+
+    design: str
+    ends: tuple[int, ...] = ()
+    fill: str = "linear"
+
+    def to_json(self) -> dict:
+        return {"design": self.design, "ends": list(self.ends), "fill": self.fill}
+
+
+@dataclass
+class AdaptiveRelease:
+    """Both rounds' noisy answers: round one's bin counts, the design they chose, round two's bin
+    counts (design "bins") or node counts per level (design "tree")."""
+
+    round_one: np.ndarray
+    plan: RoundTwo
+    round_two: np.ndarray | list[np.ndarray]
+
+
+def equal_width_ends(size: int, bins: int) -> np.ndarray:
+    """The last grid index of each of `bins` equal-width bins (widths differ by at most one)."""
+    return (np.arange(1, bins + 1) * size) // bins - 1
+
+
+def fill_linear(values: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
+    """Prefix counts at every grid index, linear between the bins' ends, from 0 before index 0."""
+    return np.interp(np.arange(size), np.append(-1, ends), np.append(0.0, values))
+
+
+def fill_pchip(values: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
+    """Prefix counts at every grid index by monotone cubic (Fritsch-Carlson) interpolation of the
+    bins' ends, from 0 before index 0: non-decreasing when the values are."""
+    from scipy.interpolate import PchipInterpolator
+
+    x, y = np.append(-1, ends), np.maximum.accumulate(np.append(0.0, values))
+    if x.size < 3:
+        return fill_linear(values, ends, size)
+    return PchipInterpolator(x, y)(np.arange(size))
+
+
+FILLS = {"linear": fill_linear, "pchip": fill_pchip}
+
+
+def bins_noise(ends: np.ndarray, size: int, variance: float, bridge: bool) -> float:
+    """Mean noise variance per grid index of a histogram over bins ending at `ends`, each count
+    carrying `variance`, cumulated and interpolated linearly; `bridge`: conditioned on a public total
+    (the cumulated noise is then a random-walk bridge, j (K - j) / K at bin j's end)."""
+    k = ends.size
+    j = np.arange(k + 1)
+    at = variance * (j * (k - j) / k if bridge else j)  # at each end, the point before index 0 first
+    x = np.arange(size)
+    b = np.searchsorted(ends, x)
+    lo = np.append(-1, ends)[b]
+    lam = (x - lo) / (np.append(-1, ends)[b + 1] - lo)
+    cov = variance * (b * (k - b - 1) / k if bridge else b)  # between the ends around x
+    return float(np.mean((1 - lam) ** 2 * at[b] + lam**2 * at[b + 1] + 2 * lam * (1 - lam) * cov))
+
+
+def mass_ends(estimate: np.ndarray, total: float, bins: int, uniform: float = UNIFORM_SHARE) -> np.ndarray:
+    """Ends of `bins` bins at equal mass of (1 - uniform) estimate / total + uniform x / size: most
+    bins where the estimate puts mass, some everywhere (distinct, the last at the grid's end)."""
+    size = estimate.size
+    g = (1 - uniform) * estimate / max(total, 1.0) + uniform * np.arange(1, size + 1) / size
+    ends = np.searchsorted(g, np.arange(1, bins) / bins, side="left")
+    return np.unique(np.append(ends[ends < size - 1], size - 1))
+
+
+@dataclass
+class AdaptiveMechanism(Mechanism):
+    """Round one: DLap(Delta / eps_1) on `ROUND_ONE_BINS` equal-width bin counts, eps_1 = 0.15 eps;
+    round two, chosen from round one (`plan`): DLap(Delta / eps_2) on a histogram's bin counts, or the
+    `TreeMechanism` at eps_2 = epsilon - eps_1 (Delta = 2 under substitution, 1 under add/remove).
+
+    Privacy: epsilon-DP under `relation` (module docstring): eps_1 + the larger of the two round-two
+    designs' guarantees, exactly, whichever the data picks. Grids of at least `MIN_ADAPTIVE_GRID`
+    points; count releases only (one ECDF, no payload columns)."""
+
+    size: int
+    epsilon: float
+    relation: str = "substitution"
+
+    name = "adaptive"
+    answers_prefixes = False
+
+    def __post_init__(self) -> None:
+        self.epsilon = check_epsilon(self.epsilon)
+        check_relation(self.relation)
+        if self.size < MIN_ADAPTIVE_GRID:
+            raise ParameterError(f"the adaptive mechanism needs a grid of at least {MIN_ADAPTIVE_GRID} points, got {self.size}")
+        self.eps_one = self.epsilon * ROUND_ONE_SHARE
+        self.eps_two = self.epsilon - self.eps_one
+        while Fraction(self.eps_one) + Fraction(self.eps_two) > Fraction(self.epsilon):  # the float split's last bit
+            self.eps_two = math.nextafter(self.eps_two, 0.0)
+        delta = TreeMechanism.level_sensitivity(self.relation)
+        self.scale_one = scale_fraction(delta, self.eps_one)
+        self.scale_two = scale_fraction(delta, self.eps_two)
+        self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
+        self.shape = TreeShape.for_size(self.size, 2)  # the geometry callers may ask of any mechanism
+        self.round_one_ends = equal_width_ends(self.size, ROUND_ONE_BINS)
+        if self.exact_epsilon(self.relation) > Fraction(self.epsilon):
+            raise AssertionError("the adaptive mechanism's rounds exceed epsilon")
+
+    # --- the plan ----------------------------------------------------------------------------
+    def noise_variance(self, round_: int, copies: int = 1) -> float:
+        """A bin count's noise variance in round one or two (`copies` independent noises)."""
+        return copies * dlaplace_variance(self.scale_one if round_ == 1 else self.scale_two)
+
+    def round_one_estimate(self, counts: np.ndarray, n: float) -> np.ndarray:
+        """Round one's prefix-count estimate: the bins conditioned on n (substitution), cumulated,
+        monotone, PCHIP in between."""
+        counts = np.asarray(counts, dtype=np.float64)
+        if self.relation == "substitution":
+            counts = counts + (n - counts.sum()) / counts.size
+        at_ends = postprocess.monotone(np.cumsum(counts), 0.0, float(n), 2, float(n) if self.relation == "substitution" else None)
+        return fill_pchip(at_ends, self.round_one_ends, self.size)
+
+    def flat_statistic(self, counts: np.ndarray, n: float, copies: int = 1) -> float:
+        """The spread of round one's bin counts over what sampling (n w_j / N per bin) and noise
+        explain: about 1 for data spread evenly over the grid, far above for concentrated data."""
+        counts = np.asarray(counts, dtype=np.float64)
+        widths = np.diff(np.append(-1, self.round_one_ends))
+        expected = n * widths / self.size
+        spread = np.sum((counts - counts.sum() * widths / self.size) ** 2)
+        return float(spread / np.sum(self.noise_variance(1, copies) + expected) / (1 - 1 / counts.size))
+
+    def missed_structure(self, counts: np.ndarray, n: float, ends: np.ndarray, copies: int = 1) -> float:
+        """An unbiased estimate (clipped at 0) of what linear interpolation between `ends` misses of
+        the data's shape at round one's resolution, per grid index: round one's linear estimate's
+        squared departure from its interpolation at `ends`, less the exact part its noise explains.
+        So a shape round one half-sees still gets bins when a flat design is chosen."""
+        k = counts.size
+        cum = np.tril(np.ones((k, k)))
+        if self.relation == "substitution":  # conditioned on n: the noise enters as (I - 11^T / k) z
+            counts = counts + (n - counts.sum()) / k
+            cum = cum @ (np.eye(k) - 1.0 / k)
+        estimate = fill_linear(np.cumsum(counts), self.round_one_ends, self.size)
+        noise = np.stack([fill_linear(col, self.round_one_ends, self.size) for col in cum.T], axis=1)
+        miss = estimate - fill_linear(estimate[ends], ends, self.size)
+        noise_miss = noise - np.stack([fill_linear(col, ends, self.size) for col in noise[ends].T], axis=1)
+        return max(0.0, float(np.mean(miss**2)) - self.noise_variance(1, copies) * float(np.sum(noise_miss**2)) / self.size)
+
+    def plan(self, round_one: np.ndarray, n: float | None = None, copies: int = 1) -> RoundTwo:
+        """Round two's design from round one's noisy bin counts (and n, public under substitution;
+        None under add/remove: round one's sum). Post-processing of round one: no privacy cost."""
+        counts = np.asarray(round_one, dtype=np.float64).reshape(-1)
+        if counts.size != ROUND_ONE_BINS:
+            raise ParameterError(f"round one has {ROUND_ONE_BINS} bins, got {counts.size}")
+        bridge = self.relation == "substitution"
+        total = float(n) if bridge else max(float(counts.sum()), 1.0)
+        var = self.noise_variance(2, copies)
+        if self.flat_statistic(counts, total, copies) < FLAT_LIMIT:
+            options = [equal_width_ends(self.size, k) for k in FLAT_BINS if k <= self.size // 2]
+            risks = [total / (6 * e.size) + self.missed_structure(counts, total, e, copies)
+                     + bins_noise(e, self.size, var, bridge) for e in options]
+            return RoundTwo("bins", tuple(int(i) for i in options[int(np.argmin(risks))]), "linear")
+        estimate = self.round_one_estimate(counts, total)
+        options = [mass_ends(estimate, total, k) for k in MASS_BINS if k <= self.size // 2]
+        risks = [total / (6 * e.size) + float(np.mean((estimate - fill_pchip(estimate[e], e, self.size)) ** 2))
+                 + bins_noise(e, self.size, var, bridge) for e in options]
+        best = int(np.argmin(risks))
+        if MASS_BINS[best] > MAX_PLANNED_BINS:
+            return RoundTwo("tree")
+        return RoundTwo("bins", tuple(int(i) for i in options[best]), "pchip")
+
+    def check_plan(self, plan: RoundTwo) -> RoundTwo:
+        """A round-two design as a server must check it before answering: "tree", or "bins" whose
+        ends increase strictly, lie on the grid and end at its last index (any partition is eps_2-DP)."""
+        if plan.design == "tree":
+            return RoundTwo("tree")
+        if plan.design != "bins" or plan.fill not in FILLS:
+            raise ParameterError(f"round two is 'bins' (fill 'linear' or 'pchip') or 'tree', got {plan.design!r}/{plan.fill!r}")
+        ends = np.asarray(plan.ends, dtype=np.int64)
+        if ends.ndim != 1 or ends.size == 0 or ends.size > self.size or ends[-1] != self.size - 1 or ends[0] < 0 \
+                or np.any(np.diff(ends) <= 0):
+            raise ParameterError(f"round two's bin ends must increase strictly from >= 0 to {self.size - 1}")
+        return RoundTwo("bins", tuple(int(i) for i in ends), plan.fill)
+
+    # --- the release -------------------------------------------------------------------------
+    def bin_noise(self, round_: int, count: int, noise: NoiseFn) -> np.ndarray:
+        """The noise of a round's `count` bins, from node ids no tree node uses."""
+        base = ROUND_ONE_IDS if round_ == 1 else ROUND_TWO_IDS
+        return noise(base + np.arange(count, dtype=np.int64), self.scale_one if round_ == 1 else self.scale_two)
+
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
+               bins_at: BinAnswers | None = None, n: float | None = None, copies: int = 1) -> AdaptiveRelease:
+        """Round one through `bins_at(1, ends)`, the plan, then round two through `bins_at(2, ends)`
+        or the tree's `nodes_at(level)`; `n` and `copies` as `plan` takes them."""
+        if bins_at is None:
+            raise ParameterError("the adaptive mechanism's release is asked for in bins (bins_at)")
+        one = np.asarray(bins_at(1, self.round_one_ends), dtype=np.float64)
+        plan = self.plan(one, n if self.relation == "substitution" else None, copies)
+        if plan.design == "tree":
+            return AdaptiveRelease(one, plan, self.tree.gather(prefix_at, nodes_at))
+        return AdaptiveRelease(one, plan, np.asarray(bins_at(2, np.asarray(plan.ends)), dtype=np.float64))
+
+    def noisy(self, prefix: np.ndarray, noise: NoiseFn) -> AdaptiveRelease:
+        prefix = np.asarray(prefix).astype(np.int64)
+
+        def bins_at(round_: int, ends: np.ndarray) -> np.ndarray:
+            return np.diff(np.append(0, prefix[ends])) + self.bin_noise(round_, len(ends), noise)
+
+        def nodes_at(level: int) -> np.ndarray:
+            nodes = node_counts(prefix, self.tree.shape, level)
+            return (nodes + self.tree.node_noise(level, np.arange(nodes.size), noise)).astype(np.float64)
+
+        return self.gather(None, nodes_at, None, bins_at, int(prefix[-1]))
+
+    def counts(self, release: AdaptiveRelease, n: float, postprocess_with: str = "auto", copies: int = 1) -> tuple[np.ndarray, np.ndarray, float]:
+        """(raw, counts, total) of a round-two histogram: raw is its bins cumulated, linear in between;
+        counts the estimate of the module docstring ("auto"), or without the empty bins and with
+        linear filling ("monotone"); total n or its estimate (the bins' sum)."""
+        ends = np.asarray(release.plan.ends)
+        bins = np.asarray(release.round_two, dtype=np.float64)
+        raw = fill_linear(np.cumsum(bins), ends, self.size)
+        substitution = self.relation == "substitution"
+        if postprocess_with == "auto":
+            bins = np.where(np.abs(bins) > EMPTY_SDS * np.sqrt(self.noise_variance(2, copies)), bins, 0.0)
+        total = float(n) if substitution else max(float(bins.sum()), 1.0)
+        kept = bins != 0
+        if substitution and kept.any():
+            bins = bins + np.where(kept, (total - bins.sum()) / kept.sum(), 0.0)
+        elif substitution:
+            bins = np.full(bins.size, total / bins.size)
+        at_ends = postprocess.monotone(np.cumsum(bins), 0.0, total, 2, total if substitution else None)
+        fill = FILLS[release.plan.fill] if postprocess_with == "auto" else fill_linear
+        return raw, np.clip(fill(at_ends, ends, self.size), 0.0, total), total
+
+    def elements(self, release: AdaptiveRelease) -> list[AdaptiveRelease]:
+        if np.ndim(release.round_one) != 1:
+            raise ParameterError("the adaptive mechanism releases one ECDF (a count task), not payload columns")
+        return [release]
+
+    def estimate(self, release: AdaptiveRelease, copies: int = 1) -> tuple[np.ndarray, np.ndarray]:
+        if release.plan.design == "tree":
+            return self.tree.estimate(release.round_two, copies)
+        raw = fill_linear(np.cumsum(release.round_two), np.asarray(release.plan.ends), self.size)
+        return raw, raw
+
+    # --- the Mechanism interface the rounds do not use -----------------------------------------
+    def node_noise(self, level: int, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
+        return self.tree.node_noise(level, indices, noise)
+
+    def prefix_noise(self, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
+        raise ParameterError("the adaptive mechanism answers bins and (its round-two tree's) nodes, not prefixes")
+
+    def released_levels(self) -> list[int]:
+        return self.tree.released_levels()
+
+    # --- privacy -----------------------------------------------------------------------------
+    def exact_epsilon(self, relation: str) -> Fraction | None:
+        """Round one's Delta / scale_1 plus the larger of round two's designs: Delta / scale_2 for a
+        histogram, the tree's own; None when the tree has no guarantee under `relation`."""
+        tree = self.tree.exact_epsilon(relation)
+        if tree is None:
+            return None
+        delta = TreeMechanism.level_sensitivity(check_relation(relation))
+        return delta / self.scale_one + max(delta / self.scale_two, tree)
+
+    def rounded_budgets(self) -> int:
+        return 1 + max(1, self.tree.rounded_budgets())
+
+    def _describe(self) -> str:
+        return (f"adaptive: {ROUND_ONE_BINS} bins with eps {self.eps_one:.4g}, then a histogram or the b-ary tree "
+                f"chosen from them with eps {self.eps_two:.4g}")
+
+    def _no_guarantee(self) -> str:
+        return self.tree._no_guarantee()
+
+    def expected_mse(self) -> float:
+        """The round-two tree's (its design is data-dependent; a histogram is chosen when its error is lower)."""
+        return self.tree.expected_mse()
