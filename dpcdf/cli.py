@@ -75,8 +75,9 @@ def main(argv: list[str] | None = None) -> int:
     budget = t.add_mutually_exclusive_group(required=True)
     budget.add_argument("--epsilon", type=float, help="epsilon-DP, discrete Laplace noise")
     budget.add_argument("--rho", type=float, help="rho-zCDP, discrete Gaussian noise (grids of up to 2^16 points)")
-    t.add_argument("--mechanism", choices=["tree", "path", "factorization"],
-                   help="default: tree (epsilon), factorization (rho: the square-root factorization, up to 2^13 points)")
+    t.add_argument("--mechanism", choices=["adaptive", "tree", "path", "factorization"],
+                   help="default: adaptive (epsilon, substitution, grids of 2^8 to 2^20 points: two rounds, the second "
+                   "chosen from the first), else tree (epsilon), factorization (rho: the square-root factorization, up to 2^13 points)")
     t.add_argument("--relation", default="substitution", choices=["substitution", "add-remove"])
     t.add_argument("--min-batch", type=int, default=None, help="queries wait for this many reports "
                    "(default 100 under substitution; under add/remove it must be 0)")
@@ -108,7 +109,7 @@ def main(argv: list[str] | None = None) -> int:
     d = sub.add_parser("demo", help="two real servers on loopback, simulated clients, an analyst, a table and a plot")
     d.add_argument("--clients", type=int, default=3000)
     d.add_argument("--epsilon", type=float, default=1.0)
-    d.add_argument("--mechanism", default="tree", choices=["tree", "path"])
+    d.add_argument("--mechanism", default="adaptive", choices=["adaptive", "tree", "path"])
     d.add_argument("--plot", default="dpcdf_demo.png")
     args = ap.parse_args(argv)
     try:
@@ -127,8 +128,9 @@ def main(argv: list[str] | None = None) -> int:
                     admin = [Path(f).read_text().strip() for f in args.admin_token_file] * (3 - len(args.admin_token_file))
                 except OSError as exc:
                     raise DpcdfError(f"cannot read the operator token: {exc}") from None
-            mechanism = args.mechanism or ("tree" if args.rho is None else "factorization")
-            config, token = create_task(args.servers, parse_grid(args.grid), args.epsilon, mechanism,
+            grid_spec = parse_grid(args.grid)
+            mechanism = args.mechanism or TaskConfig.default_mechanism(grid_spec, args.relation, "pure" if args.rho is None else "zcdp")
+            config, token = create_task(args.servers, grid_spec, args.epsilon, mechanism,
                                         args.relation, _min_batch(args), args.kem, admin_tokens=admin[:2] if admin else None,
                                         verify=False if args.unverified else None, rho=args.rho)
             Path(args.out).write_text(config.to_json())

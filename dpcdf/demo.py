@@ -14,7 +14,7 @@ from .service.client import create_task, submit
 from .service.processes import start_server, stop
 
 
-def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "tree", plot: str | None = "dpcdf_demo.png") -> dict:
+def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "adaptive", plot: str | None = "dpcdf_demo.png") -> dict:
     rng = np.random.default_rng(2024)  # the simulated population, not privacy noise
     values = np.concatenate([rng.normal(35, 8, clients // 2), rng.gamma(6, 8, clients - clients // 2)]).clip(0, 100)
     grid_spec = {"kind": "uniform", "lo": 0.0, "hi": 100.0, "bits": 10}

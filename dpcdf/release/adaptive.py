@@ -35,15 +35,13 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
-from typing import Callable
 
 import numpy as np
 
 from ..errors import ParameterError
 from . import postprocess
-from .mechanisms import Answers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, TreeMechanism, check_relation, node_counts
+from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, TreeMechanism, check_relation, node_counts
 from .noise import check_epsilon, dlaplace_variance, scale_fraction
-from .tree import TreeShape
 
 ROUND_ONE_SHARE = 0.15  # of epsilon, for round one's bins
 ROUND_ONE_BINS = 32
@@ -55,7 +53,6 @@ MASS_BINS = (8, 16, 32, 64, 128, 256)
 FLAT_LIMIT = 1 + 3 * np.sqrt(5 / (ROUND_ONE_BINS - 1))  # 3 sds of flat_statistic on flat data (Laplace noise: Var(z^2) = 5 sd^4)
 EMPTY_SDS = 2.0  # a round-two bin within this many noise sds of zero is taken as empty
 ROUND_ONE_IDS, ROUND_TWO_IDS = 1 << 40, 1 << 41  # noise ids of the rounds' bins (tree node ids lie below)
-BinAnswers = Callable[[int, np.ndarray], np.ndarray]  # (round, bin ends) -> noisy bin counts
 
 
 @dataclass(frozen=True)
@@ -159,7 +156,7 @@ class AdaptiveMechanism(Mechanism):
         self.scale_one = scale_fraction(delta, self.eps_one)
         self.scale_two = scale_fraction(delta, self.eps_two)
         self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
-        self.shape = TreeShape.for_size(self.size, 2)  # the geometry callers may ask of any mechanism
+        self.shape = self.tree.shape  # node queries are round two's tree's
         self.round_one_ends = equal_width_ends(self.size, ROUND_ONE_BINS)
         if self.exact_epsilon(self.relation) > Fraction(self.epsilon):
             raise AssertionError("the adaptive mechanism's rounds exceed epsilon")
@@ -246,13 +243,17 @@ class AdaptiveMechanism(Mechanism):
         return noise(base + np.arange(count, dtype=np.int64), self.scale_one if round_ == 1 else self.scale_two)
 
     def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
-               bins_at: BinAnswers | None = None, n: float | None = None, copies: int = 1) -> AdaptiveRelease:
+               bins_at: BinAnswers | None = None, n=None, copies: int = 1) -> AdaptiveRelease:
         """Round one through `bins_at(1, ends)`, the plan, then round two through `bins_at(2, ends)`
-        or the tree's `nodes_at(level)`; `n` and `copies` as `plan` takes them."""
+        or the tree's `nodes_at(level)`; `n` (a number, or a function giving it once round one is
+        answered) and `copies` as `plan` takes them."""
         if bins_at is None:
             raise ParameterError("the adaptive mechanism's release is asked for in bins (bins_at)")
         one = np.asarray(bins_at(1, self.round_one_ends), dtype=np.float64)
-        plan = self.plan(one, n if self.relation == "substitution" else None, copies)
+        if one.ndim != 1 or one.size != ROUND_ONE_BINS:
+            raise ParameterError(f"round one has {ROUND_ONE_BINS} bin counts of one ECDF, got shape {one.shape}")
+        total = n() if callable(n) else n
+        plan = self.plan(one, total if self.relation == "substitution" else None, copies)
         if plan.design == "tree":
             return AdaptiveRelease(one, plan, self.tree.gather(prefix_at, nodes_at))
         return AdaptiveRelease(one, plan, np.asarray(bins_at(2, np.asarray(plan.ends)), dtype=np.float64))

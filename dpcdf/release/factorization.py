@@ -23,7 +23,7 @@ from functools import lru_cache
 import numpy as np
 
 from ..errors import ParameterError
-from .mechanisms import Answers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, array_elements, check_relation
+from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, array_elements, check_relation
 from .zcdp import GaussianVariance, ZcdpAccounting, calibrate_sigma2, check_rho, dgauss_variance, zcdp_to_dp
 
 MAX_FACTOR_GRID = 1 << 13  # the exact sensitivity takes O(N^2) integer work, R x O(N^2) too
@@ -163,7 +163,8 @@ class SqrtFactorizationMechanism(ZcdpAccounting, Mechanism):
         y = (rx + self.coordinate_noise(noise)).astype(np.float64)
         return np.concatenate([y, [float(prefix[-1])]]) if self.relation == "substitution" else y
 
-    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None) -> np.ndarray:
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
+               bins_at: BinAnswers | None = None, n=None, copies: int = 1) -> np.ndarray:
         """The release over the servers: their summed coordinates R x + z (each server adding its own
         z), then, under substitution, the exact n (`Aggregator.coordinate_shares`)."""
         if coordinates_at is None:

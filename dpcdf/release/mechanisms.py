@@ -33,6 +33,7 @@ NoiseFn = Callable[[np.ndarray, Fraction], np.ndarray]  # (node ids, scale) -> i
 Answers = Callable[[np.ndarray], np.ndarray]  # grid indices -> noisy prefix counts
 NodeAnswers = Callable[[int], np.ndarray]  # level -> noisy counts of its data-holding nodes
 CoordinateAnswers = Callable[[], np.ndarray]  # () -> a factorization's noisy coordinates R x + z (then n)
+BinAnswers = Callable[[int, np.ndarray], np.ndarray]  # (round, bin ends) -> an adaptive release's noisy bin counts
 
 
 def check_relation(relation: str) -> str:
@@ -108,11 +109,14 @@ class Mechanism(ABC):
         raise ParameterError(f"the {self.name} mechanism has no coordinates to release (a factorization has)")
 
     @abstractmethod
-    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None):
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
+               bins_at: BinAnswers | None = None, n=None, copies: int = 1):
         """The release, asked for through `prefix_at(indices)` (noisy prefix counts), `nodes_at(level)`
-        (noisy node counts of a released level) or `coordinates_at()` (a factorization's noisy
-        coordinates): the analyst's questions to the servers. Arrays may carry a trailing payload
-        axis (one column per released ECDF)."""
+        (noisy node counts of a released level), `coordinates_at()` (a factorization's noisy
+        coordinates) or `bins_at(round, ends)` (an adaptive release's noisy bin counts, whose second
+        round depends on the first, on n (public under substitution; a number or a function giving
+        it once asked) and on how many noises (`copies`) each answer carries): the analyst's questions
+        to the servers. Arrays may carry a trailing payload axis (one column per released ECDF)."""
 
     def noisy(self, prefix: np.ndarray, noise: NoiseFn):
         """The central release of exact prefix counts (at every grid index) with `noise`."""
@@ -284,7 +288,8 @@ class PathMechanism(Mechanism):
     def released_levels(self) -> list[int]:
         return []
 
-    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None) -> np.ndarray:
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
+               bins_at: BinAnswers | None = None, n=None, copies: int = 1) -> np.ndarray:
         """The path release: noisy prefix counts at every grid index."""
         return prefix_at(np.arange(self.size))
 
@@ -437,7 +442,8 @@ class TreeMechanism(Mechanism):
         sums = np.concatenate([[0], np.cumsum(self.node_noise(level, nodes, noise))]).astype(np.int64)
         return sums[np.searchsorted(nodes, hi)] - sums[np.searchsorted(nodes, lo)]
 
-    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None) -> list[np.ndarray]:
+    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
+               bins_at: BinAnswers | None = None, n=None, copies: int = 1) -> list[np.ndarray]:
         """The tree release: noisy counts of every data-holding node, per level (float64); the root
         is n itself under substitution (public), noised under add/remove when released, NaN when not
         released."""

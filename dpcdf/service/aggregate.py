@@ -17,6 +17,7 @@ from fss import DCF, KeyBatch
 from fss import field as F
 
 from ..errors import ParameterError
+from ..release.adaptive import RoundTwo
 from ..release.mechanisms import Mechanism
 from ..release.factorization import right_factor_times
 from ..release.noise import prf_key, prf_noise
@@ -140,6 +141,22 @@ class Aggregator:
         x = self._minus(prefix, np.concatenate([np.zeros(1, np.uint64), prefix[:-1]]))
         shares = self._plus(right_factor_times(x, self.dcf.modulus), noise)
         return np.concatenate([shares, prefix[-1:]]) if mech.relation == "substitution" else shares
+
+    def bin_shares(self, shards: list[KeyBatch], round_: int, ends: np.ndarray | None = None) -> np.ndarray:
+        """An adaptive task's bin counts: round 1 its fixed equal-width bins, round 2 the bins ending at
+        `ends` (checked by `AdaptiveMechanism.check_plan`), plus this server's noise at the round's
+        scale (`AdaptiveMechanism.bin_noise`: ids no tree node uses). ParameterError for any other
+        mechanism or a bad partition. Whether round two may be answered is the router's (once per task)."""
+        mech = self.mechanism
+        if not hasattr(mech, "round_one_ends") or self.dcf.width != 1:
+            raise ParameterError("bins are released by adaptive count tasks only")
+        if round_ == 1:
+            ends = mech.round_one_ends
+        else:
+            ends = np.asarray(mech.check_plan(RoundTwo("bins", tuple(ends))).ends, np.int64)
+        sums = self.sums(shards, ends)
+        counts = self._minus(sums, np.concatenate([np.zeros(1, np.uint64), sums[:-1]]))
+        return self._plus(counts, mech.bin_noise(round_, ends.size, self.noise_fn(0)))
 
     def group_shares(self, shards: list[KeyBatch], edges: np.ndarray, scales: list) -> np.ndarray:
         """Shares of every payload element summed over the index groups (.., e_1], (e_1, e_2], ...,

@@ -119,7 +119,12 @@ class Analyst:
             counts, seen["n"] = self._ask({"kind": "coordinates"})
             return counts
 
-        release = mech.gather(prefix_at, nodes_at, coordinates_at)  # the questions the mechanism's release needs
+        def bins_at(round_: int, ends: np.ndarray) -> np.ndarray:
+            counts, seen["n"] = self._ask({"kind": "bins", "round": round_, **({"ends": [int(e) for e in ends]} if round_ == 2 else {})})
+            return counts
+
+        # the questions the mechanism's release needs (an adaptive one plans round two from round one's answers)
+        release = mech.gather(prefix_at, nodes_at, coordinates_at, bins_at, n=lambda: seen["n"], copies=2)
         return [finish_release(self.grid, mech, part, seen["n"], postprocess_with, copies=2) for part in mech.elements(release)]
 
     def release(self, postprocess_with: str = "auto") -> Release:

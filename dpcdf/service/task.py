@@ -18,6 +18,7 @@ from ..release.grid import Grid
 from ..release.calibration import group_scales
 from . import verify
 from .hpke import check_kem
+from ..release.adaptive import MIN_ADAPTIVE_GRID, AdaptiveMechanism
 from ..release.factorization import sqrt_factorization
 from ..release.mechanisms import ROOT_SHARE, Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
 from ..release.zcdp import check_rho, gaussian_tree
@@ -91,6 +92,9 @@ class TaskConfig:
         if self.relation == "add-remove" and self.min_batch != 0:
             raise ParameterError("under add/remove the number of reports is private, and a minimum-batch gate would "
                                  "reveal whether it reached the gate (even 1: no report against one): use min_batch=0")
+        if self.mechanism == "adaptive" and (self.payload != "count" or not MIN_ADAPTIVE_GRID <= self.make_grid().size <= MAX_TREE_SIZE):
+            raise ParameterError(f"an adaptive task releases one ECDF (payload 'count') on a grid of {MIN_ADAPTIVE_GRID} "
+                                 f"to {MAX_TREE_SIZE} points")
         if self.mechanism == "tree" and self.make_grid().size > MAX_TREE_SIZE:
             raise ParameterError(f"the tree mechanism takes grids of up to {MAX_TREE_SIZE} points in a task "
                                  "(its planning would stall the server): use the path mechanism")
@@ -125,15 +129,17 @@ class TaskConfig:
             raise ParameterError(f"root_share must be a number in [0, 1), got {share!r:.40}")
 
     def _check_privacy(self) -> None:
-        """pure: epsilon-DP with discrete Laplace noise, mechanism 'path' or 'tree'. zcdp: rho-zCDP with
+        """pure: epsilon-DP with discrete Laplace noise, mechanism 'path', 'tree' or 'adaptive' (two
+        rounds, `dpcdf.release.adaptive`: the servers answer round one's bins, then one round-two
+        design, fixed by the analyst's first round-two query). zcdp: rho-zCDP with
         the exact discrete Gaussian, mechanism 'factorization' (the square-root factorization, grids of
         up to 2^13 points) or 'tree', one ECDF per task (payload 'count'), no epsilon."""
         if self.privacy == "pure":
             check_epsilon(self.epsilon)
             if self.rho is not None:
                 raise ParameterError("rho is for privacy 'zcdp'")
-            if self.mechanism not in ("path", "tree"):
-                raise ParameterError(f"a task's mechanism is 'path' or 'tree', got {self.mechanism!r}")
+            if self.mechanism not in ("path", "tree", "adaptive"):
+                raise ParameterError(f"a task's mechanism is 'path', 'tree' or 'adaptive', got {self.mechanism!r}")
         elif self.privacy == "zcdp":
             if self.epsilon is not None:
                 raise ParameterError("a zCDP task takes rho, not epsilon")
@@ -147,20 +153,17 @@ class TaskConfig:
 
     # --- derived ------------------------------------------------------------------------------
     def make_grid(self) -> Grid:
-        g = self.grid
-        kind = g.get("kind")
-        try:
-            if kind == "uniform":
-                return Grid.uniform(float(g["lo"]), float(g["hi"]), int(g["bits"]))
-            if kind == "log":
-                return Grid.log(float(g["lo"]), float(g["hi"]), int(g["bits"]))
-            if kind == "thresholds":
-                return Grid.from_thresholds(np.asarray(g["values"], dtype=np.float64))
-        except ParameterError:
-            raise
-        except (KeyError, TypeError, ValueError, OverflowError) as exc:
-            raise ParameterError(f"not a {kind} grid: {exc!r:.120}") from None
-        raise ParameterError(f"unknown grid kind {kind!r}")
+        return grid_from_spec(self.grid)
+
+    @staticmethod
+    def default_mechanism(grid: dict, relation: str, privacy: str = "pure") -> str:
+        """What `dpcdf task` picks without --mechanism, as `dpcdf.release_ecdf`'s "auto": the adaptive
+        mechanism for pure substitution tasks on grids of MIN_ADAPTIVE_GRID to MAX_TREE_SIZE points,
+        else the tree (zCDP: the factorization)."""
+        if privacy == "zcdp":
+            return "factorization"
+        size = grid_from_spec(grid).size
+        return "adaptive" if relation == "substitution" and MIN_ADAPTIVE_GRID <= size <= MAX_TREE_SIZE else "tree"
 
     @property
     def n_public(self) -> bool:
@@ -179,6 +182,8 @@ class TaskConfig:
             if self.mechanism == "factorization":
                 return sqrt_factorization(size, self.rho, self.relation)
             return gaussian_tree(size, self.rho, self.relation)
+        if self.mechanism == "adaptive":  # its round-two tree's plan is ROOT_SHARE's: a new plan needs a new name
+            return AdaptiveMechanism(size, self.epsilon, self.relation)
         if self.mechanism == "tree" and self.payload == "count":
             return TreeMechanism(size, self.epsilon, self.relation, root_share=self.root_share)
         eps, relation = self.epsilon, self.relation
@@ -237,3 +242,20 @@ class TaskConfig:
 
 def token_hash(token: str) -> str:
     return hashlib.sha256(token.encode()).hexdigest()
+
+
+def grid_from_spec(g: dict) -> Grid:
+    """A task's grid from its JSON spec (`TaskConfig.grid`); ParameterError if it is not one."""
+    kind = g.get("kind") if isinstance(g, dict) else None
+    try:
+        if kind == "uniform":
+            return Grid.uniform(float(g["lo"]), float(g["hi"]), int(g["bits"]))
+        if kind == "log":
+            return Grid.log(float(g["lo"]), float(g["hi"]), int(g["bits"]))
+        if kind == "thresholds":
+            return Grid.from_thresholds(np.asarray(g["values"], dtype=np.float64))
+    except ParameterError:
+        raise
+    except (KeyError, TypeError, ValueError, OverflowError) as exc:
+        raise ParameterError(f"not a {kind} grid: {exc!r:.120}") from None
+    raise ParameterError(f"unknown grid kind {kind!r}")

@@ -234,7 +234,7 @@ JSON = st.recursive(st.none() | st.booleans() | st.integers(-2**70, 2**70) | st.
 FLOATS = st.floats(allow_nan=False, allow_infinity=False) | st.sampled_from([0.0, -0.0, 1e-300, 1e300, 5e-324, 1.0, 100.0])
 NEAR = {  # values near the valid ones, per field of a task config
     "epsilon": FLOATS, "split": FLOATS, "min_batch": st.integers(-2, 2**64),
-    "mechanism": st.sampled_from(["path", "tree", "Tree", ""]), "relation": st.sampled_from(["substitution", "add-remove", "x"]),
+    "mechanism": st.sampled_from(["path", "tree", "adaptive", "Tree", ""]), "relation": st.sampled_from(["substitution", "add-remove", "x"]),
     "payload": st.sampled_from(["count", "label", "calibration", "labels"]),
     "kem": st.sampled_from(["x25519", "mlkem768-x25519", "X25519", "mlkem"]),
     "servers": st.lists(st.sampled_from(["a", "http://127.0.0.1:9", ""]), max_size=3),
@@ -269,6 +269,9 @@ QUERIES = st.one_of(
     st.fixed_dictionaries({"kind": st.just("prefix"), "indices": st.lists(st.integers(-3, 70), max_size=8)}),
     st.fixed_dictionaries({"kind": st.just("nodes"), "level": st.integers(-2, 12)}),
     st.just({"kind": "coordinates"}),  # a factorization task's only question; refused (400) by the others
+    st.one_of(st.fixed_dictionaries({"kind": st.just("bins"), "round": st.integers(0, 3)}),  # adaptive tasks' only
+              st.fixed_dictionaries({"kind": st.just("bins"), "round": st.just(2),  # questions (with their nodes)
+                                     "ends": st.lists(st.integers(-2, 70), max_size=6)})),
     st.fixed_dictionaries({"kind": st.just("groups"), "edges": st.lists(st.integers(0, 31), max_size=6).map(sorted)}),
     st.fixed_dictionaries({"kind": st.just("groups"), "edges": st.lists(st.integers(-2, 40), max_size=6)}),
     st.builds(lambda: {"kind": "prefix", "indices": [0] * ((1 << 16) + 1)}),  # over the limit

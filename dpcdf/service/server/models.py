@@ -8,7 +8,8 @@ from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field
 
 from ..task import MAX_QUERY_POINTS
 
-KINDS = "kind must be 'prefix', 'nodes', (factorization tasks) 'coordinates' or (calibration tasks) 'groups'"
+KINDS = ("kind must be 'prefix', 'nodes', (factorization tasks) 'coordinates', (adaptive tasks) 'bins' or "
+         "(calibration tasks) 'groups'")
 
 
 class Error(BaseModel):
@@ -36,7 +37,7 @@ class TaskSpec(BaseModel):
     model_config = ConfigDict(extra="allow")
     grid: dict
     epsilon: float | None = Field(description="pure epsilon-DP tasks; null for zCDP")
-    mechanism: Literal["path", "tree", "factorization"]
+    mechanism: Literal["path", "tree", "adaptive", "factorization"]
     relation: Literal["substitution", "add-remove"]
     min_batch: int
     servers: list[str] = Field(min_length=2, max_length=2)
@@ -127,13 +128,23 @@ class CoordinatesQuery(BaseModel):
     kind: Literal["coordinates"]
 
 
+class BinsQuery(BaseModel):
+    """Adaptive tasks: shares of noisy bin counts. Round 1: the task's fixed equal-width bins (no
+    ends). Round 2: the bins ending at `ends` (strictly increasing grid indices, the last one the grid's
+    last), fixed by the task's first round-two query: a task answers one round-two design only (these
+    bins, or its tree's nodes), as another would spend the budget again."""
+    kind: Literal["bins"]
+    round: Literal[1, 2]
+    ends: Annotated[list[StrictInt], Field(max_length=MAX_QUERY_POINTS)] | None = None
+
+
 def _kind(v: object) -> object:
     return v.get("kind") if isinstance(v, dict) else getattr(v, "kind", None)
 
 
 Query = Annotated[
     Union[Annotated[PrefixQuery, Tag("prefix")], Annotated[NodesQuery, Tag("nodes")], Annotated[GroupsQuery, Tag("groups")],
-          Annotated[CoordinatesQuery, Tag("coordinates")]],
+          Annotated[CoordinatesQuery, Tag("coordinates")], Annotated[BinsQuery, Tag("bins")]],
     Discriminator(_kind, custom_error_type="kind", custom_error_message=KINDS),
 ]
 

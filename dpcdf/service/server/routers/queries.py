@@ -1,5 +1,6 @@
 """POST /tasks/{id}/query, for the analyst: this server's shares of noisy prefix counts, tree nodes,
-(factorization tasks) coordinates, or (calibration tasks) group sums, from the reconciled report set."""
+(factorization tasks) coordinates, (adaptive tasks) bins, or (calibration tasks) group sums, from the
+reconciled report set."""
 from __future__ import annotations
 
 import json
@@ -8,10 +9,12 @@ from typing import Annotated
 import numpy as np
 from fastapi import APIRouter, Body
 
+from ....errors import ParameterError
+from ....release.adaptive import RoundTwo
 from ....release.calibration import group_scales
 from ..deps import THROTTLED, AnalystTaskDep, ServerDep
 from ..errors import HttpError
-from ..models import KINDS, CoordinatesQuery, GroupsQuery, NodesQuery, PrefixQuery, Query, QueryResponse, errors
+from ..models import KINDS, BinsQuery, CoordinatesQuery, GroupsQuery, NodesQuery, PrefixQuery, Query, QueryResponse, errors
 from ..state import TaskState
 
 router = APIRouter(prefix="/tasks/{task_id}", tags=["queries"])
@@ -20,7 +23,8 @@ router = APIRouter(prefix="/tasks/{task_id}", tags=["queries"])
 @router.post("/query", response_model=QueryResponse, responses={**errors(400, 401, 403, 404, 409), **THROTTLED})
 def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, Body()]) -> QueryResponse:
     """Answers once the server is reconciled (`close`). Group boundaries are fixed by the first
-    groups query (another set would spend the budget again). A task's queries and its close run one
+    groups query, an adaptive task's round two by its first round-two bins or node query (another set
+    or design would spend the budget again). A task's queries and its close run one
     at a time (each uses every core); other tasks' do not wait for them. Limit: an analyst token has
     at most 2 closes and queries in flight on a server at once (DPCDF_ANALYST_CONCURRENCY); one more
     is answered 429 {"error": ...} with a Retry-After header (seconds), and can be sent again then."""
@@ -34,6 +38,11 @@ def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, 
             raise HttpError(403, f"the task has {n} reports after reconciliation; queries need at least {config.min_batch}")
         if isinstance(q, GroupsQuery) and store.fix_release(task_id, "groups", json.dumps(q.edges)) != json.dumps(q.edges):
             raise HttpError(403, "this task's groups are already released with other boundaries: the budget is spent")
+        if config.mechanism == "adaptive" and (isinstance(q, NodesQuery) or q.round == 2):
+            design = json.dumps("tree" if isinstance(q, NodesQuery) else q.ends)
+            if store.fix_release(task_id, "round-two", design) != design:
+                raise HttpError(403, "this task's round two is already released with another design (other bins, or "
+                                     "its tree): the budget is spent")
         store.mark(task_id, "answered")
         shards = st.source(store, upto)
         agg = st.aggregator
@@ -43,6 +52,8 @@ def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, 
             shares = agg.prefix_shares(shards, np.array(q.indices, np.int64))
         elif isinstance(q, CoordinatesQuery):
             shares = agg.coordinate_shares(shards)
+        elif isinstance(q, BinsQuery):
+            shares = agg.bin_shares(shards, q.round, None if q.ends is None else np.array(q.ends, np.int64))
         else:
             shares = agg.node_shares(shards, q.level)
         if config.payload == "calibration" and not isinstance(q, GroupsQuery):
@@ -53,13 +64,27 @@ def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, 
                          shares=[str(int(v)) for v in shares.reshape(-1)], modulus=str(st.dcf.modulus))
 
 
-def check(st: TaskState, q: PrefixQuery | NodesQuery | GroupsQuery | CoordinatesQuery) -> None:
+def check(st: TaskState, q: PrefixQuery | NodesQuery | GroupsQuery | CoordinatesQuery | BinsQuery) -> None:
     """What the model cannot check without the task: indices on its grid, a released tree level,
     groups on calibration tasks only, coordinates on factorization tasks only (which answer nothing
-    else: their noise is on R x, not on prefixes or nodes)."""
+    else: their noise is on R x, not on prefixes or nodes), bins on adaptive tasks only (which answer
+    those and their round-two tree's nodes: no prefixes), round two's bins a partition of the grid."""
     mech = st.aggregator.mechanism
     size = mech.size
-    if isinstance(q, CoordinatesQuery) != (not mech.answers_prefixes):
+    adaptive = st.config.mechanism == "adaptive"
+    if isinstance(q, BinsQuery) != adaptive and not (adaptive and isinstance(q, NodesQuery)):
+        raise HttpError(400, "an adaptive task answers 'bins' and its round-two tree's 'nodes' only, and only it "
+                             "answers 'bins'")
+    if isinstance(q, BinsQuery):
+        if (q.round == 2) != (q.ends is not None):
+            raise HttpError(400, "round 1's bins are the task's (no ends); round 2 names its bins' ends")
+        if q.ends is not None:
+            try:
+                mech.check_plan(RoundTwo("bins", tuple(q.ends)))
+            except ParameterError as exc:
+                raise HttpError(400, str(exc)) from None
+        return
+    if isinstance(q, CoordinatesQuery) != (not mech.answers_prefixes and not adaptive):
         raise HttpError(400, "a factorization task answers 'coordinates' queries only, and only it does")
     if isinstance(q, CoordinatesQuery):
         return
@@ -71,5 +96,5 @@ def check(st: TaskState, q: PrefixQuery | NodesQuery | GroupsQuery | Coordinates
     elif isinstance(q, PrefixQuery):
         if not all(0 <= i < size for i in q.indices):
             raise HttpError(400, f"indices must be a non-empty list of grid indices in [0, {size})")
-    elif st.config.mechanism != "tree" or q.level not in st.aggregator.mechanism.released_levels():
+    elif st.config.mechanism not in ("tree", "adaptive") or q.level not in st.aggregator.mechanism.released_levels():
         raise HttpError(400, "node queries need the tree mechanism and a released level")
