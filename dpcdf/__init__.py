@@ -17,11 +17,12 @@ from .errors import DomainError, DpcdfError, ParameterError
 from .release import metrics
 from .release.ecdf import Release, prefix_counts, quantiles, release_ecdf
 from .release.grid import Grid
+from .release.adaptive import AdaptiveMechanism
 from .release.mechanisms import PathMechanism, TreeMechanism
 from .release.factorization import SqrtFactorizationMechanism, sqrt_factorization
 from .release.zcdp import GaussianTreeMechanism, gaussian_tree
 
-__all__ = ["DomainError", "DpcdfError", "GaussianTreeMechanism", "Grid", "HosmerLemeshow", "NoisyHosmerLemeshow", "ParameterError", "PathMechanism", "Release",
+__all__ = ["AdaptiveMechanism", "DomainError", "DpcdfError", "GaussianTreeMechanism", "Grid", "HosmerLemeshow", "NoisyHosmerLemeshow", "ParameterError", "PathMechanism", "Release",
            "RocRelease", "SqrtFactorizationMechanism", "TreeMechanism", "gaussian_tree", "hosmer_lemeshow", "hosmer_lemeshow_direct", "metrics", "prefix_counts", "quantiles", "release_ecdf", "roc", "sqrt_factorization"]
 
 

@@ -288,7 +288,8 @@ class AdaptiveMechanism(Mechanism):
             bins = np.full(bins.size, total / bins.size)
         at_ends = postprocess.monotone(np.cumsum(bins), 0.0, total, 2, total if substitution else None)
         fill = FILLS[release.plan.fill] if postprocess_with == "auto" else fill_linear
-        return raw, np.clip(fill(at_ends, ends, self.size), 0.0, total), total
+        counts = np.clip(np.maximum.accumulate(fill(at_ends, ends, self.size)), 0.0, total)  # exactly monotone (PCHIP rounds)
+        return raw, counts, total
 
     def elements(self, release: AdaptiveRelease) -> list[AdaptiveRelease]:
         if np.ndim(release.round_one) != 1:

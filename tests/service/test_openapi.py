@@ -56,7 +56,7 @@ def test_every_answer_and_json_body_has_a_model(schema):
             assert named and all(r[len(REF):] in models for r in named), key
     assert models["PrefixQuery"]["properties"]["indices"]["items"]["type"] == "integer"
     query = operations(schema)[("post", "/tasks/{task_id}/query")]["requestBody"]["content"]["application/json"]
-    assert {r[len(REF):] for r in refs(query["schema"])} == {"PrefixQuery", "NodesQuery", "GroupsQuery", "CoordinatesQuery"}
+    assert {r[len(REF):] for r in refs(query["schema"])} == {"PrefixQuery", "NodesQuery", "GroupsQuery", "CoordinatesQuery", "BinsQuery"}
     assert "TaskSpec" in refs(operations(schema)[("post", "/tasks")]["requestBody"]["content"]["application/json"]["schema"])[0]
 
 
