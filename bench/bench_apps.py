@@ -29,6 +29,7 @@ from sklearn.preprocessing import StandardScaler
 import dpcdf
 from dpcdf import Grid, metrics
 from dpcdf.apps.hosmer_lemeshow import exact_hosmer_lemeshow
+from dpcdf.release.adaptive import AdaptiveMechanism
 from dpcdf.release.mechanisms import TreeMechanism
 from dpcdf.release.noise import secure_noise
 from dpcdf.release.ecdf import finish_release
@@ -147,9 +148,9 @@ def main() -> None:
                     est = ldp_hierarchical(values, n_bins, eps)
                 elif label == "central":
                     est = dpcdf.release_ecdf(values, g, eps).counts
-                else:
-                    mech = TreeMechanism(n_bins, eps)
-                    est = finish_release(g, mech, mech.noisy_nodes(truth, two), values.size, copies=2).counts
+                else:  # the default task (adaptive), each value carrying both servers' noise
+                    mech = AdaptiveMechanism(n_bins, eps)
+                    est = finish_release(g, mech, mech.noisy(truth, two, copies=2), values.size, copies=2).counts
                 errs.append(metrics.mse_counts(truth, est))
             cells.append(f"{np.mean(errs):>18.0f}")
         print(f"{label:<24}" + "".join(cells))

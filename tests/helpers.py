@@ -3,6 +3,8 @@ from __future__ import annotations
 
 import itertools
 import os
+import subprocess
+import sys
 
 import numpy as np
 
@@ -63,6 +65,12 @@ def miscalibrated(n: int, seed: int) -> tuple[np.ndarray, np.ndarray]:
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 100.0, "bits": 6}
 TESTING = {"DPCDF_TESTING": "1"}
 OPERATOR = os.environ["DPCDF_ADMIN_TOKEN"]  # set by conftest: the operator token of every test server
+
+
+def dpcdf_cli(*args: str) -> subprocess.CompletedProcess:
+    """`python -m dpcdf ARGS` as a user runs it (a real process, the test servers' settings)."""
+    env = dict(os.environ, **TESTING)
+    return subprocess.run([sys.executable, "-m", "dpcdf", *args], capture_output=True, text=True, timeout=300, env=env)
 
 
 def values(n: int, seed: int) -> np.ndarray:

@@ -258,7 +258,9 @@ class AdaptiveMechanism(Mechanism):
             return AdaptiveRelease(one, plan, self.tree.gather(prefix_at, nodes_at))
         return AdaptiveRelease(one, plan, np.asarray(bins_at(2, np.asarray(plan.ends)), dtype=np.float64))
 
-    def noisy(self, prefix: np.ndarray, noise: NoiseFn) -> AdaptiveRelease:
+    def noisy(self, prefix: np.ndarray, noise: NoiseFn, copies: int = 1) -> AdaptiveRelease:
+        """The central release of exact prefix counts with `noise` (which adds `copies` noises to each
+        value, e.g. 2 to simulate the two servers: round two is planned knowing that)."""
         prefix = np.asarray(prefix).astype(np.int64)
 
         def bins_at(round_: int, ends: np.ndarray) -> np.ndarray:
@@ -268,7 +270,7 @@ class AdaptiveMechanism(Mechanism):
             nodes = node_counts(prefix, self.tree.shape, level)
             return (nodes + self.tree.node_noise(level, np.arange(nodes.size), noise)).astype(np.float64)
 
-        return self.gather(None, nodes_at, None, bins_at, int(prefix[-1]))
+        return self.gather(None, nodes_at, None, bins_at, int(prefix[-1]), copies)
 
     def counts(self, release: AdaptiveRelease, n: float, postprocess_with: str = "auto", copies: int = 1) -> tuple[np.ndarray, np.ndarray, float]:
         """(raw, counts, total) of a round-two histogram: raw is its bins cumulated, linear in between;

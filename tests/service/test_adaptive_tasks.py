@@ -5,10 +5,7 @@ loopback, real HPKE, real SQLite; the CLI as a user runs it."""
 from __future__ import annotations
 
 import json
-import os
 import sqlite3
-import subprocess
-import sys
 from pathlib import Path
 
 import numpy as np
@@ -23,7 +20,7 @@ from dpcdf.service.aggregate import Aggregator
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError
 from dpcdf.service.task import TaskConfig
-from helpers import TESTING, urls
+from helpers import dpcdf_cli, urls
 
 GRID8 = {"kind": "uniform", "lo": 0.0, "hi": 100.0, "bits": 8}  # the adaptive mechanism needs >= 256 points
 
@@ -171,11 +168,7 @@ def test_the_cli_makes_an_adaptive_task_by_default_and_answers_it_again_after_an
     """The user's path: `dpcdf task` (no --mechanism: adaptive on a 2^8 grid), `dpcdf submit`,
     `dpcdf query` twice (the second answered from the same fixed rounds), `--bisect` refused clearly."""
     procs, _ = servers
-    env = dict(os.environ, **TESTING)
-
-    def dpcdf(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "dpcdf", *args], capture_output=True, text=True, timeout=300, env=env)
-
+    dpcdf = dpcdf_cli
     task = tmp_path / "task.json"
     made = dpcdf("task", "--servers", *urls(procs["noisy"]), "--grid", "uniform:0:100:8", "--epsilon", "1",
                  "--min-batch", "0", "--out", str(task))

@@ -4,11 +4,8 @@ loopback, real HPKE, real SQLite; the CLI as a user runs it."""
 from __future__ import annotations
 
 import math
-import os
 import secrets
 import sqlite3
-import subprocess
-import sys
 from fractions import Fraction
 from pathlib import Path
 
@@ -25,7 +22,7 @@ from dpcdf.service.aggregate import Aggregator
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError
 from dpcdf.service.task import TaskConfig
-from helpers import GRID, TESTING, urls, values
+from helpers import dpcdf_cli, GRID, urls, values
 
 
 def _seed(data_dir: Path, task_id: str) -> bytes:
@@ -168,11 +165,7 @@ def test_prf_dgauss_is_exact_on_a_small_sigma_and_deterministic():
 def test_the_cli_makes_and_answers_a_zcdp_task(servers, tmp_path):
     """The user's path: `dpcdf task --rho`, `dpcdf submit`, `dpcdf query` on real processes."""
     procs, _ = servers
-    env = dict(os.environ, **TESTING)
-
-    def dpcdf(*args: str) -> subprocess.CompletedProcess:
-        return subprocess.run([sys.executable, "-m", "dpcdf", *args], capture_output=True, text=True, timeout=300, env=env)
-
+    dpcdf = dpcdf_cli
     task = tmp_path / "task.json"
     made = dpcdf("task", "--servers", *urls(procs["exact"]), "--grid", "uniform:0:100:6", "--rho", "0.5",
                  "--min-batch", "0", "--out", str(task))
