@@ -129,7 +129,8 @@ def main(argv: list[str] | None = None) -> int:
                 except OSError as exc:
                     raise DpcdfError(f"cannot read the operator token: {exc}") from None
             grid_spec = parse_grid(args.grid)
-            mechanism = args.mechanism or TaskConfig.default_mechanism(grid_spec, args.relation, "pure" if args.rho is None else "zcdp")
+            mechanism = args.mechanism or TaskConfig.default_mechanism(grid_spec, args.relation, "pure" if args.rho is None else "zcdp",
+                                                                         args.epsilon)
             config, token = create_task(args.servers, grid_spec, args.epsilon, mechanism,
                                         args.relation, _min_batch(args), args.kem, admin_tokens=admin[:2] if admin else None,
                                         verify=False if args.unverified else None, rho=args.rho)

@@ -41,11 +41,12 @@ import numpy as np
 from ..errors import ParameterError
 from . import postprocess
 from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, TreeMechanism, check_relation, node_counts
-from .noise import check_epsilon, dlaplace_variance, scale_fraction
+from .noise import MIN_EPSILON, check_epsilon, dlaplace_variance, scale_fraction
 
 ROUND_ONE_SHARE = 0.15  # of epsilon, for round one's bins
 ROUND_ONE_BINS = 32
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
+MIN_ADAPTIVE_EPSILON = MIN_EPSILON / ROUND_ONE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
 UNIFORM_SHARE = 0.3  # of the non-flat design's knots placed at equal width, not equal mass
 MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tree instead
 FLAT_BINS = (1, 2, 4, 8, 16, 32, 64, 128)
@@ -126,6 +127,15 @@ def mass_ends(estimate: np.ndarray, total: float, bins: int, uniform: float = UN
     return np.unique(np.append(ends[ends < size - 1], size - 1))
 
 
+def _linear_energy(values: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Sum over grid indices of the squares of functions linear between knots: `values` (knots x m)
+    at the knots, the first at index -1; `widths` the knots' gaps. Per segment of width L from a to b,
+    sum_{t=1..L} (a + (b - a) t / L)^2, exactly."""
+    a, b = values[:-1], values[1:]
+    d, L = b - a, widths[:, None].astype(np.float64)
+    return (L * a**2 + a * d * (L + 1) + d**2 * (L + 1) * (2 * L + 1) / (6 * L)).sum(axis=0)
+
+
 @dataclass
 class AdaptiveMechanism(Mechanism):
     """Round one: DLap(Delta / eps_1) on `ROUND_ONE_BINS` equal-width bin counts, eps_1 = 0.15 eps;
@@ -148,6 +158,9 @@ class AdaptiveMechanism(Mechanism):
         check_relation(self.relation)
         if self.size < MIN_ADAPTIVE_GRID:
             raise ParameterError(f"the adaptive mechanism needs a grid of at least {MIN_ADAPTIVE_GRID} points, got {self.size}")
+        if self.epsilon * ROUND_ONE_SHARE < MIN_EPSILON:
+            raise ParameterError(f"the adaptive mechanism needs epsilon >= {MIN_ADAPTIVE_EPSILON:.3g} (round one's share "
+                                 f"at least {MIN_EPSILON:g}), got {self.epsilon!r}")
         self.eps_one = self.epsilon * ROUND_ONE_SHARE
         self.eps_two = self.epsilon - self.eps_one
         while Fraction(self.eps_one) + Fraction(self.eps_two) > Fraction(self.epsilon):  # the float split's last bit
@@ -188,25 +201,44 @@ class AdaptiveMechanism(Mechanism):
         """An unbiased estimate (clipped at 0) of what linear interpolation between `ends` misses of
         the data's shape at round one's resolution, per grid index: round one's linear estimate's
         squared departure from its interpolation at `ends`, less the exact part its noise explains.
-        So a shape round one half-sees still gets bins when a flat design is chosen."""
+        So a shape round one half-sees still gets bins when a flat design is chosen. `ends` are
+        equal-width (`equal_width_ends`), so they are among round one's ends or include them all
+        (then nothing is missed): the departure is linear between round one's ends, and its sum of
+        squares has a closed form (`_linear_energy`): O(bins^2), whatever the grid."""
+        one = self.round_one_ends
+        if np.isin(one, ends).all():
+            return 0.0
+        if not np.isin(ends, one).all():
+            raise ParameterError("missed_structure takes bins whose ends are among round one's or include them")
         k = counts.size
         cum = np.tril(np.ones((k, k)))
         if self.relation == "substitution":  # conditioned on n: the noise enters as (I - 11^T / k) z
             counts = counts + (n - counts.sum()) / k
             cum = cum @ (np.eye(k) - 1.0 / k)
-        estimate = fill_linear(np.cumsum(counts), self.round_one_ends, self.size)
-        noise = np.stack([fill_linear(col, self.round_one_ends, self.size) for col in cum.T], axis=1)
-        miss = estimate - fill_linear(estimate[ends], ends, self.size)
-        noise_miss = noise - np.stack([fill_linear(col, ends, self.size) for col in noise[ends].T], axis=1)
-        return max(0.0, float(np.mean(miss**2)) - self.noise_variance(1, copies) * float(np.sum(noise_miss**2)) / self.size)
+        at = np.append(-1, one)
+        knots = np.append(-1, ends)
+        lam = np.interp(at, knots, np.arange(knots.size))  # each round-one end's place among `ends`
+        lo = np.minimum(np.floor(lam).astype(np.int64), knots.size - 2)
+        w = lam - lo
+        sel = np.searchsorted(at, knots)  # `ends` as rows of `at`
+        interp = np.zeros((at.size, at.size))
+        interp[np.arange(at.size), sel[lo]] += 1 - w
+        interp[np.arange(at.size), sel[lo + 1]] += w
+        values = np.vstack([np.zeros((1, k + 1)), np.column_stack([np.cumsum(counts), cum])])  # estimate, then noise
+        miss = values - interp @ values
+        widths = np.diff(at)
+        energy = _linear_energy(miss, widths)
+        return max(0.0, float(energy[0] - self.noise_variance(1, copies) * energy[1:].sum()) / self.size)
 
     def plan(self, round_one: np.ndarray, n: float | None = None, copies: int = 1) -> RoundTwo:
         """Round two's design from round one's noisy bin counts (and n, public under substitution;
         None under add/remove: round one's sum). Post-processing of round one: no privacy cost."""
         counts = np.asarray(round_one, dtype=np.float64).reshape(-1)
-        if counts.size != ROUND_ONE_BINS:
-            raise ParameterError(f"round one has {ROUND_ONE_BINS} bins, got {counts.size}")
+        if counts.size != ROUND_ONE_BINS or not np.isfinite(counts).all():
+            raise ParameterError(f"round one is {ROUND_ONE_BINS} finite bin counts, got {counts.size} values")
         bridge = self.relation == "substitution"
+        if bridge and (n is None or isinstance(n, bool) or not np.isfinite(float(n)) or n < 0):
+            raise ParameterError(f"under substitution round two is planned with n (a count), got {n!r:.40}")
         total = float(n) if bridge else max(float(counts.sum()), 1.0)
         var = self.noise_variance(2, copies)
         if self.flat_statistic(counts, total, copies) < FLAT_LIMIT:
@@ -230,7 +262,10 @@ class AdaptiveMechanism(Mechanism):
             return RoundTwo("tree")
         if plan.design != "bins" or plan.fill not in FILLS:
             raise ParameterError(f"round two is 'bins' (fill 'linear' or 'pchip') or 'tree', got {plan.design!r}/{plan.fill!r}")
-        ends = np.asarray(plan.ends, dtype=np.int64)
+        if not all(isinstance(e, (int, np.integer)) and not isinstance(e, (bool, np.bool_)) for e in plan.ends) \
+                or not all(0 <= int(e) < self.size for e in plan.ends):
+            raise ParameterError(f"round two's bin ends are grid indices in [0, {self.size}), integers")
+        ends = np.asarray([int(e) for e in plan.ends], dtype=np.int64)
         if ends.ndim != 1 or ends.size == 0 or ends.size > self.size or ends[-1] != self.size - 1 or ends[0] < 0 \
                 or np.any(np.diff(ends) <= 0):
             raise ParameterError(f"round two's bin ends must increase strictly from >= 0 to {self.size - 1}")
@@ -250,13 +285,16 @@ class AdaptiveMechanism(Mechanism):
         if bins_at is None:
             raise ParameterError("the adaptive mechanism's release is asked for in bins (bins_at)")
         one = np.asarray(bins_at(1, self.round_one_ends), dtype=np.float64)
-        if one.ndim != 1 or one.size != ROUND_ONE_BINS:
+        if one.ndim != 1 or one.size != ROUND_ONE_BINS or not np.isfinite(one).all():
             raise ParameterError(f"round one has {ROUND_ONE_BINS} bin counts of one ECDF, got shape {one.shape}")
         total = n() if callable(n) else n
         plan = self.plan(one, total if self.relation == "substitution" else None, copies)
         if plan.design == "tree":
             return AdaptiveRelease(one, plan, self.tree.gather(prefix_at, nodes_at))
-        return AdaptiveRelease(one, plan, np.asarray(bins_at(2, np.asarray(plan.ends)), dtype=np.float64))
+        two = np.asarray(bins_at(2, np.asarray(plan.ends)), dtype=np.float64)
+        if two.shape != (len(plan.ends),) or not np.isfinite(two).all():
+            raise ParameterError(f"round two has {len(plan.ends)} finite bin counts of one ECDF, got shape {two.shape}")
+        return AdaptiveRelease(one, plan, two)
 
     def noisy(self, prefix: np.ndarray, noise: NoiseFn, copies: int = 1) -> AdaptiveRelease:
         """The central release of exact prefix counts with `noise` (which adds `copies` noises to each

@@ -11,7 +11,7 @@ from . import postprocess, smoothing
 from ..errors import ParameterError
 from .grid import Grid
 from .mechanisms import Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
-from .adaptive import MIN_ADAPTIVE_GRID, AdaptiveMechanism
+from .adaptive import MIN_ADAPTIVE_EPSILON, MIN_ADAPTIVE_GRID, AdaptiveMechanism
 from .factorization import MAX_FACTOR_GRID, SqrtFactorizationMechanism, sqrt_factorization
 from .noise import secure_noise
 from .zcdp import GaussianTreeMechanism, GaussianVariance, check_rho, gaussian_tree, secure_dgauss
@@ -262,7 +262,8 @@ def _mechanism(mechanism, size: int, epsilon: float, relation: str):
         return mechanism
     if mechanism == "path":
         return PathMechanism(size, epsilon, relation)
-    if mechanism == "adaptive" or (mechanism == "auto" and relation == "substitution" and size >= MIN_ADAPTIVE_GRID):
+    if mechanism == "adaptive" or (mechanism == "auto" and relation == "substitution" and size >= MIN_ADAPTIVE_GRID
+                                   and epsilon >= MIN_ADAPTIVE_EPSILON):
         return AdaptiveMechanism(size, epsilon, relation)
     if mechanism in ("auto", "tree"):
         return TreeMechanism(size, epsilon, relation)

@@ -48,12 +48,17 @@ class Analyst:
                               "protocol); their answers do not add up")
         s0 = np.array([int(v) for v in answers[0]["shares"]], np.uint64)
         s1 = np.array([int(v) for v in answers[1]["shares"]], np.uint64)
+        if s0.shape != s1.shape:
+            raise ServerError(f"the servers sent {s0.size} and {s1.size} shares for one question (one of them does "
+                              "not follow the protocol)")
         moduli = {int(a.get("modulus", 1 << 64)) for a in answers}
         if moduli != {self.dcf.modulus}:  # 2^64, or p = 2^61 - 1 for a verified task
             raise ServerError(f"the servers' shares are not in this task's group (moduli {sorted(moduli)})")
         total = self.dcf.reconstruct(s0, s1, signed=True)  # counts and noise are far below half the modulus
         width = int(answers[0].get("width", 1))
         n = answers[0]["n"]  # None under add/remove: the count is not public, the release estimates it
+        if n is not None and (isinstance(n, bool) or not isinstance(n, int) or n < 0):
+            raise ServerError(f"a server sent n = {n!r:.40}, not a count (it does not follow the protocol)")
         return (total if width == 1 else total.reshape(-1, width)), (0 if n is None else int(n))
 
     def prefix_counts(self, indices) -> tuple[np.ndarray, int]:

@@ -18,7 +18,7 @@ from ..release.grid import Grid
 from ..release.calibration import group_scales
 from . import verify
 from .hpke import check_kem
-from ..release.adaptive import MIN_ADAPTIVE_GRID, AdaptiveMechanism
+from ..release.adaptive import MIN_ADAPTIVE_EPSILON, MIN_ADAPTIVE_GRID, AdaptiveMechanism
 from ..release.factorization import sqrt_factorization
 from ..release.mechanisms import ROOT_SHARE, Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
 from ..release.zcdp import check_rho, gaussian_tree
@@ -156,14 +156,15 @@ class TaskConfig:
         return grid_from_spec(self.grid)
 
     @staticmethod
-    def default_mechanism(grid: dict, relation: str, privacy: str = "pure") -> str:
+    def default_mechanism(grid: dict, relation: str, privacy: str = "pure", epsilon: float | None = None) -> str:
         """What `dpcdf task` picks without --mechanism, as `dpcdf.release_ecdf`'s "auto": the adaptive
-        mechanism for pure substitution tasks on grids of MIN_ADAPTIVE_GRID to MAX_TREE_SIZE points,
-        else the tree (zCDP: the factorization)."""
+        mechanism for pure substitution tasks on grids of MIN_ADAPTIVE_GRID to MAX_TREE_SIZE points
+        (and epsilon of at least MIN_ADAPTIVE_EPSILON), else the tree (zCDP: the factorization)."""
         if privacy == "zcdp":
             return "factorization"
         size = grid_from_spec(grid).size
-        return "adaptive" if relation == "substitution" and MIN_ADAPTIVE_GRID <= size <= MAX_TREE_SIZE else "tree"
+        small = isinstance(epsilon, (int, float)) and epsilon < MIN_ADAPTIVE_EPSILON
+        return "adaptive" if relation == "substitution" and MIN_ADAPTIVE_GRID <= size <= MAX_TREE_SIZE and not small else "tree"
 
     @property
     def n_public(self) -> bool:

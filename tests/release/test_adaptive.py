@@ -211,3 +211,25 @@ def test_a_release_is_reproducible_from_a_prf_and_post_processing_is_free():
     assert auto.statement == plain.statement == raw.statement
     assert np.array_equal(raw.counts, raw.raw) and not np.array_equal(auto.counts, plain.counts)
     assert isinstance(mech.tree, TreeMechanism) and mech.tree.epsilon == pytest.approx(0.85 * 0.5)
+
+
+@pytest.mark.parametrize("size,relation", [(256, "substitution"), (300, "substitution"), (1000, "add-remove")])
+def test_missed_structure_closed_form_equals_the_sum_over_the_grid(size, relation):
+    """`missed_structure` sums squares of functions linear between round one's ends in closed form
+    (O(bins^2), whatever the grid); the same sums over every grid index, densely."""
+    mech = AdaptiveMechanism(size, 0.7, relation)
+    rng = np.random.default_rng(size)  # the test's input only
+    counts = rng.integers(-50, 400, adaptive.ROUND_ONE_BINS).astype(np.float64)
+    n = float(counts.sum() + 17)
+    for k in (1, 2, 4, 8, 16, 32, 64):
+        ends = equal_width_ends(size, k)
+        c, cum = counts.copy(), np.tril(np.ones((32, 32)))
+        if relation == "substitution":
+            c, cum = c + (n - c.sum()) / 32, cum @ (np.eye(32) - 1 / 32)
+        one = mech.round_one_ends
+        est = adaptive.fill_linear(np.cumsum(c), one, size)
+        noise = np.stack([adaptive.fill_linear(col, one, size) for col in cum.T], axis=1)
+        miss = est - adaptive.fill_linear(est[ends], ends, size)
+        noise_miss = noise - np.stack([adaptive.fill_linear(col, ends, size) for col in noise[ends].T], axis=1)
+        dense = max(0.0, (np.sum(miss**2) - mech.noise_variance(1) * np.sum(noise_miss**2)) / size)
+        assert mech.missed_structure(counts, n, ends) == pytest.approx(dense, rel=1e-9, abs=1e-6), k

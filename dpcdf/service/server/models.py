@@ -134,7 +134,7 @@ class BinsQuery(BaseModel):
     last), fixed by the task's first round-two query: a task answers one round-two design only (these
     bins, or its tree's nodes), as another would spend the budget again."""
     kind: Literal["bins"]
-    round: Literal[1, 2]
+    round: Annotated[StrictInt, Field(ge=1, le=2)]
     ends: Annotated[list[StrictInt], Field(max_length=MAX_QUERY_POINTS)] | None = None
 
 
