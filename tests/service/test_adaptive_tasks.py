@@ -14,7 +14,6 @@ import pytest
 from dpcdf.analyst import Analyst
 from dpcdf.release.adaptive import ROUND_ONE_BINS, AdaptiveMechanism
 from dpcdf.release.ecdf import finish_release, prefix_counts
-from dpcdf.release.mechanisms import node_counts
 from dpcdf.release.noise import prf_noise
 from dpcdf.service.aggregate import Aggregator
 from dpcdf.service.client import create_task, submit
@@ -67,16 +66,7 @@ def test_the_two_server_release_is_the_central_one_with_both_servers_noise(serve
     mech, grid = config.make_mechanism(), config.make_grid()
     assert isinstance(mech, AdaptiveMechanism) and rel.mechanism.name == "adaptive"
     prefix = prefix_counts(vals, grid)
-    noise = _both_noises(pair, config)
-
-    def bins_at(round_, ends):
-        return np.diff(np.append(0, prefix[ends])) + mech.bin_noise(round_, len(ends), noise)
-
-    def nodes_at(level):
-        nodes = node_counts(prefix, mech.tree.shape, level)
-        return (nodes + mech.tree.node_noise(level, np.arange(nodes.size), noise)).astype(np.float64)
-
-    central = mech.gather(None, nodes_at, None, bins_at, n=400, copies=2)
+    central = mech.noisy(prefix, _both_noises(pair, config), copies=2)
     assert central.plan.design == design
     want = finish_release(grid, mech, central, 400 if relation == "substitution" else 0, copies=2)
     np.testing.assert_allclose(rel.counts, want.counts, atol=1e-6)

@@ -232,14 +232,7 @@ def test_tree_design_under_add_remove_verified_equals_central_with_every_level(s
     root, _ = a._ask({"kind": "nodes", "level": mech.tree.shape.height})
     assert root[0] != 3000  # noised
 
-    def bins_at(round_, ends):
-        return np.diff(np.append(0, prefix[ends])) + mech.bin_noise(round_, len(ends), noise)
-
-    def nodes_at(level):
-        nodes = node_counts(prefix, mech.tree.shape, level)
-        return (nodes + mech.tree.node_noise(level, np.arange(nodes.size), noise)).astype(np.float64)
-
-    central = mech.gather(None, nodes_at, None, bins_at, n=0, copies=2)
+    central = mech.noisy(prefix, noise, copies=2)  # n (the last prefix) is not used under add/remove
     assert central.plan.design == "tree"
     want = finish_release(grid, mech, central, 0, copies=2)
     rel = a.release()
