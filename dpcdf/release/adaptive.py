@@ -40,7 +40,7 @@ import numpy as np
 
 from ..errors import ParameterError
 from . import postprocess
-from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, TreeMechanism, check_relation, node_counts
+from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, TreeMechanism, check_relation
 from .noise import MIN_EPSILON, check_epsilon, dlaplace_variance, scale_fraction
 
 ROUND_ONE_SHARE = 0.15  # of epsilon, for round one's bins
@@ -53,7 +53,8 @@ FLAT_BINS = (1, 2, 4, 8, 16, 32, 64, 128)
 MASS_BINS = (8, 16, 32, 64, 128, 256)
 FLAT_LIMIT = 1 + 3 * np.sqrt(5 / (ROUND_ONE_BINS - 1))  # 3 sds of flat_statistic on flat data (Laplace noise: Var(z^2) = 5 sd^4)
 EMPTY_SDS = 2.0  # a round-two bin within this many noise sds of zero is taken as empty
-ROUND_ONE_IDS, ROUND_TWO_IDS = 1 << 40, 1 << 41  # noise ids of the rounds' bins (tree node ids lie below)
+ROUND_ONE_IDS, ROUND_TWO_IDS = 1 << 40, 1 << 41  # noise ids of the rounds' bins: a tree node's id is its index
+# below 2^40 at level 0 (grids are smaller) and at least 2^56 above (`tree.LEVEL_SHIFT`), so none is a bin's
 
 
 @dataclass(frozen=True)
@@ -64,9 +65,6 @@ class RoundTwo:
     design: str
     ends: tuple[int, ...] = ()
     fill: str = "linear"
-
-    def to_json(self) -> dict:
-        return {"design": self.design, "ends": list(self.ends), "fill": self.fill}
 
 
 @dataclass
@@ -304,11 +302,7 @@ class AdaptiveMechanism(Mechanism):
         def bins_at(round_: int, ends: np.ndarray) -> np.ndarray:
             return np.diff(np.append(0, prefix[ends])) + self.bin_noise(round_, len(ends), noise)
 
-        def nodes_at(level: int) -> np.ndarray:
-            nodes = node_counts(prefix, self.tree.shape, level)
-            return (nodes + self.tree.node_noise(level, np.arange(nodes.size), noise)).astype(np.float64)
-
-        return self.gather(None, nodes_at, None, bins_at, int(prefix[-1]), copies)
+        return self.gather(None, self.tree.central_nodes(prefix, noise), None, bins_at, int(prefix[-1]), copies)
 
     def counts(self, release: AdaptiveRelease, n: float, postprocess_with: str = "auto", copies: int = 1) -> tuple[np.ndarray, np.ndarray, float]:
         """(raw, counts, total) of a round-two histogram: raw is its bins cumulated, linear in between;
@@ -316,7 +310,7 @@ class AdaptiveMechanism(Mechanism):
         linear filling ("monotone"); total n or its estimate (the bins' sum)."""
         ends = np.asarray(release.plan.ends)
         bins = np.asarray(release.round_two, dtype=np.float64)
-        raw = fill_linear(np.cumsum(bins), ends, self.size)
+        raw = self.estimate(release, copies)[0]
         substitution = self.relation == "substitution"
         if postprocess_with == "auto":
             bins = np.where(np.abs(bins) > EMPTY_SDS * np.sqrt(self.noise_variance(2, copies)), bins, 0.0)

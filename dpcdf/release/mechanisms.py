@@ -121,9 +121,13 @@ class Mechanism(ABC):
     def noisy(self, prefix: np.ndarray, noise: NoiseFn):
         """The central release of exact prefix counts (at every grid index) with `noise`."""
         prefix = np.asarray(prefix).astype(np.int64)
-        return self.gather(lambda idx: prefix[idx] + self.prefix_noise(idx, noise),
-                           lambda level: (node_counts(prefix, self.shape, level)
-                                          + self.node_noise(level, np.arange(self.level_nodes(level)), noise)).astype(np.float64))
+        return self.gather(lambda idx: prefix[idx] + self.prefix_noise(idx, noise), self.central_nodes(prefix, noise))
+
+    def central_nodes(self, prefix: np.ndarray, noise: NoiseFn) -> NodeAnswers:
+        """`nodes_at` of a central release: a level's exact node counts (from int64 prefix counts) plus
+        each node's noise."""
+        return lambda level: (node_counts(prefix, self.shape, level)
+                              + self.node_noise(level, np.arange(self.level_nodes(level)), noise)).astype(np.float64)
 
     @abstractmethod
     def elements(self, release) -> list:

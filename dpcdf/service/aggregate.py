@@ -154,17 +154,20 @@ class Aggregator:
             ends = mech.round_one_ends
         else:
             ends = np.asarray(mech.check_plan(RoundTwo("bins", tuple(ends))).ends, np.int64)
-        sums = self.sums(shards, ends)
-        counts = self._minus(sums, np.concatenate([np.zeros(1, np.uint64), sums[:-1]]))
+        counts = self._interval_shares(shards, ends)[:, 0]
         return self._plus(counts, mech.bin_noise(round_, ends.size, self.noise_fn(0)))
+
+    def _interval_shares(self, shards: list[KeyBatch], ends: np.ndarray) -> np.ndarray:
+        """(len(ends), width) noiseless shares of the counts in (.., e_0], (e_0, e_1], ...: the prefix
+        sums at the ends, each less the one before."""
+        sums = self.sums(shards, ends).reshape(len(ends), -1)
+        return self._minus(sums, np.concatenate([np.zeros((1, sums.shape[1]), np.uint64), sums[:-1]]))
 
     def group_shares(self, shards: list[KeyBatch], edges: np.ndarray, scales: list) -> np.ndarray:
         """Shares of every payload element summed over the index groups (.., e_1], (e_1, e_2], ...,
         (e_last, size-1], plus this server's noise: one scale per element, its own PRF domain."""
-        size = self.mechanism.size
-        points = np.concatenate([np.asarray(edges, np.int64), [size - 1]])
-        sums = self.sums(shards, points).reshape(points.size, -1)
-        groups = self._minus(sums, np.concatenate([np.zeros((1, sums.shape[1]), np.uint64), sums[:-1]]))
+        points = np.concatenate([np.asarray(edges, np.int64), [self.mechanism.size - 1]])
+        groups = self._interval_shares(shards, points)
         ids = np.arange(points.size, dtype=np.uint64)
         for e, scale in enumerate(scales):
             eta = np.zeros(ids.size, np.int64) if not self.noise_on else prf_noise(self.group_key, ids + np.uint64((e + 1) << 32), scale)
