@@ -36,13 +36,15 @@ def test_sparse_fit_beats_the_plain_fit_on_sparse_data():
     prefix = dpcdf.prefix_counts(values, grid)
     mech = dpcdf.TreeMechanism(4096, 1.0, "substitution")
     plain, sparse = [], []
-    for _ in range(12):  # the same noise for both fits
+    for _ in range(30):  # the same noise for both fits
         noisy = mech.noisy(prefix, secure_node_noise)
-        for out, how in ((plain, "auto"), (sparse, "sparse")):
+        for out, how in ((plain, "monotone"), (sparse, "sparse")):
             rel = dpcdf.release.ecdf.finish_release(grid, mech, noisy, values.size, how)
             assert np.all(np.diff(rel.counts) >= 0) and rel.counts[-1] == values.size
             out.append(dpcdf.metrics.mse_counts(prefix, rel.counts))
-    assert np.mean(sparse) < 0.85 * np.mean(plain)  # measured 0.45 to 0.8
+    # measured 0.53 over 120 runs; 30-run means crossed 0.85 in 1 of 20,000 resamples. (The plain fit is
+    # "monotone": since "auto" smooths a tree, comparing with "auto" crossed it in 3% of 12-run means.)
+    assert np.mean(sparse) < 0.85 * np.mean(plain)
 
 
 def test_sparse_fit_works_for_zcdp_and_add_remove_and_refuses_the_path_mechanism():
