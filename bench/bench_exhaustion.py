@@ -1,0 +1,276 @@
+"""How much of a server can one unauthenticated client hold? Memory and time per stalled connection,
+CPU per second of garbage uploads from one address, and honest upload throughput from another
+address meanwhile, on a real server process on loopback (issue 20).
+
+    python bench/bench_exhaustion.py [--conns 6] [--stall-mib 60] [--window 8] [--attackers 4]
+
+Phases, against server 0 (the attacker's source address is 127.0.0.2, the honest client's 127.0.0.1):
+  stalled body  --conns connections each send headers for a 63 MiB batch upload, then --stall-mib MiB
+                of it, then nothing: the server's RSS growth per connection, and how long until the
+                server drops each connection (observed for at most --hold-limit s);
+  slow headers  --conns connections send half a request line and headers, then nothing: how long held;
+  garbage       --attackers threads send batches of random reports (right framing, the task's
+                fingerprint, random sealed shares of the right lengths: each costs an HPKE open that
+                fails) as fast as they are answered, for --window s: the server's CPU (cores) and RSS;
+  honest        one thread uploads fresh valid batches (--batch reports) as fast as they are answered,
+                alone and then while the garbage runs: reports/s.
+"""
+from __future__ import annotations
+
+import argparse
+import http.client
+import os
+import socket
+import struct
+import sys
+import tempfile
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+
+from dpcdf.service.client import create_task, make_reports
+from dpcdf.service.http import http
+from dpcdf.service.processes import start_server, stop
+from dpcdf.service.wire import encode_batch
+
+GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 10}
+ATTACKER, HONEST = "127.0.0.2", "127.0.0.1"
+MIB = 1 << 20
+
+
+def rss_mib(pid: int) -> float:
+    for line in Path(f"/proc/{pid}/status").read_text().splitlines():
+        if line.startswith("VmRSS:"):
+            return int(line.split()[1]) / 1024
+    raise RuntimeError("no VmRSS")
+
+
+def cpu_seconds(pid: int) -> float:
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")  # utime + stime
+
+
+def connect(port: int, source: str) -> socket.socket:
+    s = socket.create_connection(("127.0.0.1", port), timeout=10, source_address=(source, 0))
+    s.setsockopt(socket.SOL_SOCKET, socket.SO_SNDBUF, 1 << 20)
+    return s
+
+
+def held_for(socks: list[socket.socket], since: float, limit: float) -> list[float]:
+    """Seconds from `since` until the server closed each socket (an answer then EOF, or a reset),
+    capped at `limit` (then still open)."""
+    out = [limit] * len(socks)
+
+    def watch(i: int, s: socket.socket) -> None:
+        s.settimeout(0.5)
+        while time.monotonic() - since < limit:
+            try:
+                if not s.recv(65536):
+                    out[i] = time.monotonic() - since
+                    return
+            except socket.timeout:
+                continue
+            except OSError:
+                out[i] = time.monotonic() - since
+                return
+
+    threads = [threading.Thread(target=watch, args=(i, s)) for i, s in enumerate(socks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    return out
+
+
+def stalled_bodies(pid: int, port: int, task: str, conns: int, stall: int, limit: float) -> tuple[float, list[float]]:
+    """(RSS growth per connection in MiB at its peak, seconds each connection was held)."""
+    time.sleep(1)
+    base = rss_mib(pid)
+    socks, sent = [], []
+    piece = os.urandom(MIB)
+    for _ in range(conns):
+        s = connect(port, ATTACKER)
+        s.sendall(f"POST /tasks/{task}/reports/batch HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                  f"Content-Length: {63 * MIB}\r\n\r\n".encode())
+        socks.append(s)
+
+    def push(s: socket.socket) -> None:
+        s.settimeout(10)
+        try:
+            for _ in range(stall):
+                s.sendall(piece)
+        except OSError:
+            pass  # the server stopped reading or closed
+
+    threads = [threading.Thread(target=push, args=(s,)) for s in socks]
+    t0 = time.monotonic()
+    for t in threads:
+        t.start()
+    peak = [base]
+    done = threading.Event()
+
+    def sample() -> None:
+        while not done.is_set():
+            peak[0] = max(peak[0], rss_mib(pid))
+            time.sleep(0.1)
+
+    sampler = threading.Thread(target=sample)
+    sampler.start()
+    for t in threads:
+        t.join()
+    held = held_for(socks, t0, limit)
+    done.set()
+    sampler.join()
+    for s in socks:
+        s.close()
+    return (peak[0] - base) / conns, held
+
+
+def slow_headers(port: int, conns: int, limit: float) -> list[float]:
+    socks = []
+    for _ in range(conns):
+        s = connect(port, ATTACKER)
+        s.sendall(b"POST /tasks/x/reports HTTP/1.1\r\nHost: x\r\nContent-Le")
+        socks.append(s)
+    held = held_for(socks, time.monotonic(), limit)
+    for s in socks:
+        s.close()
+    return held
+
+
+def garbage_batch(config, size: int, count: int, rng: np.random.Generator) -> bytes:
+    """Reports with the task's framing and fingerprint and random sealed shares of honest lengths."""
+    real = make_reports(config, [0.5])[0]
+    reports = []
+    for _ in range(count):
+        sealed = [(rng.bytes(len(enc)), rng.bytes(len(ct))) for enc, ct in real.sealed]
+        out = [b"DPR1", config.fingerprint, rng.bytes(16)]
+        for enc, ct in sealed:
+            out += [struct.pack("<H", len(enc)), enc, struct.pack("<I", len(ct)), ct]
+        reports.append(b"".join(out))
+    return encode_batch(reports)
+
+
+def post(conn_args: tuple, path: str, body: bytes) -> int:
+    """One POST on a fresh connection from the given source address; the status (0: no answer)."""
+    port, source = conn_args
+    conn = http.client.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(source, 0))
+    try:
+        conn.request("POST", path, body, {"Content-Type": "application/octet-stream"})
+        resp = conn.getresponse()
+        resp.read()
+        return resp.status
+    except (OSError, http.client.HTTPException):
+        return 0
+    finally:
+        conn.close()
+
+
+def honest_uploads(port: int, task: str, batches: list[bytes], per_batch: int, window: float, stop_at: threading.Event | None = None) -> float:
+    """Reports/s acknowledged, uploading fresh batches one after the other for `window` s."""
+    t0, done = time.monotonic(), 0
+    for body in batches:
+        if time.monotonic() - t0 >= window:
+            break
+        if post((port, HONEST), f"/tasks/{task}/reports/batch", body) == 200:
+            done += per_batch
+    else:
+        raise RuntimeError("ran out of honest batches: pass a larger --honest-reports")
+    return done / (time.monotonic() - t0)
+
+
+def attack(port: int, task: str, body: bytes, threads: int, until: threading.Event, statuses: dict) -> list[threading.Thread]:
+    def loop() -> None:
+        while not until.is_set():
+            code = post((port, ATTACKER), f"/tasks/{task}/reports/batch", body)
+            statuses[code] = statuses.get(code, 0) + 1
+
+    out = [threading.Thread(target=loop, daemon=True) for _ in range(threads)]
+    for t in out:
+        t.start()
+    return out
+
+
+def main() -> None:
+    ap = argparse.ArgumentParser()
+    ap.add_argument("--conns", type=int, default=6)
+    ap.add_argument("--stall-mib", type=int, default=60)
+    ap.add_argument("--hold-limit", type=float, default=30.0)
+    ap.add_argument("--window", type=float, default=8.0)
+    ap.add_argument("--attackers", type=int, default=4)
+    ap.add_argument("--garbage-mib", type=float, default=10.0, help="size of each garbage batch")
+    ap.add_argument("--batch", type=int, default=500, help="reports per honest batch")
+    ap.add_argument("--honest-reports", type=int, default=60_000)
+    ap.add_argument("--label", default="")
+    args = ap.parse_args()
+    import dpcdf
+    cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
+                if line.startswith("model name")), "?")
+    print(f"dpcdf from {Path(dpcdf.__file__).parent}; {os.cpu_count()} cores ({cpu}); load {os.getloadavg()[0]:.1f}")
+    with tempfile.TemporaryDirectory(prefix="dpcdf-exhaustion-") as tmp:
+        procs = [start_server(p, f"{tmp}/s{p}") for p in (0, 1)]
+        urls = [u for _, u in procs]
+        pid, port = procs[0][0].pid, int(urls[0].rsplit(":", 1)[1])
+        try:
+            while not all(http("GET", f"{u}/health")["warm"] for u in urls):
+                time.sleep(0.2)
+            config, _ = create_task(urls, GRID, 1.0, "tree", "substitution", min_batch=1, verify=False)
+            task = config.task_id
+            rng = np.random.default_rng(7)
+            t = time.perf_counter()
+            made = make_reports(config, rng.uniform(0, 1, args.honest_reports))
+            batches = [encode_batch([r.to_bytes() for r in made[i : i + args.batch]])
+                       for i in range(0, len(made) - args.batch + 1, args.batch)]
+            print(f"made {len(made)} honest reports in {time.perf_counter() - t:.1f} s "
+                  f"({len(batches[0]) / len(made[:args.batch]):.0f} bytes each)")
+            report_bytes = len(made[0].to_bytes())
+            garbage = garbage_batch(config, report_bytes, max(1, int(args.garbage_mib * MIB) // (report_bytes + 4)), rng)
+            print(f"garbage batch: {len(garbage) / MIB:.1f} MiB, {struct.unpack_from('<I', garbage)[0]} reports")
+            rows = []
+
+            per_conn, held = stalled_bodies(pid, port, task, args.conns, args.stall_mib, args.hold_limit)
+            rows.append(("stalled 63 MiB body", f"{per_conn:.1f} MiB/conn",
+                         f"held {min(held):.1f}-{max(held):.1f} s" + (" (still open)" if max(held) >= args.hold_limit else "")))
+            time.sleep(2)
+            held = slow_headers(port, args.conns, args.hold_limit)
+            rows.append(("slow headers", "-",
+                         f"held {min(held):.1f}-{max(held):.1f} s" + (" (still open)" if max(held) >= args.hold_limit else "")))
+            time.sleep(2)
+
+            idle0, t0 = cpu_seconds(pid), time.monotonic()
+            time.sleep(3)
+            idle = (cpu_seconds(pid) - idle0) / (time.monotonic() - t0)
+            alone = honest_uploads(port, task, batches[: len(batches) // 2], args.batch, args.window)
+            time.sleep(1)
+
+            statuses: dict = {}
+            until = threading.Event()
+            rss0 = rss_mib(pid)
+            c0, t0 = cpu_seconds(pid), time.monotonic()
+            threads = attack(port, task, garbage, args.attackers, until, statuses)
+            time.sleep(args.window)
+            busy = (cpu_seconds(pid) - c0) / (time.monotonic() - t0) - idle
+            rss_attack = rss_mib(pid) - rss0
+            sent_alone = dict(statuses)
+            # the attack goes on while the honest client uploads
+            during = honest_uploads(port, task, batches[len(batches) // 2 :], args.batch, args.window)
+            until.set()
+            for th in threads:
+                th.join(60)
+            rows.append((f"garbage from 1 address ({args.attackers} conns)", f"{busy:.2f} cores, +{rss_attack:.0f} MiB",
+                         "answers " + ", ".join(f"{k}: {v}" for k, v in sorted(sent_alone.items()))))
+            rows.append(("honest uploads (127.0.0.1)", f"{alone:,.0f} reports/s alone",
+                         f"{during:,.0f} reports/s under garbage ({during / alone:.0%})"))
+        finally:
+            for proc, _ in procs:
+                stop(proc)
+    print(f"\n{args.label}")
+    print(f"{'attack':38s} {'server resources':28s} outcome")
+    for name, resource, outcome in rows:
+        print(f"{name:38s} {resource:28s} {outcome}")
+
+
+if __name__ == "__main__":
+    main()
