@@ -72,9 +72,34 @@ def has_aesni() -> bool:
     return "aes" in host_features()
 
 
+def has_vaes256() -> bool:
+    """AVX2 with the VAES instructions on 256-bit (ymm) registers (Intel Ice Lake and later, AMD Zen 3+)."""
+    return {"aes", "vaes", "avx2"} <= host_features()
+
+
 def has_vaes512() -> bool:
     f = host_features()
     return {"aes", "vaes", "avx512f", "avx512bw"} <= f
+
+
+# The fused tiers: AES blocks per instruction, and whether this CPU can run them.
+TIERS = {"aesni": 1, "vaes256": 2, "vaes": 4}
+_SUPPORTED = {"aesni": has_aesni, "vaes256": has_vaes256, "vaes": has_vaes512}
+
+
+def tier_name(tier) -> str:
+    """A fused tier's name; the booleans of older callers map True to "vaes" and False to "aesni"."""
+    if isinstance(tier, bool):
+        return "vaes" if tier else "aesni"
+    if tier not in TIERS:
+        from .errors import ParameterError
+
+        raise ParameterError(f"fused tier must be one of {tuple(TIERS)}, got {tier!r}")
+    return tier
+
+
+def supported(tier: str) -> bool:
+    return _SUPPORTED[tier_name(tier)]()
 
 
 # --- LLVM IR helpers -------------------------------------------------------------------------------
@@ -120,40 +145,88 @@ def deinterleave(builder: ir.IRBuilder, even: ir.Value, odd: ir.Value) -> tuple[
 
 class AesRounds:
     """Emits AES-128 MMO (AES_K(x) xor x) over a list of <8 x i64> registers (4 blocks each), with
-    512-bit VAES or, without it, four 128-bit AES-NI instructions per register."""
+    the instructions of a fused tier: "vaes" (512-bit VAES, one instruction a register), "vaes256"
+    (256-bit VAES on AVX2, two), "aesni" (128-bit AES-NI, four). `keys` are the round keys at the
+    tier's native width; `wide(r)` is round key r in all four blocks of an <8 x i64>.
 
-    def __init__(self, builder: ir.IRBuilder, rk_ptr: ir.Value, vaes: bool):
-        self.b, self.vaes = builder, vaes
+    AVX2 has 16 vector registers, so the 256- and 128-bit tiers run their rounds over `INFLIGHT`
+    native registers at a time (enough independent instructions to cover the AES latency, few enough
+    to stay in registers) instead of over all blocks at once; the 512-bit tier (32 registers) keeps
+    all of them in flight."""
+
+    INFLIGHT = {"aesni": 8, "vaes256": 8, "vaes": 0}  # 0: every register at once
+
+    def __init__(self, builder: ir.IRBuilder, rk_ptr: ir.Value, tier):
+        tier = tier_name(tier)
+        if not supported(tier):  # never emit instructions the CPU lacks (LLVM would fail or fault)
+            from .errors import FssError
+
+            raise FssError(f"this CPU cannot run the {tier!r} kernels")
+        self.b, self.tier, self.vaes = builder, tier, tier == "vaes"
+        self.per = TIERS[tier]  # blocks per native register
         base = builder.bitcast(rk_ptr, V2.as_pointer())
-        keys2 = [builder.load(builder.gep(base, [ir.Constant(I32, r)]), align=8) for r in range(11)]
-        if vaes:
-            bc = ir.Constant(ir.VectorType(I32, 8), [0, 1] * 4)
-            self.keys = [builder.shuffle_vector(k, k, bc) for k in keys2]
-            self.enc = declare(builder, "llvm.x86.aesni.aesenc.512", V8)
-            self.last = declare(builder, "llvm.x86.aesni.aesenclast.512", V8)
-        else:
-            self.keys = keys2
+        self.keys2 = [builder.load(builder.gep(base, [ir.Constant(I32, r)]), align=8) for r in range(11)]
+        vt = ir.VectorType(I64, 2 * self.per)
+        self.native = vt
+        if self.per == 1:
+            self.keys = self.keys2
             self.enc = declare(builder, "llvm.x86.aesni.aesenc", V2)
             self.last = declare(builder, "llvm.x86.aesni.aesenclast", V2)
+        else:
+            bc = ir.Constant(ir.VectorType(I32, 2 * self.per), [0, 1] * self.per)
+            self.keys = [builder.shuffle_vector(k, k, bc) for k in self.keys2]
+            suffix = ".512" if self.per == 4 else ".256"
+            self.enc = declare(builder, "llvm.x86.aesni.aesenc" + suffix, vt)
+            self.last = declare(builder, "llvm.x86.aesni.aesenclast" + suffix, vt)
 
-    def _rounds(self, regs: list[ir.Value]) -> list[ir.Value]:
+    def wide(self, r: int) -> ir.Value:
+        """Round key r in all four blocks of an <8 x i64> register."""
+        k = self.keys2[r]
+        return self.b.shuffle_vector(k, k, ir.Constant(ir.VectorType(I32, 8), [0, 1] * 4))
+
+    def split(self, regs: list) -> list:
+        """<8 x i64> registers -> native registers, in order (4 / per of them a register)."""
+        if self.per == 4:
+            return list(regs)
+        b, w = self.b, 2 * self.per
+        return [b.shuffle_vector(x, x, ir.Constant(ir.VectorType(I32, w), list(range(w * q, w * q + w)))) for x in regs
+                for q in range(4 // self.per)]
+
+    def join(self, parts: list) -> list:
+        """Inverse of `split`."""
         b = self.b
-        st = [b.xor(x, self.keys[0]) for x in regs]
-        for r in range(1, 10):
-            st = [b.call(self.enc, [s, self.keys[r]]) for s in st]
-        return [b.call(self.last, [s, self.keys[10]]) for s in st]
+        if self.per == 4:
+            return list(parts)
+        out = []
+        if self.per == 2:
+            for r in range(0, len(parts), 2):
+                out.append(b.shuffle_vector(parts[r], parts[r + 1], ir.Constant(ir.VectorType(I32, 8), list(range(8)))))
+            return out
+        for r in range(0, len(parts), 4):
+            q = parts[r : r + 4]
+            lo = b.shuffle_vector(q[0], q[1], ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3]))
+            hi = b.shuffle_vector(q[2], q[3], ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3]))
+            out.append(b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 8), list(range(8)))))
+        return out
+
+    def encrypt(self, parts: list, first=None, last=None) -> list:
+        """The ten AES rounds over native registers: xor `first` (default K_0; None-like skip if
+        first is False), nine aesenc, aesenclast with `last` (default K_10); `INFLIGHT` at a time."""
+        b = self.b
+        k_first = self.keys[0] if first is None else first
+        k_last = self.keys[10] if last is None else last
+        step = self.INFLIGHT[self.tier] or len(parts)
+        out = []
+        for c in range(0, len(parts), step):
+            st = parts[c : c + step]
+            if k_first is not False:
+                st = [b.xor(x, k_first) for x in st]
+            for r in range(1, 10):
+                st = [b.call(self.enc, [s, self.keys[r]]) for s in st]
+            out += [b.call(self.last, [s, k_last]) for s in st]
+        return out
 
     def mmo(self, regs: list[ir.Value]) -> list[ir.Value]:
         b = self.b
-        if self.vaes:
-            enc = self._rounds(regs)
-        else:
-            parts = [b.shuffle_vector(x, x, ir.Constant(ir.VectorType(I32, 2), [2 * q, 2 * q + 1])) for x in regs for q in range(4)]
-            done = self._rounds(parts)
-            enc = []
-            for r in range(len(regs)):
-                q = done[4 * r : 4 * r + 4]
-                lo = b.shuffle_vector(q[0], q[1], ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3]))
-                hi = b.shuffle_vector(q[2], q[3], ir.Constant(ir.VectorType(I32, 4), [0, 1, 2, 3]))
-                enc.append(b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 8), list(range(8)))))
+        enc = self.join(self.encrypt(self.split(regs)))
         return [b.xor(e, x) for e, x in zip(enc, regs)]

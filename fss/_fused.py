@@ -198,7 +198,7 @@ def _both_children_blocks(b, slo, shi, width: int, has_v: bool) -> list:
 
 
 @functools.lru_cache(maxsize=None)
-def eval_group(width: int, has_v: bool, uniform_x: bool, vaes: bool):
+def eval_group(width: int, has_v: bool, uniform_x: bool, tier: str):
     """The intrinsic eval16(seeds, cw_seed, cw_t, cw_v, xs, g, party, bits, mask, rk, out, out_k):
     out[e, out_k + j] = share e of key GROUP g + j at its point (xs[GROUP g + j], or xs[0] if
     uniform_x), for j in 0..15, payload element e < width. seeds (G, 2, 16), cw_seed (G, bits, 2, 16),
@@ -217,7 +217,7 @@ def eval_group(width: int, has_v: bool, uniform_x: bool, vaes: bool):
             S, X = _Ptr(context, b, aty[0], args[0]), _Ptr(context, b, aty[4], args[4])
             grp = _Group(b, context, aty[1:4], args[1:4], args[5], width, has_v)
             g_, party_, bits_, mask_ = args[5], args[6], args[7], args[8]
-            aes = A.AesRounds(b, _Ptr(context, b, aty[9], args[9]).data, vaes)
+            aes = A.AesRounds(b, _Ptr(context, b, aty[9], args[9]).data, tier)
             O, out_k_ = _Ptr(context, b, aty[10], args[10]), args[11]
             k_ = b.mul(g_, _c64(GROUP))  # the group's first key: its index into xs
             s0 = b.mul(g_, S.group)
@@ -289,7 +289,7 @@ def _children(b, grp, aes, st: list, level, d, both: bool, width: int, has_v: bo
 
 
 @functools.lru_cache(maxsize=None)
-def trie_steps(width: int, has_v: bool, vaes: bool):
+def trie_steps(width: int, has_v: bool, tier: str):
     """Intrinsics for walking one group's trees over a set of points (all 16 keys at the same node),
     returned as (step_one, step_both, last_one, last_both). A node's state is a slot of `state`
     (slots, 3 + width, 16) uint64: seed lo, seed hi, t, acc[width]. All four take the same arguments
@@ -333,7 +333,7 @@ def trie_steps(width: int, has_v: bool, vaes: bool):
                 src_, a_, b2_, d_, lv_ = args[1:6]
                 grp = _Group(b, context, aty[6:9], args[6:9], args[9], width, has_v)
                 party_, bits_, mask_ = args[10:13]
-                aes = A.AesRounds(b, _Ptr(context, b, aty[13], args[13]).data, vaes)
+                aes = A.AesRounds(b, _Ptr(context, b, aty[13], args[13]).data, tier)
                 level = b.sub(bits_, _c64(1)) if last else lv_
                 st = [load(b, ST, src_, h) for h in range(HALVES)]
                 kids = _children(b, grp, aes, st, level, A.splat(b, d_), both, width, has_v)
@@ -356,7 +356,7 @@ def trie_steps(width: int, has_v: bool, vaes: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def gen_group(width: int, has_v: bool, vaes: bool):
+def gen_group(width: int, has_v: bool, tier: str):
     """The intrinsic gen16(alphas, betas, roots, g, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v):
     both parties' correction words for the 16 key pairs of group g (BCG+21 Fig. 1), written into the
     grouped arrays cw_seed (G, bits, 2, 16), cw_t (G, bits, 16), cw_v (G, v_levels, width, 16).
@@ -376,7 +376,7 @@ def gen_group(width: int, has_v: bool, vaes: bool):
             g_, bits_, mask_, below_, equal_ = args[3:8]
             R = _Ptr(context, b, aty[8], args[8])
             CS, CT, CV = (_Ptr(context, b, aty[j], args[j]) for j in (9, 10, 11))
-            aes = A.AesRounds(b, R.data, vaes)
+            aes = A.AesRounds(b, R.data, tier)
             one, zero = A.const8(1), A.const8(0)
             not1 = A.const8(~1 & (2**64 - 1))
             n_pad = AL.n

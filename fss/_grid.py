@@ -102,8 +102,7 @@ class _Mmo:
 
     def __init__(self, b: ir.IRBuilder, aes: A.AesRounds):
         self.b, self.aes = b, aes
-        k0 = aes.keys[0]
-        self.k0 = k0 if aes.vaes else b.shuffle_vector(k0, k0, ir.Constant(ir.VectorType(A.I32, 8), [0, 1] * 4))
+        self.k0 = aes.wide(0)
         self.k_last = b.xor(aes.keys[10], aes.keys[0])
 
     def block(self, lo: int, hi: int):
@@ -111,23 +110,9 @@ class _Mmo:
         return self.b.xor(ir.Constant(A.V8, [lo, hi] * 4), self.k0)
 
     def __call__(self, regs: list) -> list:
-        b, aes = self.b, self.aes
-        if aes.vaes:
-            st = regs
-        else:
-            st = [b.shuffle_vector(x, x, ir.Constant(ir.VectorType(A.I32, 2), [2 * q, 2 * q + 1])) for x in regs for q in range(4)]
-        for r in range(1, 10):
-            st = [b.call(aes.enc, [x, aes.keys[r]]) for x in st]
-        st = [b.call(aes.last, [x, self.k_last]) for x in st]
-        if not aes.vaes:
-            joined = []
-            for r in range(len(regs)):
-                q = st[4 * r : 4 * r + 4]
-                lo = b.shuffle_vector(q[0], q[1], ir.Constant(ir.VectorType(A.I32, 4), [0, 1, 2, 3]))
-                hi = b.shuffle_vector(q[2], q[3], ir.Constant(ir.VectorType(A.I32, 4), [0, 1, 2, 3]))
-                joined.append(b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(A.I32, 8), list(range(8)))))
-            st = joined
-        return [b.xor(e, x) for e, x in zip(st, regs)]
+        aes = self.aes
+        st = aes.join(aes.encrypt(aes.split(regs), first=False, last=self.k_last))
+        return [self.b.xor(e, x) for e, x in zip(st, regs)]
 
 
 def _blocks(b, mmo: _Mmo, slo, shi, tweaks: list) -> list:
@@ -203,7 +188,7 @@ def _masked_store(b, vt: ir.VectorType) -> ir.Function:
 
 
 @functools.lru_cache(maxsize=None)
-def grid_step(width: int, has_v: bool, prime: bool, vaes: bool):
+def grid_step(width: int, has_v: bool, prime: bool, tier: str):
     """The intrinsic step(src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask,
     rk): expands the 16 nodes src[:, i .. i + 15] of one key at `level` into both children, written
     in node order (left and right child of node i, then of node i + 1, ...) to dst[:, j .. j + 31].
@@ -226,7 +211,7 @@ def grid_step(width: int, has_v: bool, prime: bool, vaes: bool):
             S, D, K, O = (_Ptr(context, b, aty[q], args[q]) for q in (0, 2, 4, 7))
             i_, j_, level_, leaf_ = args[1], args[3], args[5], args[6]
             origin_, lo_, hi_, reverse_, party_, mask_ = args[8:14]
-            mmo = _Mmo(b, A.AesRounds(b, _Ptr(context, b, aty[14], args[14]).data, vaes))
+            mmo = _Mmo(b, A.AesRounds(b, _Ptr(context, b, aty[14], args[14]).data, tier))
             F = _Prime(b) if prime else None
             zero, one = A.const8(0), A.const8(1)
 

@@ -1,13 +1,19 @@
 """Which implementation evaluates keys: the fused kernels on the CPU's AES instructions, or the
 portable level-by-level backend. All give bit-identical results (the tests pin them together).
 
-    fss.backend.available()        # e.g. ('portable', 'aesni', 'vaes')
+    fss.backend.available()        # e.g. ('portable', 'aesni', 'vaes256') on AVX2 + VAES
     fss.backend.set_backend("portable")   # or FSS_BACKEND=portable in the environment
     with fss.backend.using("aesni"): ...
     fss.backend.set_threads(2)     # threads of the fused kernels (numba's thread pool)
 
-"auto" (the default) picks "vaes" (512-bit VAES + AVX-512), else "aesni", else "portable", and runs a
-self-test of the fused kernel against the portable backend before trusting it. Payload widths above
+The tiers, one per instruction set (`available()` lists those this CPU has, slowest first):
+  "portable"  level by level, one pycryptodome ECB call per level (any CPU);
+  "aesni"     fused kernels on 128-bit AES-NI (any x86-64 with AES-NI);
+  "vaes256"   fused kernels on 256-bit VAES with AVX2, two blocks per instruction (Intel Ice Lake /
+              Alder Lake and later clients, AMD Zen 3);
+  "vaes"      fused kernels on 512-bit VAES with AVX-512, four blocks per instruction.
+"auto" (the default) picks the fastest of them ("vaes", else "vaes256", else "aesni", else "portable"),
+and runs a self-test of the fused kernel against the portable backend before trusting it. Payload widths above
 `fast.MAX_WIDTH` always take the portable backend, and so do prime-field keys (group "p61") except
 in `eval_grid`, whose fused kernel (`fss._grid`) also does the F_p arithmetic (and has its own
 self-test per width, DCF or DPF and group).
@@ -28,18 +34,14 @@ from .errors import FssError, ParameterError
 from .keys import KeyBatch
 from .params import TreeParams
 
-NAMES = ("auto", "portable", "aesni", "vaes")
+NAMES = ("auto", "portable", "aesni", "vaes256", "vaes")
+FUSED = ("aesni", "vaes256", "vaes")  # slowest first
 _chosen = os.environ.get("FSS_BACKEND", "auto")
 
 
 def available() -> tuple[str, ...]:
     """The backends this CPU can run."""
-    names = ["portable"]
-    if _aes.has_aesni():
-        names.append("aesni")
-    if _aes.has_vaes512():
-        names.append("vaes")
-    return tuple(names)
+    return ("portable",) + tuple(name for name in FUSED if _aes.supported(name))
 
 
 def set_backend(name: str) -> None:
@@ -81,27 +83,30 @@ def _self_test(name: str) -> bool:
     from . import fast
     from .params import KIND_DCF, KIND_DPF
 
-    vaes = name == "vaes"
     for p in (TreeParams.make(KIND_DCF, 12, 64, 1, "le", False), TreeParams.make(KIND_DPF, 9, 40, 3, "eq", False)):
         n = 37
         alphas = np.arange(n, dtype=np.uint64) * np.uint64(97) % np.uint64(1 << p.bits)
         betas = np.full((p.width, n), 5, np.uint64)
         roots = (np.arange(4 * n, dtype=np.uint64) * np.uint64(0x9E3779B97F4A7C15)).reshape(2, 2, n)
         want0, _ = portable.gen_batch(p, alphas, betas, roots)
-        got0, _ = fast.gen_batch(p, alphas, betas, roots, vaes)
+        got0, _ = fast.gen_batch(p, alphas, betas, roots, name)
         if got0.to_bytes() != want0.to_bytes():
             return False
         xs = alphas[::-1].copy()
-        if not np.array_equal(fast.eval_batch(got0, xs, vaes), portable.eval_batch(want0, xs)):
+        if not np.array_equal(fast.eval_batch(got0, xs, name), portable.eval_batch(want0, xs)):
             return False
     return True
 
 
 def current() -> str:
-    """The backend calls use now ("auto" resolved)."""
+    """The backend calls use now ("auto" resolved). A name from FSS_BACKEND that is unknown or that
+    this CPU cannot run raises ParameterError here (the kernels never emit instructions the CPU lacks)."""
     if _chosen != "auto":
+        if _chosen not in available():
+            raise ParameterError(f"FSS_BACKEND={_chosen!r}: backend must be one of {NAMES} and run on this CPU "
+                                 f"(available: {available()})")
         return _chosen
-    for name in ("vaes", "aesni"):
+    for name in reversed(FUSED):
         if name in available():
             if _self_test(name):
                 return name
@@ -127,7 +132,7 @@ def eval_batch(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
         return portable.eval_batch(batch, xs)
     from . import fast
 
-    return fast.eval_batch(batch, xs, name == "vaes")
+    return fast.eval_batch(batch, xs, name)
 
 
 def eval_sum(batch: KeyBatch, points: np.ndarray) -> np.ndarray:
@@ -137,7 +142,7 @@ def eval_sum(batch: KeyBatch, points: np.ndarray) -> np.ndarray:
         return portable.eval_sum(batch, points)
     from . import fast
 
-    return fast.eval_sum(batch, points, name == "vaes", threads())
+    return fast.eval_sum(batch, points, name, threads())
 
 
 def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray) -> tuple[KeyBatch, KeyBatch]:
@@ -147,7 +152,7 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
         return portable.gen_batch(p, alphas, betas, roots)
     from . import fast
 
-    return fast.gen_batch(p, alphas, betas, roots, name == "vaes")
+    return fast.gen_batch(p, alphas, betas, roots, name)
 
 
 @functools.lru_cache(maxsize=None)
@@ -165,7 +170,7 @@ def _grid_self_test(name: str, width: int, has_v: bool, prime: bool) -> bool:
     roots = (np.arange(4 * n, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)).reshape(2, 2, n)
     for k in portable.gen_batch(p, alphas, betas, roots):
         for start, size, reverse in ((0, 128, False), (3, 100, True)):
-            got = fast.eval_grid(k, start, size, reverse, name == "vaes")
+            got = fast.eval_grid(k, start, size, reverse, name)
             if not np.array_equal(got, portable.eval_grid(k, start, size, reverse)):
                 return False
     return True
@@ -196,7 +201,7 @@ def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool) -> np.ndarr
         return portable.eval_grid(batch, start, size, reverse)
     from . import fast
 
-    return fast.eval_grid(batch, start, size, reverse, name == "vaes", threads())
+    return fast.eval_grid(batch, start, size, reverse, name, threads())
 
 
 def eval_full(batch: KeyBatch) -> np.ndarray:

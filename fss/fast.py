@@ -1,4 +1,6 @@
-"""The fast backend: the fused AES-NI / VAES kernels of `_fused`, spread over all cores.
+"""The fast backend: the fused kernels of `_fused` and `_grid` on one of the CPU's AES tiers
+("aesni": 128-bit AES-NI, "vaes256": 256-bit VAES on AVX2, "vaes": 512-bit VAES on AVX-512; every
+function here takes the tier's name), spread over all cores.
 
 Same contract as the portable `fss.portable` (internal points, (width, n) outputs reduced mod
 2^out_bits) and bit-identical results. Works group by group on `KeyBatch`'s grouped layout; the
@@ -14,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache
-from ._aes import round_keys
+from ._aes import round_keys, tier_name
 from ._fused import eval_group, gen_group, trie_steps
 from ._grid import grid_step
 from .keys import GROUP, KeyBatch, groups, payload_dtype, to_groups
@@ -23,26 +25,26 @@ from .params import TreeParams
 MAX_WIDTH = 4  # wider payloads take the portable backend (the fused kernel unrolls over elements)
 
 
-def _tag(width: int, has_v: bool, vaes: bool) -> str:
+def _tag(width: int, has_v: bool, tier: str) -> str:
     """The compile-time choices of a kernel, naming its entries in the on-disk cache (`_cache`)."""
-    return f"w{width}-{'dcf' if has_v else 'dpf'}-{'vaes' if vaes else 'aesni'}"
+    return f"w{width}-{'dcf' if has_v else 'dpf'}-{tier}"
 
 
 @functools.lru_cache(maxsize=None)
-def _batch_kernel(width: int, has_v: bool, vaes: bool):
-    group = eval_group(width, has_v, False, vaes)
+def _batch_kernel(width: int, has_v: bool, tier: str):
+    group = eval_group(width, has_v, False, tier)
 
     @njit(nogil=True, parallel=True)
     def kernel(seeds, cw_seed, cw_t, cw_v, xs, party, bits, mask, rk, out):
         for g in prange(seeds.shape[0]):
             group(seeds, cw_seed, cw_t, cw_v, xs, g, party, bits, mask, rk, out, g * GROUP)
 
-    return _cache.cached(kernel, _tag(width, has_v, vaes))
+    return _cache.cached(kernel, _tag(width, has_v, tier))
 
 
 @functools.lru_cache(maxsize=None)
-def _sum_kernel(width: int, has_v: bool, vaes: bool):
-    group = eval_group(width, has_v, True, vaes)
+def _sum_kernel(width: int, has_v: bool, tier: str):
+    group = eval_group(width, has_v, True, tier)
 
     @njit(nogil=True, parallel=True)
     def kernel(seeds, cw_seed, cw_t, cw_v, x, n, party, bits, mask, rk, partial):
@@ -59,21 +61,22 @@ def _sum_kernel(width: int, has_v: bool, vaes: bool):
                         acc[e] += scratch[e, j]
             partial[c] = acc
 
-    return _cache.cached(kernel, _tag(width, has_v, vaes))
+    return _cache.cached(kernel, _tag(width, has_v, tier))
 
 
 def _keys(batch: KeyBatch) -> tuple:
     return batch.seeds, batch.cw_seed, batch.cw_t, batch.cw_v
 
 
-def eval_batch(batch: KeyBatch, xs: np.ndarray, vaes: bool) -> np.ndarray:
+def eval_batch(batch: KeyBatch, xs: np.ndarray, tier: str) -> np.ndarray:
+    tier = tier_name(tier)  # a name; True / False of older callers: 'vaes' / 'aesni'
     p, n = batch.params, len(batch)
     padded = batch.seeds.shape[0] * GROUP
     out = np.empty((p.width, padded), np.uint64)
     if n:
         xp = np.zeros(padded, np.uint64)
         xp[:n] = xs
-        kernel = _batch_kernel(p.width, p.level_payload, vaes)
+        kernel = _batch_kernel(p.width, p.level_payload, tier)
         kernel(*_keys(batch), xp, batch.party, p.bits, np.uint64(p.mask), round_keys(), out)
     return out[:, :n]
 
@@ -130,8 +133,8 @@ def trie_program(points, bits):
 
 
 @functools.lru_cache(maxsize=None)
-def _trie_kernel(width: int, has_v: bool, vaes: bool):
-    step_one, step_both, last_one, last_both = trie_steps(width, has_v, vaes)
+def _trie_kernel(width: int, has_v: bool, tier: str):
+    step_one, step_both, last_one, last_both = trie_steps(width, has_v, tier)
 
     @njit(nogil=True, parallel=True)
     def kernel(seeds, cw_seed, cw_t, cw_v, prog, n, party, bits, mask, rk, partial):
@@ -157,13 +160,14 @@ def _trie_kernel(width: int, has_v: bool, vaes: bool):
                     else:  # last level: both children, points a2 and a3
                         last_both(state, src, a2, a3, 0, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
 
-    return _cache.cached(kernel, _tag(width, has_v, vaes))
+    return _cache.cached(kernel, _tag(width, has_v, tier))
 
 
-def eval_sum(batch: KeyBatch, points: np.ndarray, vaes: bool, threads: int) -> np.ndarray:
+def eval_sum(batch: KeyBatch, points: np.ndarray, tier: str, threads: int) -> np.ndarray:
     """(m, width) sums. One point: one fused pass over the keys. Several: each group of keys walks
     its trees once over the union of the points' paths (a full grid of 2^b points costs about
     2^(b+1) node expansions per key, not b * 2^b)."""
+    tier = tier_name(tier)  # a name; True / False of older callers: 'vaes' / 'aesni'
     p, n = batch.params, len(batch)
     sums = np.zeros((points.shape[0], p.width), np.uint64)
     if not n or not points.shape[0]:
@@ -172,12 +176,12 @@ def eval_sum(batch: KeyBatch, points: np.ndarray, vaes: bool, threads: int) -> n
     common = (n, batch.party, p.bits, np.uint64(p.mask), round_keys())
     if points.shape[0] == 1:
         partial = np.empty((chunks, p.width), np.uint64)
-        _sum_kernel(p.width, p.level_payload, vaes)(*_keys(batch), points, *common, partial)
+        _sum_kernel(p.width, p.level_payload, tier)(*_keys(batch), points, *common, partial)
         return partial.sum(axis=0, dtype=np.uint64, keepdims=True) & np.uint64(p.mask)
     unique, inverse = np.unique(points, return_inverse=True)
     partial = np.zeros((chunks, unique.shape[0], p.width), np.uint64)
     prog = trie_program(unique, p.bits)
-    _trie_kernel(p.width, p.level_payload, vaes)(*_keys(batch), prog, *common, partial)
+    _trie_kernel(p.width, p.level_payload, tier)(*_keys(batch), prog, *common, partial)
     return partial.sum(axis=0, dtype=np.uint64)[inverse.reshape(-1)] & np.uint64(p.mask)
 
 
@@ -185,12 +189,12 @@ GRID_BLOCK_BITS = 10  # the walk goes subtree by subtree of 2^10 leaves: a level
 
 
 @functools.lru_cache(maxsize=None)
-def _grid_kernel(width: int, has_v: bool, prime: bool, vaes: bool):
+def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str):
     """Keys k0 .. k1 - 1, one after the other, walk the plan of `grid_plan`, the last level's steps
     writing the leaves' shares straight into `out` (no prange: a parallel
     numba kernel compiles in about three times as long, once per width, group, DCF or DPF and AES
     flavour; `eval_grid` runs one call per thread instead)."""
-    step = grid_step(width, has_v, prime, vaes)
+    step = grid_step(width, has_v, prime, tier)
     rows = 3 + width
 
     @njit(nogil=True)
@@ -247,7 +251,7 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, vaes: bool):
                 if seg == 0:
                     top_nodes, top_base = a, b2
 
-    return _cache.cached(kernel, f"grid-{_tag(width, has_v, vaes)}-{'p61' if prime else 'ring'}")
+    return _cache.cached(kernel, f"grid-{_tag(width, has_v, tier)}-{'p61' if prime else 'ring'}")
 
 
 @functools.lru_cache(maxsize=64)
@@ -302,10 +306,11 @@ def _threads_pool():
     return _pool
 
 
-def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, vaes: bool, threads: int = 1) -> np.ndarray:
+def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, threads: int = 1) -> np.ndarray:
     """Same contract as `portable.eval_grid`: (n, size, width) shares at internal points start + j
     (or start + size - 1 - j with `reverse`). Each key walks the range's subtree once (`grid_plan`);
     the keys are split over `threads` threads."""
+    tier = tier_name(tier)  # a name; True / False of older callers: 'vaes' / 'aesni'
     p, n = batch.params, len(batch)
     if p.prime and n and int(batch.cw_v.max()) >= p.modulus:  # not a key gen makes or the codec accepts
         from . import portable
@@ -313,7 +318,7 @@ def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, vaes: bool,
         return portable.eval_grid(batch, start, size, reverse)
     out = np.empty((n, size, p.width), np.uint64)
     if n:
-        kernel = _grid_kernel(p.width, p.level_payload, p.prime, vaes)
+        kernel = _grid_kernel(p.width, p.level_payload, p.prime, tier)
         top, subs, cols, top_cap = grid_plan(p.bits, start, size, reverse)
         common = (batch.party, p.bits, np.uint64(p.mask), round_keys(), out)
         cw_v = batch.cw_v.astype(np.uint64, copy=False)  # one kernel for 32- and 64-bit corrections
@@ -329,19 +334,20 @@ def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, vaes: bool,
 
 
 @functools.lru_cache(maxsize=None)
-def _gen_kernel(width: int, has_v: bool, vaes: bool):
-    group = gen_group(width, has_v, vaes)
+def _gen_kernel(width: int, has_v: bool, tier: str):
+    group = gen_group(width, has_v, tier)
 
     @njit(nogil=True, parallel=True)
     def kernel(alphas, betas, roots, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v):
         for g in prange(cw_seed.shape[0]):
             group(alphas, betas, roots, g, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v)
 
-    return _cache.cached(kernel, _tag(width, has_v, vaes))
+    return _cache.cached(kernel, _tag(width, has_v, tier))
 
 
-def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray, vaes: bool) -> tuple[KeyBatch, KeyBatch]:
+def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray, tier: str) -> tuple[KeyBatch, KeyBatch]:
     """Same contract as `portable.gen_batch`, writing the grouped arrays directly."""
+    tier = tier_name(tier)  # a name; True / False of older callers: 'vaes' / 'aesni'
     n, w = alphas.shape[0], p.width
     G = groups(n)
     pad = lambda a: np.concatenate([a, np.zeros(a.shape[:-1] + (G * GROUP - n,), a.dtype)], axis=-1)  # noqa: E731
@@ -352,7 +358,7 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
         ones = np.uint64(2**64 - 1)
         below = ones if p.beta_below else np.uint64(0)
         equal = ones if p.beta_equal else np.uint64(0)
-        kernel = _gen_kernel(w, p.level_payload, vaes)
+        kernel = _gen_kernel(w, p.level_payload, tier)
         kernel(pad(alphas), pad(betas), pad(roots), p.bits, np.uint64(p.mask), below, equal, round_keys(), cw_seed, cw_t, cw_v)
     k0 = KeyBatch(p, 0, n, to_groups(roots[0]), cw_seed, cw_t, cw_v)
     return k0, KeyBatch(p, 1, n, to_groups(roots[1]), cw_seed, cw_t, cw_v)

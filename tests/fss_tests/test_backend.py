@@ -19,7 +19,7 @@ def test_selection_and_errors():
 
 
 @pytest.mark.skipif("aesni" not in backend.available(), reason="the CPU has no AES-NI: only the portable backend exists")
-@pytest.mark.parametrize("fused", [n for n in ("aesni", "vaes") if n in backend.available()])
+@pytest.mark.parametrize("fused", [n for n in backend.FUSED if n in backend.available()])
 @pytest.mark.parametrize(
     "fn",
     [DCF(32), DCF(1), DCF(8, 16, 2, cmp="ge"), DCF(13, 64, 3, cmp="le", signed=True), DCF(64, 7, 4, cmp="gt"),
@@ -35,9 +35,9 @@ def test_fused_equals_portable(fused, fn, n):
     xs[: n // 2] = alphas[: n // 2]  # on the path to alpha, all the way down
     for k in fn._gen_batch_with_randomness(alphas, -1, os.urandom(32 * n), internal=True):
         want = portable.eval_batch(k, xs)
-        np.testing.assert_array_equal(fast.eval_batch(k, xs, fused == "vaes"), want)
+        np.testing.assert_array_equal(fast.eval_batch(k, xs, fused), want)
         pts = np.unique(np.concatenate([xs[:3], [0, (1 << top) - 1]])).astype(np.uint64)
-        np.testing.assert_array_equal(fast.eval_sum(k, pts, fused == "vaes", 2), portable.eval_sum(k, pts))
+        np.testing.assert_array_equal(fast.eval_sum(k, pts, fused, 2), portable.eval_sum(k, pts))
         with backend.using(fused):
             np.testing.assert_array_equal(backend.eval_batch(k, xs), want)
 
