@@ -178,6 +178,21 @@ class AesRounds:
             suffix = ".512" if self.per == 4 else ".256"
             self.enc = declare(builder, "llvm.x86.aesni.aesenc" + suffix, vt)
             self.last = declare(builder, "llvm.x86.aesni.aesenclast" + suffix, vt)
+        if not self.vaes:
+            llvm.initialize_native_asmparser()  # numba's object emitter assembles the inline blocks
+            self.avx = "avx" in host_features()  # VEX encodings (no SSE/AVX transitions); else legacy SSE
+            self.table = self._key_table()
+
+    def _key_table(self) -> ir.Value:
+        """The round keys at the native width in a stack slot of the function's entry block (written
+        here, read by the inline assembly of `_chunk`)."""
+        from numba.core import cgutils
+
+        b = self.b
+        slot = cgutils.alloca_once(b, ir.ArrayType(self.native, 11))
+        for r in range(11):
+            b.store(self.keys[r], b.gep(slot, [ir.Constant(I32, 0), ir.Constant(I32, r)]), align=16)
+        return b.bitcast(slot, ir.IntType(8).as_pointer())
 
     def wide(self, r: int) -> ir.Value:
         """Round key r in all four blocks of an <8 x i64> register."""
@@ -210,21 +225,45 @@ class AesRounds:
         return out
 
     def encrypt(self, parts: list, first=None, last=None) -> list:
-        """The ten AES rounds over native registers: xor `first` (default K_0; None-like skip if
-        first is False), nine aesenc, aesenclast with `last` (default K_10); `INFLIGHT` at a time."""
+        """The ten AES rounds over native registers: xor `first` (default K_0; skipped if first is
+        False), nine aesenc, aesenclast with `last` (default K_10)."""
         b = self.b
         k_first = self.keys[0] if first is None else first
         k_last = self.keys[10] if last is None else last
-        step = self.INFLIGHT[self.tier] or len(parts)
-        out = []
-        for c in range(0, len(parts), step):
-            st = parts[c : c + step]
-            if k_first is not False:
-                st = [b.xor(x, k_first) for x in st]
+        if k_first is not False:
+            parts = [b.xor(x, k_first) for x in parts]
+        if self.vaes:  # 32 registers: LLVM keeps every block in flight by itself
+            st = parts
             for r in range(1, 10):
                 st = [b.call(self.enc, [s, self.keys[r]]) for s in st]
-            out += [b.call(self.last, [s, k_last]) for s in st]
+            return [b.call(self.last, [s, k_last]) for s in st]
+        out = []
+        for c in range(0, len(parts), self.INFLIGHT[self.tier]):
+            out += self._chunk(parts[c : c + self.INFLIGHT[self.tier]], k_last)
         return out
+
+    def _chunk(self, st: list, k_last) -> list:
+        """Rounds 1..10 of up to `INFLIGHT` registers as one inline-assembly block, round by round.
+        With 16 vector registers, LLVM's scheduler otherwise runs the rounds of one register after
+        the other (to save registers) and leaves one or two AES instructions in flight; the block
+        keeps every register's round r before any round r + 1 (the AES latency hidden). The round keys
+        are memory operands (broadcast to the register width, `_key_table`)."""
+        b, k = self.b, len(st)
+        vt = self.native
+        size = 16 * self.per
+        vex = "v" if self.avx else ""
+        lines = []
+        for r in range(1, 10):
+            for j in range(k):
+                lines.append(f"{vex}aesenc {size * r}($$KEYS), ${j}" + (f", ${j}" if self.avx else ""))
+        for j in range(k):
+            lines.append(f"{vex}aesenclast ${2 * k + 1}, ${j}" + (f", ${j}" if self.avx else ""))
+        text = "\n\t".join(lines).replace("$$KEYS", f"${2 * k}")  # operands: k outputs, k tied inputs, keys, last
+        ret = ir.LiteralStructType([vt] * k) if k > 1 else vt
+        cons = ",".join(["=x"] * k + [str(j) for j in range(k)] + ["r", "x"])
+        fty = ir.FunctionType(ret, [vt] * k + [self.table.type, vt])
+        call = b.asm(fty, text, cons, list(st) + [self.table, k_last], side_effect=False, name="aes")
+        return [b.extract_value(call, j) for j in range(k)] if k > 1 else [call]
 
     def mmo(self, regs: list[ir.Value]) -> list[ir.Value]:
         b = self.b

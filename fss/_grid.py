@@ -220,33 +220,6 @@ def grid_step(width: int, has_v: bool, prime: bool, tier: str):
 
             cs_lo, cs_hi, ct = cw(level_, 0), cw(level_, 1), cw(level_, 2)
             cv = [cw(level_, 3 + e) for e in range(width)] if has_v else []
-            nodes = [[S.load8(_off(b, b.mul(_c64(r), S.n), i_, _c64(8 * h))) for r in range(rows)] for h in range(HALVES)]
-            regs = []
-            for st in nodes:
-                regs += _blocks(b, mmo, st[0], st[1], _both_tweaks(width, has_v, prime))
-            words = _words(b, mmo(regs))
-            per = len(words) // HALVES
-            kids = []  # per half, per side: [seed lo, seed hi, t, acc...]
-            for h, st in enumerate(nodes):
-                mine, t = words[per * h : per * (h + 1)], st[2]
-                tm = b.sub(zero, t)
-                pair = []
-                for side in (0, 1):
-                    lo, hi = mine[2 * side], mine[2 * side + 1]
-                    node = [b.xor(b.and_(lo, A.const8(~1 & (2**64 - 1))), b.and_(cs_lo, tm)), b.xor(hi, b.and_(cs_hi, tm)),
-                            b.xor(b.and_(lo, one), b.and_(b.lshr(ct, A.const8(side)), b.and_(t, one)))]
-                    for e in range(width):
-                        if not has_v:
-                            node.append(st[3 + e])
-                            continue
-                        c = b.and_(cv[e], tm)
-                        q = side * width + e  # element q of the VALUE blocks (a block each over F_p, else a word)
-                        if F is None:
-                            node.append(b.add(st[3 + e], b.add(mine[4 + q], c)))
-                        else:
-                            node.append(F.half(b.add(b.add(st[3 + e], F.part(mine[4 + 2 * q], mine[5 + 2 * q])), c)))
-                    pair.append(node)
-                kids.append(pair)
 
             def put(r, h, left, right):
                 """Row r of dst at j + 16 h .. j + 16 h + 15: the two vectors' lanes zipped."""
@@ -254,33 +227,68 @@ def grid_step(width: int, has_v: bool, prime: bool, tier: str):
                 D.store8(base, b.shuffle_vector(left, right, _ZIP_LO))
                 D.store8(b.add(base, _c64(8)), b.shuffle_vector(left, right, _ZIP_HI))
 
-            with b.if_else(leaf_) as (leaves, inner):
-                with leaves:
-                    flat = [kids[h][side] for h in range(HALVES) for side in (0, 1)]
-                    convs = _converts(b, mmo, F, flat, width)
-                    lv = [cw(b.add(level_, _c64(1)), 3 + e) for e in range(width)]  # row bits: CW_{n+1}
-                    negate = b.icmp_signed("!=", party_, _c64(0))
-                    vals = []  # per (half, side): width vectors
-                    for q, node in enumerate(flat):
-                        tm = b.sub(zero, node[2])
-                        out = []
+            def halves(hs):
+                """The step for the halves hs (8 nodes each): their blocks in one MMO, then their children."""
+                nodes = [[S.load8(_off(b, b.mul(_c64(r), S.n), i_, _c64(8 * h))) for r in range(rows)] for h in hs]
+                regs = []
+                for st in nodes:
+                    regs += _blocks(b, mmo, st[0], st[1], _both_tweaks(width, has_v, prime))
+                words = _words(b, mmo(regs))
+                per = len(words) // len(hs)
+                kids = []  # per half, per side: [seed lo, seed hi, t, acc...]
+                for h, st in enumerate(nodes):
+                    mine, t = words[per * h : per * (h + 1)], st[2]
+                    tm = b.sub(zero, t)
+                    pair = []
+                    for side in (0, 1):
+                        lo, hi = mine[2 * side], mine[2 * side + 1]
+                        node = [b.xor(b.and_(lo, A.const8(~1 & (2**64 - 1))), b.and_(cs_lo, tm)), b.xor(hi, b.and_(cs_hi, tm)),
+                                b.xor(b.and_(lo, one), b.and_(b.lshr(ct, A.const8(side)), b.and_(t, one)))]
                         for e in range(width):
-                            c = b.and_(lv[e], tm)
+                            if not has_v:
+                                node.append(st[3 + e])
+                                continue
+                            c = b.and_(cv[e], tm)
+                            q = side * width + e  # element q of the VALUE blocks (a block each over F_p, else a word)
                             if F is None:
-                                v = b.add(b.add(node[3 + e], convs[q][e]), c)
-                                out.append(b.and_(b.select(negate, b.sub(zero, v), v), A.splat(b, mask_)))
+                                node.append(b.add(st[3 + e], b.add(mine[4 + q], c)))
                             else:
-                                v = F.canonical(b.add(b.add(node[3 + e], convs[q][e]), c))
-                                out.append(b.select(negate, F.neg(v), v))
-                        vals.append(out)
-                    for h in range(HALVES):
-                        for z, zip_ in enumerate((_ZIP_LO, _ZIP_HI)):
-                            parts = [b.shuffle_vector(vals[2 * h][e], vals[2 * h + 1][e], zip_) for e in range(width)]
-                            _store_leaves(b, O, _concat(b, parts), _off(b, j_, _c64(16 * h + 8 * z)), width, origin_, lo_, hi_, reverse_)
-                with inner:
-                    for h in range(HALVES):
-                        for r in range(rows):
-                            put(r, h, kids[h][0][r], kids[h][1][r])
+                                node.append(F.half(b.add(b.add(st[3 + e], F.part(mine[4 + 2 * q], mine[5 + 2 * q])), c)))
+                        pair.append(node)
+                    kids.append(pair)
+
+                with b.if_else(leaf_) as (leaves, inner):
+                    with leaves:
+                        flat = [kids[q][side] for q in range(len(hs)) for side in (0, 1)]
+                        convs = _converts(b, mmo, F, flat, width)
+                        lv = [cw(b.add(level_, _c64(1)), 3 + e) for e in range(width)]  # row bits: CW_{n+1}
+                        negate = b.icmp_signed("!=", party_, _c64(0))
+                        vals = []  # per (half, side): width vectors
+                        for q, node in enumerate(flat):
+                            tm = b.sub(zero, node[2])
+                            out = []
+                            for e in range(width):
+                                c = b.and_(lv[e], tm)
+                                if F is None:
+                                    v = b.add(b.add(node[3 + e], convs[q][e]), c)
+                                    out.append(b.and_(b.select(negate, b.sub(zero, v), v), A.splat(b, mask_)))
+                                else:
+                                    v = F.canonical(b.add(b.add(node[3 + e], convs[q][e]), c))
+                                    out.append(b.select(negate, F.neg(v), v))
+                            vals.append(out)
+                        for q, h in enumerate(hs):
+                            for z, zip_ in enumerate((_ZIP_LO, _ZIP_HI)):
+                                parts = [b.shuffle_vector(vals[2 * q][e], vals[2 * q + 1][e], zip_) for e in range(width)]
+                                _store_leaves(b, O, _concat(b, parts), _off(b, j_, _c64(16 * h + 8 * z)), width, origin_, lo_, hi_, reverse_)
+                    with inner:
+                        for q, h in enumerate(hs):
+                            for r in range(rows):
+                                put(r, h, kids[q][0][r], kids[q][1][r])
+
+            # 32 vector registers (AVX-512): both halves at once; 16 (AVX2): one half after the other,
+            # so that one half's blocks and state fit in the registers (the AES rounds stay in flight).
+            for hs in ([list(range(HALVES))] if mmo.aes.vaes else [[h] for h in range(HALVES)]):
+                halves(hs)
             return context.get_dummy_value()
 
         return sig, codegen
