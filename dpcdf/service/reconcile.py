@@ -10,9 +10,10 @@ count, only once its part is done. (This repairs crashes, not malicious clients:
 
 The key: both servers' X25519 keys are in the task config (each server checks its own, and that the
 other's is a valid key, at registration), so they share K = HKDF(X25519(own, peer), salt = the task
-fingerprint), which neither the analyst nor a client can compute. Every message is AES-GCM under a
-subkey of K with its round and the task's fingerprint as associated data: that authenticates each
-server to the other for this task, with no further credential.
+fingerprint), which neither the analyst nor a client can compute. Every message goes through the
+task's `protocols.channel.Channel` (AES-GCM under a subkey of K, its kind, chunk and the task's
+fingerprint as associated data): that authenticates each server to the other for this task, with no
+further credential, and each step is answered once (the channel's one-shot rule).
 - Each report id gets a pseudorandom value: AES-128 under a key derived from K (a PRF).
 - The report-set hash is an HMAC under K of the count and the XOR of the ids' values: the analyst can
   compare the two servers' hashes but not test a guessed set against them (a plain hash let an analyst
@@ -27,7 +28,9 @@ The messages (no cap on the number of differences: they never pass through the a
 4. server 1 -> 0 (the answer to each chunk): after dropping the chunk's ids, the chunk's index and
    digest and the hash of its own set. Each server is done only when the two hashes are equal, so a
    lost, replayed or reordered message can delay the close, never end it on two different sets.
-`step` plays one server's part; the servers' HTTP handlers only carry the messages.
+This module is the exchange's arithmetic on plaintext payloads (`differences`, `drops`,
+`take_drops`, `check_ack`); `protocols.reconciliation` plays each server's part through the channel,
+and the servers' HTTP handlers only carry the messages.
 
 What each party learns. Report ids are 16 random bytes, independent of the values, so: server 0 learns
 server 1's ids in the differing buckets and which of its own reports are one-sided, server 1 which of
@@ -37,22 +40,19 @@ they hold one set; a one-sided report changes neither what the analyst sees afte
 n) nor whether it succeeds. (While collecting, under substitution, each server's status shows its own
 count, so the analyst can see how many uploads reached one server only so far: crashed uploads,
 nothing about values; between the freeze and the end of the exchange it shows none.) Every report both servers hold is kept (only ids one server lacks are dropped).
-Re-running the exchange is safe at any point (a server crashed mid-close, a message resent): the sets
-only shrink, by ids the other server lacks, so a repeated exchange drops nothing more.
+Re-running the exchange is safe at any point (a server crashed mid-close, a message resent): every
+step is journalled on both sides and replayed, never answered afresh (`protocols.channel`).
 """
 from __future__ import annotations
 
 import hashlib
 import hmac
-import secrets
 from dataclasses import dataclass
 
 import numpy as np
 from Crypto.Cipher import AES
-from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import x25519
-from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
 from ..errors import DpcdfError
@@ -61,7 +61,6 @@ BUCKET_BYTES = 2
 BUCKETS = 1 << (8 * BUCKET_BYTES)
 DIGEST = 16
 ID_BYTES = 16
-_NONCE = 12
 CHUNK_IDS = 1 << 20  # report ids per part of message 3: 16 MiB, well under a server's 64 MiB body limit
 
 
@@ -161,72 +160,42 @@ def read_id_list(data: bytes) -> list[bytes]:
     return [data[j:j + ID_BYTES] for j in range(0, len(data), ID_BYTES)]
 
 
-def seal(key: bytes, rnd: int, fingerprint: bytes, payload: bytes) -> bytes:
-    """Message `rnd` (1, 2 or 3): its round byte, then nonce and AES-GCM ciphertext."""
-    nonce = secrets.token_bytes(_NONCE)
-    return bytes([rnd]) + nonce + AESGCM(_subkey(key, b"aead")).encrypt(nonce, payload, _aad(rnd, fingerprint))
-
-
-def open_sealed(key: bytes, fingerprint: bytes, message: object, expected: tuple[int, ...]) -> tuple[int, bytes]:
-    """(round, payload) of a message of one of the `expected` rounds, or SyncError (forged, another
-    task's or round's, or of the wrong shape)."""
-    raw = bytes(message) if isinstance(message, (bytes, bytearray)) else None
-    if raw is None or len(raw) < 1 + _NONCE:
-        raise SyncError("the sync message must be the bytes the other server sent")
-    rnd = raw[0]
-    if rnd not in expected:
-        raise SyncError(f"this server takes sync messages of round {' or '.join(map(str, expected))} here, not {rnd}")
-    try:
-        payload = AESGCM(_subkey(key, b"aead")).decrypt(raw[1:1 + _NONCE], raw[1 + _NONCE:], _aad(rnd, fingerprint))
-    except InvalidTag:
-        raise SyncError("the sync message is not the other server's for this task") from None
-    if rnd == 1 and len(payload) != BUCKETS * DIGEST or rnd == 2 and len(payload) < BUCKETS // 8:
-        raise SyncError("the sync message has the wrong length")
-    return rnd, payload
+@dataclass(frozen=True)
+class Drops:
+    """Server 0's move on message 2: the reports it drops (its own that server 1 lacks), and message 3
+    in chunks (`bodies`) with the exact acknowledgement each must get (`acks`)."""
+    drop: frozenset[bytes]
+    bodies: tuple[bytes, ...]
+    acks: tuple[bytes, ...]
 
 
 @dataclass(frozen=True)
-class Step:
-    """One server's move: the messages for the other server, the reports this server drops now, and
-    whether its part is done (it may then answer queries). For server 0's message 3, `acks` holds the
-    exact payload of server 1's acknowledgement of each chunk (`check_ack`)."""
-
-    replies: tuple[bytes, ...]
+class Taken:
+    """Server 1's move on a chunk of message 3: the reports it drops, its acknowledgement (message 4),
+    and whether it is done (the chunk was the last and its set hash equals server 0's)."""
     drop: frozenset[bytes]
+    ack: bytes
     done: bool
-    acks: tuple[bytes, ...] = ()
 
 
-def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: bytes | None,
-         chunk_ids: int | None = None) -> Step:
-    """Server `party`'s answer to the other server's message `sync` (None: the close starts) over its
-    frozen report ids: server 0 sends 1; server 1 answers 1 with 2; server 0 answers 2 with message 3
-    in chunks of at most `chunk_ids` ids (default CHUNK_IDS), each carrying its index, a last flag and
-    the keyed hash of server 0's set after its drops; server 1 drops each chunk's ids and acknowledges
-    it with message 4 (the chunk's index and digest, and the hash of its own set after the drops), and
-    is done only when that hash equals server 0's, so a lost, replayed or reordered chunk can never
-    leave the two servers reconciled on different sets. Raises SyncError for a message out of turn,
-    forged or of another task."""
-    if sync is None:
-        if party != 0:
-            raise SyncError("server 1 closes with server 0's sync message")
-        return Step((seal(key, 1, fingerprint, bucket_digests(key, ids)),), frozenset(), False)
-    if party == 1:
-        rnd, payload = open_sealed(key, fingerprint, sync, (1, 3))
-        if rnd == 3:
-            if len(payload) < _CHUNK_HEAD:
-                raise SyncError("the sync message is truncated")
-            drop = frozenset(read_id_list(payload[_CHUNK_HEAD:])) & frozenset(ids)
-            last = payload[4:5] == b"\x01"
-            mine = _raw_hash(key, [i for i in ids if i not in drop]) if last else _NO_HASH
-            ack = seal(key, 4, fingerprint, _ack(payload, mine))
-            return Step((ack,), drop, last and hmac.compare_digest(mine, payload[5:_CHUNK_HEAD]))
-        differ = differing(bucket_digests(key, ids), payload)
-        grouped = members(ids, buckets(key, ids), differ)
-        return Step((seal(key, 2, fingerprint, bitmap(differ) + id_table(differ, grouped)),), frozenset(), False)
-    _, payload = open_sealed(key, fingerprint, sync, (2,))
-    differ = from_bitmap(payload[:BUCKETS // 8])
-    theirs = read_id_table(payload[BUCKETS // 8:], differ)
+def differences(key: bytes, ids: list[bytes], digests: bytes) -> bytes:
+    """Message 2 (server 1's answer to server 0's bucket digests): the differing buckets' bitmap and
+    server 1's ids in each."""
+    if len(digests) != BUCKETS * DIGEST:
+        raise SyncError("the sync message has the wrong length")
+    differ = differing(bucket_digests(key, ids), digests)
+    return bitmap(differ) + id_table(differ, members(ids, buckets(key, ids), differ))
+
+
+def drops(key: bytes, ids: list[bytes], answer: bytes, chunk_ids: int | None = None) -> Drops:
+    """Server 0's answer to message 2 over its frozen ids: what it drops, and message 3 in chunks of at
+    most `chunk_ids` ids (default CHUNK_IDS), each with its index, a last flag and the keyed hash of
+    server 0's set after its drops. A function of `answer` and the set: over the set after these drops
+    it gives the same bodies (a close run again sends the same messages)."""
+    if len(answer) < BUCKETS // 8:
+        raise SyncError("the sync message has the wrong length")
+    differ = from_bitmap(answer[:BUCKETS // 8])
+    theirs = read_id_table(answer[BUCKETS // 8:], differ)
     grouped = members(ids, buckets(key, ids), differ)
     drop: set[bytes] = set()
     they_drop: set[bytes] = set()
@@ -236,17 +205,28 @@ def step(key: bytes, fingerprint: bytes, party: int, ids: list[bytes], sync: byt
     final = _raw_hash(key, [i for i in ids if i not in drop])
     listed, size = sorted(they_drop), chunk_ids or CHUNK_IDS
     starts = range(0, max(len(listed), 1), size)
-    bodies = [k.to_bytes(4, "big") + (b"\x01" if start + size >= len(listed) else b"\x00") + final
-              + id_list(listed[start:start + size]) for k, start in enumerate(starts)]
+    bodies = tuple(k.to_bytes(4, "big") + (b"\x01" if start + size >= len(listed) else b"\x00") + final
+                   + id_list(listed[start:start + size]) for k, start in enumerate(starts))
     acks = tuple(_ack(body, final if body[4:5] == b"\x01" else _NO_HASH) for body in bodies)  # must end at `final`
-    return Step(tuple(seal(key, 3, fingerprint, body) for body in bodies), frozenset(drop), True, acks)
+    return Drops(frozenset(drop), bodies, acks)
 
 
-def check_ack(key: bytes, fingerprint: bytes, message: bytes, expected: bytes) -> None:
+def take_drops(key: bytes, ids: list[bytes], body: bytes) -> Taken:
+    """Server 1's move on a chunk of message 3 over its ids: drop the chunk's ids it holds and
+    acknowledge (message 4: the chunk's index and digest, and at the last chunk the hash of its set
+    after the drops); done only if that hash equals server 0's, so a lost, replayed or reordered chunk
+    can never leave the two servers reconciled on different sets."""
+    if len(body) < _CHUNK_HEAD:
+        raise SyncError("the sync message is truncated")
+    drop = frozenset(read_id_list(body[_CHUNK_HEAD:])) & frozenset(ids)
+    last = body[4:5] == b"\x01"
+    mine = _raw_hash(key, [i for i in ids if i not in drop]) if last else _NO_HASH
+    return Taken(drop, _ack(body, mine), last and hmac.compare_digest(mine, body[5:_CHUNK_HEAD]))
+
+
+def check_ack(payload: bytes, expected: bytes) -> None:
     """Server 1's acknowledgement of a chunk of message 3 must be exactly `expected` (its index and
-    digest, and at the last chunk the hash of a set equal to server 0's); anything else, an empty or
-    foreign answer included, is a SyncError."""
-    _, payload = open_sealed(key, fingerprint, message, (4,))
+    digest, and at the last chunk the hash of a set equal to server 0's); anything else is a SyncError."""
     if not hmac.compare_digest(payload[:36], expected[:36]):
         raise SyncError("server 1 acknowledged another chunk")
     if not hmac.compare_digest(payload, expected):
@@ -269,7 +249,3 @@ def _raw_hash(key: bytes, ids: list[bytes]) -> bytes:
 def _subkey(key: bytes, label: bytes) -> bytes:
     """One key per use of K (PRF, set hash, digests, AEAD): HMAC(K, label)."""
     return hmac.new(key, label, hashlib.sha256).digest()
-
-
-def _aad(rnd: int, fingerprint: bytes) -> bytes:
-    return b"dpcdf sync round %d:" % rnd + fingerprint

@@ -147,6 +147,26 @@ CREATE TABLE IF NOT EXISTS check_batches (
 """
 
 
+# Added without a schema version change (at every open, when missing): the server-to-server exchanges'
+# journal (`dpcdf.service.protocols.channel`). One row per step a server took part in: role 'helper'
+# (it answered: the request it took and the answer it gave) or 'leader' (it asked: what it sent and the
+# answer it accepted). A step is answered once: a retry replays the row, other content is refused.
+EXCHANGES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS exchanges (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), role TEXT NOT NULL, kind INTEGER NOT NULL,
+    chunk INTEGER NOT NULL, request BLOB NOT NULL, answer BLOB NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (task_id, role, kind, chunk),
+    CHECK (role IN ('leader', 'helper') AND chunk >= 0)
+) STRICT
+"""
+
+
+class Exchange(NamedTuple):
+    """One journalled step: the request's payload and the answer's payload (plaintext)."""
+    request: bytes
+    answer: bytes
+
+
 class CheckBatch(NamedTuple):
     """One stored batch of round-one results (see CHECK_SCHEMA): n reports, arrays as bytes."""
     first_seq: int
@@ -206,6 +226,7 @@ class Store:
                         self.db.execute(statement)
                 self.db.execute(HISTOGRAM_SCHEMA)
                 self.db.execute(CHECK_SCHEMA)
+                self.db.execute(EXCHANGES_SCHEMA)
         except BaseException:
             self.db.close()
             raise
@@ -500,6 +521,28 @@ class Store:
             now = time.time()
             self.db.executemany("INSERT INTO segments (task_id, shard, array, n, file, sha256, set_hash, written) "
                                 "VALUES (?, ?, ?, ?, ?, ?, ?, ?)", ((task_id, *f, now) for f in files))
+
+    def exchange(self, task_id: str, role: str, kind: int, chunk: int) -> Exchange | None:
+        """The journalled step (request, answer) of this role, message kind and chunk, or None."""
+        with self.lock:
+            row = self.db.execute("SELECT request, answer FROM exchanges WHERE task_id = ? AND role = ? AND kind = ? "
+                                  "AND chunk = ?", (task_id, role, int(kind), int(chunk))).fetchone()
+        return None if row is None else Exchange(bytes(row[0]), bytes(row[1]))
+
+    def record_exchange(self, task_id: str, role: str, kind: int, chunk: int, request: bytes, answer: bytes) -> Exchange:
+        """Journals a step unless one is there already (committed before the answer leaves this
+        server); returns the stored step, the earlier one if two raced: the caller must send that."""
+        with self._transaction():
+            self.db.execute("INSERT OR IGNORE INTO exchanges VALUES (?, ?, ?, ?, ?, ?, ?)",
+                            (task_id, role, int(kind), int(chunk), bytes(request), bytes(answer), time.time()))
+            return self.exchange(task_id, role, kind, chunk)
+
+    def exchanged(self, task_id: str, role: str, kinds: Sequence[int]) -> int:
+        """How many steps of these message kinds this role has journalled for the task."""
+        marks = ",".join("?" * len(kinds))
+        with self.lock:
+            return self.db.execute(f"SELECT COUNT(*) FROM exchanges WHERE task_id = ? AND role = ? AND kind IN ({marks})",
+                                   (task_id, role, *map(int, kinds))).fetchone()[0]
 
     def segments(self, task_id: str) -> list[SegmentFile]:
         """The task's recorded segment files, by shard then array name (empty if none)."""

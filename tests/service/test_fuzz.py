@@ -30,7 +30,8 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from dpcdf.service import reconcile, round_one, verification
+from dpcdf.service import reconcile
+from dpcdf.service.protocols.channel import CHECK, Kind
 from dpcdf.service.client import make_reports
 from dpcdf.service.server import create_app
 from dpcdf.service.task import TaskConfig, token_hash
@@ -114,22 +115,19 @@ def world(tmp_path_factory) -> World:
         _check_reports(apps, configs[task_id])
     st0 = apps[0].state.server.task(OPEN)
     ids = [r.report_id for r in reports[OPEN][:8]]
-    first = reconcile.seal(st0.pair_key, 1, configs[OPEN].fingerprint, reconcile.bucket_digests(st0.pair_key, ids))
-    last = reconcile.seal(st0.pair_key, 3, configs[OPEN].fingerprint, reconcile.id_list(ids[:1]))
+    first = st0.channel.seal(Kind.DIGESTS, 0, reconcile.bucket_digests(st0.pair_key, ids))
+    last = st0.channel.seal(Kind.DROPS, 0, reconcile.id_list(ids[:1]))
     return World(apps, configs, stored, [r.to_bytes() for r in reports[OPEN][8:]], [first, last])
 
 
 def _check_reports(apps, config: TaskConfig) -> None:
-    """The close's report check (`verification`) between two in-process servers, messages passed directly."""
-    servers = [app.state.server for app in apps]
-    key, fp, check = servers[0].task(config.task_id).pair_key, config.fingerprint, config.check()
-    local0 = round_one.prepare(servers[0].store, config, 0, key)
-    helper = verification.Helper(round_one.prepare(servers[1].store, config, 1, key))
-    verdicts = verification.lead(local0, check, key, fp, lambda m: helper.answer(check, key, fp, m)[0])
-    for party, local, v in ((0, local0, verdicts), (1, helper.local, helper.all_verdicts())):
-        assert not v.any()  # honest reports
-        verification.finish(servers[party].store, config, party, key, local, v)
-        servers[party].store.mark(config.task_id, "verified")
+    """The close's report check (`protocols.report_check`) between two in-process servers, messages
+    passed directly."""
+    states = [app.state.server.task(config.task_id) for app in apps]
+    helper = states[1].helper()
+    states[0].check_leader().run(lambda m: helper.answer(states[1].channel.open(m, CHECK, helper.context)))
+    for st in states:
+        assert st.store.marked(config.task_id, "verified") and not st.store.rejections(config.task_id)  # honest reports
 
 
 # --- sending a request and checking its answer -----------------------------------------------------------

@@ -109,7 +109,7 @@ def test_sync_messages_that_do_not_open_under_the_servers_key_are_refused(server
                                  (sync[0], b"\x02" + bytes(60), "only server 1 takes reconciliation messages")]:
         with pytest.raises(ServerError, match=f"400 .*{why}"):
             fetch("POST", target, message, content_type="application/octet-stream")
-    with pytest.raises(ServerError, match="400 the sync message is not the other server's"):  # as for a forged one
+    with pytest.raises(ServerError, match="400 the message is not the other server's"):  # as for a forged one
         fetch("POST", f"{config.servers[1]}/tasks/nosuchtask/sync", b"\x01" + bytes(60), content_type="application/octet-stream")
     assert Analyst(config, token).close() == 10
 

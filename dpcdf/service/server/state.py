@@ -18,11 +18,14 @@ from fss import KeyBatch, backend
 
 import numpy as np
 
-from .. import reconcile, round_one, verification
+from .. import reconcile, round_one
 from ..aggregate import Aggregator, Histogram
 from .. import segments
 from ..files import write_secret
 from ..hpke import ServerKeys
+from ..protocols.channel import Channel
+from ..protocols.reconciliation import ReconcileHelper, ReconcileLeader
+from ..protocols.report_check import CheckHelper, CheckLeader
 from ..store import Store
 from ..task import TaskConfig, token_hash
 from ...errors import DpcdfError
@@ -34,7 +37,7 @@ log = logging.getLogger("dpcdf.server")
 class TaskState:
     """A task's config, aggregator and the cache of key shares loaded from the store."""
 
-    def __init__(self, config: TaskConfig, party: int, seed: bytes, noise: bool, keys: ServerKeys):
+    def __init__(self, config: TaskConfig, party: int, seed: bytes, noise: bool, keys: ServerKeys, store: Store):
         self.config = config
         self.pair_key = pair_key(config, party, keys)
         self.dcf = config.dcf()
@@ -43,32 +46,59 @@ class TaskState:
         self.sealed = False  # shards are the reconciled task's segments
         self.seq = 0
         self.party = party
+        self.store = store
         self.lock = threading.Lock()
         # the task's close and its queries one at a time: each uses every core, and a close must not
         # interleave with the task's answers; other tasks' closes and queries do not wait for it
         self.answering = threading.Lock()
-        self._checking: verification.Helper | None = None  # server 1's side of a verified close
+        # every server-to-server message of the task, journalled: each step answered once (issue 20)
+        self.channel = Channel(self.pair_key, config.fingerprint, config.task_id, store, "leader" if party == 0 else "helper")
+        self._checking: CheckHelper | None = None  # server 1's side of a verified close
         self._preparing = threading.Lock()
         self._histogram: Histogram | None = None
 
-    def helper(self, store: Store) -> verification.Helper:
-        """Server 1's state for the report check: its round one over the reconciled set, computed
+    def reconciliation(self) -> ReconcileLeader | ReconcileHelper:
+        """This server's side of the reconciliation."""
+        if self.party == 0:
+            return ReconcileLeader(self.channel, self.store, self.config.task_id, self.pair_key, self.forget_keys)
+        return ReconcileHelper(self.channel, self.store, self.config.task_id, self.pair_key, self.forget_keys,
+                               self._reconciled)
+
+    def check_leader(self) -> CheckLeader:
+        """Server 0's side of the report check, over its round one read back for R."""
+        local = round_one.prepare(self.store, self.config, 0, self.pair_key)
+        return CheckLeader(self.channel, self.store, self.config, self.pair_key, local)
+
+    def _reconciled(self) -> None:
+        """Server 1 just reconciled: round one of the check, or the segments, while server 0 goes on."""
+        if self.config.verify:
+            self.prepare_in_background()
+        else:
+            self.refresh(self.store, self.store.frozen(self.config.task_id).seq)
+
+    def helper(self) -> CheckHelper:
+        """Server 1's side of the report check: its round one over the reconciled set, computed
         once (started in the background when its reconciliation ends, `prepare_in_background`)."""
         with self._preparing:
             if self._checking is None:  # R changes only by reconciliation drops, which forget it (`forget_keys`)
-                self._checking = verification.Helper(round_one.prepare(store, self.config, self.party, self.pair_key))
+                local = round_one.prepare(self.store, self.config, self.party, self.pair_key)
+                self._checking = CheckHelper(self.channel, self.store, self.config, self.pair_key, local)
             return self._checking
 
-    def prepare_in_background(self, store: Store) -> None:
-        threading.Thread(target=self.helper, args=(store,), name=f"check-{self.config.task_id}", daemon=True).start()
+    def check_context(self) -> bytes:
+        """H_R, the keyed hash of the report set the check runs on (before it, the set as it stands)."""
+        return bytes.fromhex(reconcile.set_hash(self.pair_key, self.store.reconciled_ids(self.config.task_id)))
 
-    def helper_if_ready(self, store: Store) -> verification.Helper | None:
+    def prepare_in_background(self) -> None:
+        threading.Thread(target=self.helper, name=f"check-{self.config.task_id}", daemon=True).start()
+
+    def helper_if_ready(self) -> CheckHelper | None:
         """The helper if its round one is done; else None, after making sure it is being computed
         (server 0 asks again: a request never waits for a whole evaluation of the reports)."""
         if self._checking is not None:
             return self._checking
         if not self._preparing.locked():
-            self.prepare_in_background(store)
+            self.prepare_in_background()
         return None
 
     def histogram(self, store: Store) -> Histogram:
@@ -286,7 +316,7 @@ class Server:
                     row = self.store.task(task_id)
                     if row is None:
                         raise HttpError(404, f"unknown task {task_id}")
-                    st = TaskState(TaskConfig.from_json(row[0]), self.party, row[1], self.noise, self.keys)
+                    st = TaskState(TaskConfig.from_json(row[0]), self.party, row[1], self.noise, self.keys, self.store)
                     st.aggregator.evaluator = self.evaluator
                     with self._tasks_lock:
                         st = self._tasks.setdefault(task_id, st)

@@ -1,6 +1,8 @@
 """POST /tasks (register); for the analyst GET /tasks/{id} (status) and POST /tasks/{id}/close (close
 the collection, reconcile the servers, and for a verified task check every report); between the
-servers POST /tasks/{id}/sync (`reconcile`) and /tasks/{id}/verify (`verification`)."""
+servers POST /tasks/{id}/sync and /tasks/{id}/verify. The protocols themselves live in
+`dpcdf.service.protocols` (Leader/Helper objects over one Channel per task): these handlers only
+parse, authenticate and call them."""
 from __future__ import annotations
 
 import secrets
@@ -9,10 +11,12 @@ import time
 from fastapi import APIRouter, Response
 
 from ....errors import DpcdfError
-from ... import reconcile, round_one, verification
+from ... import reconcile
 from ...hpke import public_key
 from ...http import ServerError, fetch
-from ...store import AlreadyAnswered
+from ...protocols.channel import CHECK, RECONCILIATION, Kind, Message, Refused
+from ...protocols.reconciliation import finish, say_done
+from ...protocols.report_check import ready_mark
 from ...task import TaskConfig
 from ..deps import THROTTLED, AnalystTaskDep, OperatorDep, RawBody, ServerDep
 from ..errors import HttpError
@@ -83,106 +87,99 @@ def close(srv: ServerDep, st: AnalystTaskDep) -> CloseResponse:
         if store.frozen(task_id) is None and store.count(task_id) < st.config.min_batch:
             raise HttpError(403, f"the task has {store.count(task_id)} reports; queries need at least {st.config.min_batch}")
         store.freeze(task_id, st.set_hash)
-        helper = f"{st.config.servers[1]}/tasks/{task_id}/sync"
-        key, fp = st.pair_key, st.config.fingerprint
-        if not store.marked(task_id, "reconciled"):  # once server 0 is, server 1 is too (it is done before its last ack)
-            try:
-                answer = _peer(helper, _play(srv, st, None).replies[0])
-                last = _play(srv, st, answer)
-                for chunk, expected in zip(last.replies, last.acks):
-                    reconcile.check_ack(key, fp, _peer(helper, chunk), expected)
-            except reconcile.SyncError as exc:  # a peer answer that is not server 1's
-                raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
-            store.mark(task_id, "reconciled")
-        if st.config.verify:
-            _check_reports(srv, st, f"{st.config.servers[1]}/tasks/{task_id}/verify")
-        else:
-            st.refresh(store, store.frozen(task_id).seq)  # the key shares into their segments, once, now
+        base = f"{st.config.servers[1]}/tasks/{task_id}"
+        try:
+            st.reconciliation().run(lambda m: _peer(f"{base}/sync", m))
+            if st.config.verify:
+                if not store.marked(task_id, "verified"):
+                    st.check_leader().run(lambda m: _peer(f"{base}/verify", m, patient=True))
+            else:
+                st.refresh(store, store.frozen(task_id).seq)  # the key shares into their segments, once, now
+            say_done(st.channel, lambda m: _peer(f"{base}/sync", m))
+        except Refused as exc:
+            raise HttpError(409, f"the close cannot go on: {exc}") from None
+        except reconcile.SyncError as exc:  # an answer that is not server 1's, or that does not fit
+            raise HttpError(502, f"server 1 did not take part in the close as the protocol says ({exc})") from None
         return CloseResponse(party=0, **reconciled_view(srv, st))
-
-
-def _check_reports(srv: Server, st: TaskState, helper: str) -> None:
-    """A verified task's report check with server 1 (`verification`), once reconciled; 502 if server 1
-    does not take part or ends on another set (closing again runs it again, with the same outcome)."""
-    store, config, key, fp = srv.store, st.config, st.pair_key, st.config.fingerprint
-    if store.marked(config.task_id, "verified"):
-        return
-    local = round_one.prepare(store, config, 0, key)
-    try:
-        verdicts = verification.lead(local, config.check(), key, fp, lambda m: _peer(helper, m, patient=True))
-        mine = verification.finish(store, config, 0, key, local, verdicts)
-        theirs = verification.read_final_answer(_peer(helper, verification.finish_message(local, mine, key, fp)), key, fp)
-    except reconcile.SyncError as exc:
-        raise HttpError(502, f"server 1 did not take part in the report check ({exc}); close again to retry") from None
-    if not verification.mark_if_agreed(store, config.task_id, mine, theirs):
-        raise HttpError(502, "the servers' report sets differ after the report check; close again to retry")
 
 
 @router.post("/{task_id}/verify", response_class=Response, responses={**errors(400, 409, 503), 200: _OCTET_ANSWER},
              openapi_extra=_OCTET_BODY)
 def verify_reports(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
-    """Server 0's report-check messages to server 1 (binary, `verification`), for verified tasks
-    once both servers are reconciled. No token: like /sync, a message counts only if it opens under
-    the servers' shared key."""
-    if srv.party != 1:
-        raise HttpError(400, "only server 1 takes report-check messages")
-    try:
-        st = srv.task(task_id)
-        reconcile.open_sealed(st.pair_key, st.config.fingerprint, raw, (5, 7, 9))
-    except (HttpError, reconcile.SyncError):  # unknown task or forged: one answer, no probing
-        raise HttpError(400, "the check message is not the other server's for this task") from None
-    store, key, fp = srv.store, st.pair_key, st.config.fingerprint
+    """Server 0's report-check messages to server 1 (binary, `protocols.report_check`), for verified
+    tasks once both servers are reconciled. No token: like /sync, a message counts only
+    if it opens under the servers' shared key, for this task, step and report set. Each step is
+    answered once (409 for other content at an answered step, or for anything once the task is done)."""
+    st = _peer_task(srv, task_id, "report-check")
+    store = srv.store
     if not st.config.verify or not store.marked(task_id, "reconciled"):
+        if store.frozen(task_id) is None:
+            raise HttpError(400, FORGED)
+        _open(st, raw, CHECK, st.check_context())  # 400 unless it is the other server's, for this report set
         raise HttpError(409, "the report check starts once the task is verified and reconciled")
-    helper = st.helper_if_ready(store)
+    helper = st.helper_if_ready()
     if helper is None:
         raise HttpError(503, "server 1 is still evaluating its reports for the check; send again shortly",
                         {"Retry-After": "1"})
+    message = _open(st, raw, CHECK, helper.context)
     with st.answering:
         try:
-            reply, final = helper.answer(st.config.check(), key, fp, raw)
+            return Response(helper.answer(message), media_type=OCTETS)
+        except Refused as exc:
+            raise HttpError(409, str(exc)) from None
         except reconcile.SyncError as exc:
             raise HttpError(400, str(exc)) from None
-        if final is not None:
-            mine = verification.finish(store, st.config, 1, key, helper.local, helper.all_verdicts())
-            verification.mark_if_agreed(store, task_id, mine, final.hex())
-            reply = verification.final_answer(mine, key, fp)
-    return Response(reply, media_type=OCTETS)
 
 
 @router.post("/{task_id}/sync", response_class=Response, responses={**errors(400, 409), 200: _OCTET_ANSWER},
              openapi_extra=_OCTET_BODY)
 def sync(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
-    """Server 0's reconciliation messages to server 1 (binary). No token: a message counts only if it
-    opens under the key the two servers share for this task (AES-GCM under K, bound to the round and
-    the task), which no client or analyst can compute. The first message closes the collection here."""
-    if srv.party != 1:
-        raise HttpError(400, "only server 1 takes reconciliation messages")
-    try:
-        st = srv.task(task_id)
-    except HttpError:  # an unknown task gets the answer a forged message gets: no probing task ids here
-        raise HttpError(400, "the sync message is not the other server's for this task") from None
-    try:  # one that does not open (forged, another task's) is refused before it closes the collection
-        reconcile.open_sealed(st.pair_key, st.config.fingerprint, raw, (1, 3))
-    except reconcile.SyncError:  # the same answer as for an unknown task
-        raise HttpError(400, "the sync message is not the other server's for this task") from None
+    """Server 0's reconciliation messages to server 1 (binary, `protocols.reconciliation`), and its
+    DONE at the end of every close. No token: a message counts only if it opens under the key the two
+    servers share for this task (AES-GCM, bound to the kind, the chunk and the task), which no client
+    or analyst can compute. The first message closes the collection here. Each step is answered once
+    (409 for other content at an answered step, for a new step once reconciled, or for anything once
+    the task is done)."""
+    st = _peer_task(srv, task_id, "reconciliation")
+    message = _open(st, raw, (*RECONCILIATION, Kind.DONE))
     with st.answering:
-        srv.store.freeze(st.config.task_id, st.set_hash)
-        move = _play(srv, st, raw)
-        if move.done:
-            srv.store.mark(st.config.task_id, "reconciled")
-            if st.config.verify:
-                st.prepare_in_background(srv.store)  # round one of the check, while server 0 does its own
-            else:
-                st.refresh(srv.store, srv.store.frozen(st.config.task_id).seq)  # segments written at the close
-    return Response(move.replies[0], media_type=OCTETS)
+        try:
+            if message.kind == Kind.DONE:
+                return Response(finish(st.channel, srv.store, task_id, message, ready_mark(st.config)), media_type=OCTETS)
+            return Response(st.reconciliation().answer(message), media_type=OCTETS)
+        except Refused as exc:
+            raise HttpError(409, str(exc)) from None
+        except reconcile.SyncError as exc:
+            raise HttpError(400, str(exc)) from None
+
+
+def _peer_task(srv: Server, task_id: str, what: str) -> TaskState:
+    """The task a server-to-server message names, on server 1 only; an unknown task gets the answer
+    a forged message gets (no probing of task ids here)."""
+    if srv.party != 1:
+        raise HttpError(400, f"only server 1 takes {what} messages")
+    try:
+        return srv.task(task_id)
+    except HttpError:
+        raise HttpError(400, FORGED) from None
+
+
+def _open(st: TaskState, raw: bytes, kinds: tuple, context: bytes = b"") -> Message:
+    """The message, if it opens under the servers' key for this task (400 otherwise, one answer)."""
+    try:
+        return st.channel.open(raw, kinds, context)
+    except reconcile.SyncError:
+        raise HttpError(400, FORGED) from None
+
+
+FORGED = "the message is not the other server's for this task"
 
 
 def _peer(url: str, message: bytes, patient: bool = False) -> bytes:
     """One message to server 1 and its answer; 502 if it does not come (PEER_TIMEOUT per socket
-    operation, so a peer that accepts but never answers holds the close for a minute, not forever).
-    `patient`: a 503 (server 1 still evaluating its reports for the check) is sent again each second
-    for up to CHECK_WAIT seconds."""
+    operation, so a peer that accepts but never answers holds the close for a minute, not forever),
+    `Refused` if server 1 refuses it (409). `patient`: a 503 (server 1 still evaluating its reports
+    for the check) is sent again each second for up to CHECK_WAIT seconds."""
     deadline = time.monotonic() + CHECK_WAIT
     while True:
         try:
@@ -191,26 +188,9 @@ def _peer(url: str, message: bytes, patient: bool = False) -> bytes:
             if patient and exc.status == 503 and time.monotonic() < deadline:
                 time.sleep(1)
                 continue
+            if exc.status == 409:
+                raise Refused(f"server 1 refused: {exc}") from None
             raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
-
-
-def _play(srv: Server, st: TaskState, message: bytes | None) -> reconcile.Step:
-    """This server's move on its frozen ids, its drops applied (400 for a message that does not open)."""
-    task_id = st.config.task_id
-    try:
-        # over the set before the report check: a check's exclusions are not one-sided reports (a close
-        # repeated after server 0's check excluded some must not make server 1 drop them as such)
-        move = reconcile.step(st.pair_key, st.config.fingerprint, srv.party, srv.store.reconciled_ids(task_id), message)
-    except reconcile.SyncError as exc:
-        raise HttpError(400, str(exc)) from None
-    if move.drop:
-        st.forget_keys()  # the loaded key shares were of the larger set
-        try:
-            srv.store.exclude(task_id, sorted(move.drop), st.set_hash)
-        except AlreadyAnswered:
-            raise HttpError(409, "the servers' report sets differ and this server has already answered: "
-                                 "the task cannot be reconciled") from None
-    return move
 
 
 def reconciled_view(srv: Server, st: TaskState) -> dict:

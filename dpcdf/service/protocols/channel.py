@@ -1,0 +1,170 @@
+"""The one channel every server-to-server message goes through: the servers' shared key, the task's
+fingerprint, named message kinds, and the one-shot rule.
+
+Wire format of a message: kind (1 byte) || chunk (u32, big-endian) || nonce (12) || AES-GCM(payload),
+under a subkey of the pair key K (`reconcile.pair_key`), with associated data
+"dpcdf channel v2" || kind || chunk || fingerprint || context, where the context is the report set's
+keyed hash H_R for the report check's messages (both servers hold R by then) and empty for the
+reconciliation's. A message opens only for its task, its kind, its chunk and, in the check, its R.
+
+The one-shot rule (what a deviating server faces; docs/verification.md § A deviating server):
+- Helper (server 1): every step (kind, chunk) of a task is answered at most once. The request's
+  payload and the answer are journalled (SQLite, `Store.record_exchange`) before the answer leaves;
+  the same request again (a retry) gets the journalled answer, other content for that step is refused
+  (`Refused`, HTTP 409) and changes nothing. Once the task is finished (server 0's DONE, or a query
+  answered), every message is refused, replays too.
+- Leader (server 0): the first valid answer to each step is journalled before anything is computed
+  from it; a retried close uses the journalled answer and never asks again, so server 0 computes each
+  of its replies (its check values V_0) on one input only.
+Each step's answer is thus a function of one request: no server can ask the other the same question
+about a report twice with different inputs (the two-message attack of issue 20).
+"""
+from __future__ import annotations
+
+import hashlib
+import hmac
+import secrets
+from dataclasses import dataclass
+from enum import IntEnum
+from typing import Callable
+
+from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+from ..reconcile import SyncError
+from ..store import Mark, Store
+
+_NONCE = 12
+_HEAD = 1 + 4
+LABEL = b"dpcdf channel v2"
+
+
+class Kind(IntEnum):
+    """The message kinds, in protocol order (the numbers of docs/service.md and docs/verification.md)."""
+    DIGESTS = 1        # reconciliation, server 0 -> 1: bucket digests of its report ids
+    DIFFERENCES = 2    # the answer: the differing buckets and server 1's ids in them
+    DROPS = 3          # server 0 -> 1, chunked: ids server 1 drops, with server 0's final set hash
+    DROPS_ACK = 4      # the answer: the chunk's digest and server 1's set hash
+    CHECK_OPEN = 5     # report check, server 0 -> 1, chunked: its round-one messages (e_0, top_0)
+    CHECK_ANSWER = 6   # the answer: server 1's round-one messages and its values V_1
+    CHECK_VALUES = 7   # server 0 -> 1, chunked: its values V_0
+    CHECK_ACK = 8      # the answer: the chunk's digest
+    CHECK_FINISH = 9   # server 0 -> 1: its set hash after the exclusions
+    CHECK_FINAL = 10   # the answer: server 1's
+    DONE = 11          # server 0 -> 1: the close is over; server 1 answers no further message
+    DONE_ACK = 12
+
+
+ANSWER = {Kind.DIGESTS: Kind.DIFFERENCES, Kind.DROPS: Kind.DROPS_ACK, Kind.CHECK_OPEN: Kind.CHECK_ANSWER,
+          Kind.CHECK_VALUES: Kind.CHECK_ACK, Kind.CHECK_FINISH: Kind.CHECK_FINAL, Kind.DONE: Kind.DONE_ACK}
+RECONCILIATION = (Kind.DIGESTS, Kind.DROPS)
+CHECK = (Kind.CHECK_OPEN, Kind.CHECK_VALUES, Kind.CHECK_FINISH)
+_BOUND = frozenset((*CHECK, Kind.CHECK_ANSWER, Kind.CHECK_ACK, Kind.CHECK_FINAL))  # carry H_R in their AAD
+
+
+class Refused(SyncError):
+    """A message this server will not answer (HTTP 409): a step already answered for other content,
+    a step out of phase, or any message once the task's exchange is finished."""
+
+
+@dataclass(frozen=True)
+class Message:
+    kind: Kind
+    chunk: int
+    payload: bytes
+
+
+class Channel:
+    """Task `task_id`'s messages between the two servers, under the pair key `key`, journalled in
+    `store` as `role` ('leader' on server 0, 'helper' on server 1)."""
+
+    def __init__(self, key: bytes, fingerprint: bytes, task_id: str, store: Store, role: str):
+        if role not in ("leader", "helper"):
+            raise ValueError(f"a channel's role is 'leader' or 'helper', not {role!r}")
+        self.fingerprint, self.task_id, self.store, self.role = bytes(fingerprint), task_id, store, role
+        self._aead = AESGCM(hmac.new(key, b"channel aead v2", hashlib.sha256).digest())
+
+    # --- the wire ---------------------------------------------------------------------------------
+    def _aad(self, head: bytes, context: bytes) -> bytes:
+        fp = self.fingerprint
+        return LABEL + head + len(fp).to_bytes(2, "big") + fp + context
+
+    def seal(self, kind: Kind, chunk: int, payload: bytes, context: bytes = b"") -> bytes:
+        head = bytes([kind]) + int(chunk).to_bytes(4, "big")
+        nonce = secrets.token_bytes(_NONCE)
+        return head + nonce + self._aead.encrypt(nonce, bytes(payload), self._aad(head, self._context(kind, context)))
+
+    def open(self, raw: object, expected: tuple[Kind, ...], context: bytes = b"") -> Message:
+        """The message if it is one of the `expected` kinds of this task (and R, for the check's);
+        SyncError otherwise (forged, another task's, kind or report set's, truncated)."""
+        data = bytes(raw) if isinstance(raw, (bytes, bytearray, memoryview)) else None
+        if data is None or len(data) < _HEAD + _NONCE + 16:
+            raise SyncError("the message must be the bytes the other server sent")
+        kind = data[0]
+        if kind not in {int(k) for k in expected}:
+            raise SyncError(f"this server takes messages of kind {', '.join(str(int(k)) for k in expected)} here, not {kind}")
+        kind, head = Kind(kind), data[:_HEAD]
+        try:
+            payload = self._aead.decrypt(data[_HEAD:_HEAD + _NONCE], data[_HEAD + _NONCE:],
+                                         self._aad(head, self._context(kind, context)))
+        except InvalidTag:
+            raise SyncError("the message is not the other server's for this task and step") from None
+        return Message(kind, int.from_bytes(head[1:], "big"), payload)
+
+    @staticmethod
+    def _context(kind: Kind, context: bytes) -> bytes:
+        return bytes(context) if kind in _BOUND else b""
+
+    # --- server 1: answer each step once ----------------------------------------------------------
+    def finished(self) -> bool:
+        """Whether the task's exchange is over on this server: server 0 said DONE, or a query was
+        answered (the release is out: no protocol message may change what it rests on)."""
+        return (self.store.exchange(self.task_id, "helper", Kind.DONE, 0) is not None
+                or self.store.marked(self.task_id, Mark.ANSWERED))
+
+    def answer_once(self, message: Message, compute: Callable[[bytes], bytes], context: bytes = b"",
+                    new_steps: bool = True) -> bytes:
+        """The sealed answer to `message`: the journalled one if this step was answered for the same
+        payload, else `compute(payload)` journalled first. `Refused` for other content at an answered
+        step, for a new step when `new_steps` is False (the protocol is past it), and for anything
+        once `finished`."""
+        if self.finished():
+            raise Refused("this task's exchange between the servers is finished: no further message is answered")
+        kind, chunk = message.kind, message.chunk
+        done = self.store.exchange(self.task_id, "helper", kind, chunk)
+        if done is None:
+            if not new_steps:
+                raise Refused(f"step {int(kind)}/{chunk} comes too late: this server is past it")
+            done = self.store.record_exchange(self.task_id, "helper", kind, chunk, message.payload, compute(message.payload))
+        if not hmac.compare_digest(done.request, message.payload):
+            raise Refused(f"step {int(kind)}/{chunk} was answered for another message; it is answered once")
+        return self.seal(ANSWER[kind], chunk, done.answer, context)
+
+    def request(self, kind: Kind, chunk: int) -> bytes | None:
+        """The request this server took at a step it answered (None if not answered)."""
+        row = self.store.exchange(self.task_id, "helper", kind, chunk)
+        return None if row is None else row.request
+
+    def answered(self, kind: Kind, chunk: int) -> bytes | None:
+        """The answer this server gave at a step (None if not answered)."""
+        row = self.store.exchange(self.task_id, "helper", kind, chunk)
+        return None if row is None else row.answer
+
+    # --- server 0: ask each step once -------------------------------------------------------------
+    def exchange(self, kind: Kind, chunk: int, payload: bytes | Callable[[], bytes], send: Callable[[bytes], bytes],
+                 check: Callable[[bytes], None] = lambda answer: None, context: bytes = b"", same: bool = True) -> bytes:
+        """The other server's answer payload to this server's step (kind, chunk): the journalled one,
+        if any (then nothing is sent; `same`: the payload must equal what was sent, else SyncError);
+        else `payload` is sent through `send` and the answer, once it opens as this step's and passes
+        `check` (which raises SyncError), is journalled before it is returned."""
+        done = self.store.exchange(self.task_id, "leader", kind, chunk)
+        if done is not None:
+            if same and not hmac.compare_digest(done.request, payload() if callable(payload) else payload):
+                raise SyncError(f"this server's message at step {int(kind)}/{chunk} changed since it was sent")
+            return done.answer
+        body = payload() if callable(payload) else payload
+        answer = self.open(send(self.seal(kind, chunk, body, context)), (ANSWER[kind],), context)
+        if answer.chunk != chunk:
+            raise SyncError(f"the other server answered step {int(kind)}/{answer.chunk}, not {int(kind)}/{chunk}")
+        check(answer.payload)
+        return self.store.record_exchange(self.task_id, "leader", kind, chunk, body, answer.payload).answer
