@@ -9,31 +9,46 @@ Three parts, dependencies one way (`fss` <- release <- service <- CLI/demo; apps
 service's analyst): `dpcdf.release` (the central DP release), `dpcdf.service` (two servers, clients,
 the analyst), `dpcdf.apps` (ROC/AUC, Hosmer-Lemeshow, plots). `dpcdf.Analyst`, the CLI and the demo
 sit on top of all three.
-"""
-from .apps.hosmer_lemeshow import HosmerLemeshow, hosmer_lemeshow
-from .apps.hosmer_lemeshow_direct import NoisyHosmerLemeshow, hosmer_lemeshow_direct
-from .apps.roc import RocRelease, roc
-from .errors import DomainError, DpcdfError, ParameterError
-from .release import metrics
-from .release.ecdf import Release, prefix_counts, quantiles, release_ecdf
-from .release.grid import Grid
-from .release.adaptive import AdaptiveMechanism
-from .release.mechanisms import PathMechanism, TreeMechanism
-from .release.factorization import SqrtFactorizationMechanism, sqrt_factorization
-from .release.zcdp import GaussianTreeMechanism, gaussian_tree
 
-__all__ = ["AdaptiveMechanism", "DomainError", "DpcdfError", "GaussianTreeMechanism", "Grid", "HosmerLemeshow", "NoisyHosmerLemeshow", "ParameterError", "PathMechanism", "Release",
-           "RocRelease", "SqrtFactorizationMechanism", "TreeMechanism", "gaussian_tree", "hosmer_lemeshow", "hosmer_lemeshow_direct", "metrics", "prefix_counts", "quantiles", "release_ecdf", "roc", "sqrt_factorization"]
+Every public name is loaded when first used (PEP 562): `import dpcdf` costs the error classes only,
+so `dpcdf --help` does not wait for numba, scipy or the service.
+"""
+from __future__ import annotations
+
+import importlib
+
+from .errors import DomainError, DpcdfError, ParameterError
+
+# public name -> the module that defines it (loaded at first use)
+_LAZY = {
+    "HosmerLemeshow": ".apps.hosmer_lemeshow", "hosmer_lemeshow": ".apps.hosmer_lemeshow",
+    "NoisyHosmerLemeshow": ".apps.hosmer_lemeshow_direct", "hosmer_lemeshow_direct": ".apps.hosmer_lemeshow_direct",
+    "RocRelease": ".apps.roc", "roc": ".apps.roc",
+    "Release": ".release.ecdf", "prefix_counts": ".release.ecdf", "quantiles": ".release.ecdf",
+    "release_ecdf": ".release.ecdf",
+    "Grid": ".release.grid",
+    "AdaptiveMechanism": ".release.adaptive",
+    "PathMechanism": ".release.mechanisms", "TreeMechanism": ".release.mechanisms",
+    "SqrtFactorizationMechanism": ".release.factorization", "sqrt_factorization": ".release.factorization",
+    "GaussianTreeMechanism": ".release.zcdp", "gaussian_tree": ".release.zcdp",
+    "Analyst": ".analyst",
+}
+_SUBMODULES = {"metrics": ".release.metrics", "reconcile": ".service.reconcile", "release": ".release",
+               "service": ".service", "apps": ".apps", "errors": ".errors"}
+
+__all__ = sorted(["DomainError", "DpcdfError", "ParameterError", "metrics", *(n for n in _LAZY if n != "Analyst")])
 
 
 def __getattr__(name: str):
-    """`dpcdf.Analyst` and `dpcdf.reconcile` load the service (HTTP, HPKE) only when asked for."""
-    if name == "Analyst":
-        from .analyst import Analyst
+    if name in _LAZY:
+        value = getattr(importlib.import_module(_LAZY[name], __name__), name)
+    elif name in _SUBMODULES:
+        value = importlib.import_module(_SUBMODULES[name], __name__)
+    else:
+        raise AttributeError(f"module 'dpcdf' has no attribute {name!r}")
+    globals()[name] = value
+    return value
 
-        return Analyst
-    if name == "reconcile":
-        from .service import reconcile
 
-        return reconcile
-    raise AttributeError(f"module 'dpcdf' has no attribute {name!r}")
+def __dir__() -> list[str]:
+    return sorted(set(globals()) | set(_LAZY) | set(_SUBMODULES))

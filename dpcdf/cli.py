@@ -1,32 +1,76 @@
-"""The `dpcdf` command: serve, task, submit, query, demo."""
+"""The `dpcdf` command: serve, task, submit, close, query, demo, warm-up.
+
+Every error ends the command with one line `dpcdf: ...` on stderr and exit status 2, never a
+traceback (DPCDF_DEBUG=1 shows the traceback of an unexpected one). The heavy modules (numpy, numba,
+the service, scipy) load inside the command that needs them, so `dpcdf --help` answers at once.
+"""
 from __future__ import annotations
 
 import argparse
-import dataclasses
 import csv
 import json
+import math
+import os
 import sys
 from pathlib import Path
 
-import numpy as np
+from .errors import DpcdfError, ParameterError
 
-from .analyst import Analyst
-from .errors import DpcdfError
-from .release.ecdf import POSTPROCESS
-from .service.client import UploadIncomplete, create_task, submit
-from .service.files import write_secret
-from .service.task import TaskConfig
+DEBUG_ENV = "DPCDF_DEBUG"
+POSTPROCESS_CHOICES = ["auto", "none", "monotone", "monotone-l1", "sparse", "smooth"]  # dpcdf.release.ecdf.POSTPROCESS (a test checks)
+
+
+class CliError(DpcdfError):
+    """A mistake on the command line or in its input files."""
+
+
+class Parser(argparse.ArgumentParser):
+    """argparse with its errors as one line (`dpcdf: ...`, exit 2) and defaults in every --help."""
+
+    def __init__(self, *args, **kwargs):
+        kwargs.setdefault("formatter_class", HelpFormatter)
+        super().__init__(*args, **kwargs)
+
+    def error(self, message: str):
+        print(f"dpcdf: {self.prog.removeprefix('dpcdf ')}: {message} (see {self.prog} --help)"
+              if self.prog != "dpcdf" else f"dpcdf: {message} (see dpcdf --help)", file=sys.stderr)
+        sys.exit(2)
+
+
+class HelpFormatter(argparse.RawDescriptionHelpFormatter):
+    """Shows each option's default, unless it has none (None, False) or the help already says it."""
+
+    def _get_help_string(self, action: argparse.Action) -> str:
+        text = action.help or ""
+        default = action.default
+        if (default is None or default is False or default == [] or default is argparse.SUPPRESS
+                or "default" in text or action.option_strings == [] or isinstance(action, argparse._HelpAction)):
+            return text
+        shown = " ".join(map(str, default)) if isinstance(default, (list, tuple)) else default
+        return f"{text} (default: {shown})"
 
 
 def parse_grid(spec: str) -> dict:
     """uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,..."""
+    usage = f"--grid must be uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,... (e.g. uniform:0:100:10), got {spec!r}"
     kind, _, rest = spec.partition(":")
-    if kind in ("uniform", "log"):
-        lo, hi, bits = rest.split(":")
-        return {"kind": kind, "lo": float(lo), "hi": float(hi), "bits": int(bits)}
-    if kind == "thresholds":
-        return {"kind": kind, "values": [float(v) for v in rest.split(",")]}
-    raise DpcdfError(f"grid must be uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,..., got {spec!r}")
+    try:
+        if kind in ("uniform", "log"):
+            lo, hi, bits = rest.split(":")
+            out = {"kind": kind, "lo": float(lo), "hi": float(hi), "bits": int(bits)}
+            if not (math.isfinite(out["lo"]) and math.isfinite(out["hi"]) and out["lo"] < out["hi"]):
+                raise CliError(f"--grid {spec}: LO must be below HI, both finite")
+            if not 1 <= out["bits"] <= 24:
+                raise CliError(f"--grid {spec}: BITS must be in 1..24 (2^BITS thresholds)")
+            return out
+        if kind == "thresholds":
+            values = [float(v) for v in rest.split(",")]
+            if not values or not all(math.isfinite(v) for v in values):
+                raise ValueError
+            return {"kind": kind, "values": values}
+    except ValueError:
+        raise CliError(usage) from None
+    raise CliError(usage)
 
 
 def _min_batch(args) -> int:
@@ -35,138 +79,391 @@ def _min_batch(args) -> int:
     return 100 if args.relation == "substitution" else 0
 
 
-def default_spool(args, config: TaskConfig) -> str:
-    """The spool beside the input: one per input file and task, so that a re-run finds it."""
-    return f"{args.csv if args.csv else args.task}.{config.task_id[:12]}.spool"
+def default_spool(args, config) -> str:
+    """The spool next to the task file: one per task, whatever the input (it tells inputs apart by
+    their rows' content), so that a re-run, an extended input or a copy of one are all recognised."""
+    return f"{args.task}.{config.task_id[:12]}.spool"
 
 
-def read_values(args) -> np.ndarray:
-    if args.values:
-        return np.array(args.values, dtype=np.float64)
-    with open(args.csv, newline="") as f:
-        rows = list(csv.reader(f))
-    header, body = rows[0], rows[1:]
-    col = header.index(args.column) if args.column else 0
+def read_text(path: str, what: str) -> str:
     try:
-        return np.array([float(r[col]) for r in body if r])
-    except (ValueError, IndexError) as exc:
-        raise DpcdfError(f"{args.csv}: {exc}") from None
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise CliError(f"{what} {path}: no such file") from None
+    except IsADirectoryError:
+        raise CliError(f"{what} {path} is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
 
 
-def main(argv: list[str] | None = None) -> int:
-    ap = argparse.ArgumentParser(prog="dpcdf", description="Two-server differentially private ECDFs.")
-    sub = ap.add_subparsers(dest="cmd", required=True)
-    s = sub.add_parser("serve", help="run one of the two servers")
-    s.add_argument("--party", type=int, choices=[0, 1], required=True)
-    s.add_argument("--port", type=int, required=True)
-    s.add_argument("--data", required=True)
-    s.add_argument("--host", default="127.0.0.1")
+def load_task(path: str):
+    from .service.task import TaskConfig
+
+    text = read_text(path, "task file")
+    try:
+        return TaskConfig.from_json(text)
+    except DpcdfError as exc:
+        raise CliError(f"task file {path} is not a task config: {exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CliError(f"task file {path} is not a task config ({exc.__class__.__name__}: {exc})") from None
+
+
+def _number(text: str, where: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise CliError(f"{where}: {text.strip()!r} is not a number") from None
+    if not math.isfinite(v):
+        raise CliError(f"{where}: {text.strip()!r} is not a finite number")
+    return v
+
+
+def read_csv(path: str, column: str | None, label_column: str | None = None):
+    """(values, labels or None, row contents, line numbers) from a CSV with a header row. The value
+    column must be named when the file has more than one column; every cell must be a finite number."""
+    text = read_text(path, "input")
+    rows = list(csv.reader(text.splitlines()))
+    if not rows:
+        raise CliError(f"{path} is empty: it needs a header row naming its columns, then one row per value")
+    header = [h.strip() for h in rows[0]]
+    if column is None:
+        if len(header) != 1:
+            raise CliError(f"{path} has {len(header)} columns ({', '.join(header)}): name the values' column "
+                           "with --column")
+        column = header[0]
+    cols = {}
+    for name, flag in ((column, "--column"), (label_column, "--label-column")):
+        if name is None:
+            continue
+        if name not in header:
+            raise CliError(f"{path} has no column {name!r} ({flag}); its columns: {', '.join(header)}")
+        cols[flag] = header.index(name)
+    values, labels, contents, lines = [], [], [], []
+    for line, row in enumerate(rows[1:], start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise CliError(f"{path} line {line}: {len(row)} fields, the header has {len(header)}")
+        values.append(_number(row[cols["--column"]], f"{path} line {line}, column {column}"))
+        if label_column is not None:
+            cell = row[cols["--label-column"]].strip()
+            if cell not in ("0", "1", "0.0", "1.0"):
+                raise CliError(f"{path} line {line}, column {label_column}: a label is 0 or 1, got {cell!r}")
+            labels.append(int(float(cell)))
+        contents.append("\x1f".join(row).encode())
+        lines.append(line)
+    if not values:
+        raise CliError(f"{path} has no rows of values under its header")
+    return values, (labels if label_column is not None else None), contents, lines
+
+
+# --- the commands ---------------------------------------------------------------------------------
+
+def cmd_serve(args) -> None:
+    from .service.server import serve
+
+    serve(args.party, args.port, args.data, args.host, noise=not args.no_noise,
+          admin_token_file=args.admin_token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
+          dask=args.dask, log_format=args.log_format)
+
+
+def cmd_task(args) -> None:
+    from .service.client import create_task
+    from .service.files import write_secret
+    from .service.task import TaskConfig
+
+    admin = None
+    if args.admin_token_file:
+        if len(args.admin_token_file) > 2:
+            raise CliError("--admin-token-file takes one file for both servers, or one per server")
+        admin = [read_text(f, "operator token file").strip() for f in args.admin_token_file]
+        admin = (admin * 2)[:2]
+    for url in args.servers:
+        if not url.startswith(("http://", "https://")):
+            raise CliError(f"--servers: {url!r} is not a server URL (http://HOST:PORT or https://...)")
+    if args.epsilon is not None and not (math.isfinite(args.epsilon) and args.epsilon > 0):
+        raise CliError(f"--epsilon must be a positive number, got {args.epsilon}")
+    if args.rho is not None and not (math.isfinite(args.rho) and args.rho > 0):
+        raise CliError(f"--rho must be a positive number, got {args.rho}")
+    grid_spec = parse_grid(args.grid)
+    privacy = "pure" if args.rho is None else "zcdp"
+    if args.payload != "count":
+        mechanism = args.mechanism or "tree"
+    else:
+        mechanism = args.mechanism or TaskConfig.default_mechanism(grid_spec, args.relation, privacy, args.epsilon)
+    config, token = create_task(args.servers, grid_spec, args.epsilon, mechanism, args.relation, _min_batch(args),
+                                args.kem, payload=args.payload, admin_tokens=admin,
+                                verify=False if args.unverified else None, rho=args.rho)
+    Path(args.out).write_text(config.to_json())
+    write_secret(args.out + ".token", token.encode())
+    print(f"task {config.task_id} on both servers ({mechanism} mechanism, payload {args.payload}); "
+          f"config {args.out}, analyst token {args.out}.token")
+
+
+def cmd_submit(args) -> None:
+    from .service.client import UploadIncomplete, submit
+
+    config = load_task(args.task)
+    if args.values is None and args.csv is None:
+        raise CliError("give the values: --csv FILE (with --column NAME if it has several columns) or --values V1 V2 ...")
+    if args.values is not None and args.csv is not None:
+        raise CliError("give --csv or --values, not both")
+    if args.label_column is not None and args.csv is None:
+        raise CliError("--label-column reads labels from --csv")
+    needs_labels = config.payload in ("label", "calibration")
+    if needs_labels and args.label_column is None:
+        raise CliError(f"this is a {config.payload} task: each value needs its 0/1 label (--label-column NAME)")
+    if not needs_labels and args.label_column is not None:
+        raise CliError("this task counts values only: --label-column belongs to label and calibration tasks")
+    if args.csv is not None:
+        values, labels, contents, lines = read_csv(args.csv, args.column, args.label_column)
+        source = os.path.realpath(args.csv)
+    else:
+        if not args.values:
+            raise CliError("--values needs at least one value")
+        values = [_number(v, f"--values, value {i + 1}") for i, v in enumerate(args.values)]
+        labels, contents, lines = None, None, list(range(1, len(values) + 1))
+        source = "--values"
+    spool = args.spool or default_spool(args, config)
+    print(f"spool: {spool} (every report is kept there until both servers acknowledge it)", file=sys.stderr)
+    args.interrupted = (f"interrupted; every report made so far is kept in the spool {spool}: run the same command "
+                        "again to resume (nothing is sent twice)")
+    try:
+        summary = submit(config, values, args.batch, progress=True, labels=labels, spool=spool,
+                         retry_for=args.retry_for, source=source, contents=contents, lines=lines,
+                         allow_duplicates=args.allow_duplicates, outside=args.outside)
+    except UploadIncomplete as exc:
+        print(json.dumps(exc.summary))
+        raise
+    for note in summary.pop("notes", []):
+        print(f"note: {note}", file=sys.stderr)
+    print(json.dumps(summary))
+
+
+def _analyst(args):
+    from .analyst import Analyst
+
+    config = load_task(args.task)
+    token_file = args.token_file or args.task + ".token"
+    token = read_text(token_file, "analyst token file").strip()
+    if not token:
+        raise CliError(f"analyst token file {token_file} is empty")
+    return Analyst(config, token, token_file=token_file)
+
+
+def cmd_close(args) -> None:
+    analyst = _analyst(args)
+    n = analyst.close()
+    print(f"task {analyst.config.task_id}: collection closed on both servers, "
+          + (f"{n} reports counted" if n is not None else "the count stays private (add/remove)")
+          + "; later uploads are refused. Ask with dpcdf query.")
+    if analyst.rejected is not None:
+        print(f"verified: the servers checked every report; excluded {sum(analyst.rejected.values())}"
+              + "".join(f", {k} {v}" for k, v in sorted(analyst.rejected.items())))
+
+
+def cmd_query(args) -> None:
+    analyst = _analyst(args)
+    config, mech = analyst.config, analyst.mechanism
+    if args.bisect and not mech.answers_prefixes:
+        raise CliError(f"--bisect asks prefix queries (Algorithm 1), which this task's {mech.name} mechanism does not "
+                       "answer; run the same query without --bisect (its full-grid release answers every threshold and "
+                       "quantile)")
+    if args.roc or args.hosmer_lemeshow is not None:
+        want = "label" if args.roc else "calibration"
+        if config.payload != want:
+            raise CliError(f"--{'roc' if args.roc else 'hosmer-lemeshow'} needs a {want} task (dpcdf task --payload "
+                           f"{want}); this task's payload is {config.payload}")
+    elif config.payload == "label":
+        raise CliError("this is a label task: it releases a ROC curve; ask with dpcdf query --roc")
+    if not analyst.closed_on_servers():
+        print("note: this first query closes the collection on both servers: later uploads to this task are refused "
+              "(dpcdf close does only that)", file=sys.stderr)
+    if args.roc:
+        roc = analyst.roc()
+        print(f"AUC = {roc.auc:.4f}")
+        for f_, t_ in zip(*_roc_points(roc)):
+            print(f"FPR {f_:.3f}  TPR {t_:.4f}")
+        print(analyst.mechanism.statement())
+        return
+    if args.hosmer_lemeshow is not None:
+        hl = analyst.hosmer_lemeshow(args.hosmer_lemeshow)
+        print(f"Hosmer-Lemeshow H = {hl.statistic:.3f}, p = {hl.p_value:.4f}"
+              + (f", noise-aware p = {hl.noise_aware_p_value:.4f}" if getattr(hl, "noise_aware_p_value", None) is not None else ""))
+        print(analyst.mechanism.statement())
+        return
+    source = analyst if args.bisect else analyst.release(args.postprocess)
+    for t_, f_ in zip(args.ecdf, source.ecdf(args.ecdf)):
+        print(f"F({t_:g}) = {f_:.4f}")
+    for p_, q_ in zip(args.quantiles, source.quantile(args.quantiles)):
+        print(f"q({p_:g}) = {q_:g}")
+    print(analyst.mechanism.statement())
+    if analyst.rejected is not None:
+        print(f"verified: the servers checked every report; excluded {sum(analyst.rejected.values())}"
+              + "".join(f", {k} {v}" for k, v in sorted(analyst.rejected.items())))
+
+
+def _roc_points(roc, k: int = 11):
+    import numpy as np
+
+    fpr, tpr = np.asarray(roc.fpr, float), np.asarray(roc.tpr, float)
+    order = np.argsort(fpr, kind="stable")
+    at = np.linspace(0, 1, k)
+    return at, np.interp(at, fpr[order], tpr[order])
+
+
+def cmd_demo(args) -> None:
+    from .demo import MIN_CLIENTS, run_demo
+
+    if args.clients < MIN_CLIENTS:
+        raise CliError(f"--clients must be at least {MIN_CLIENTS} (the task's minimum batch: the servers answer no "
+                       f"query on fewer reports), got {args.clients}")
+    if not (math.isfinite(args.epsilon) and args.epsilon > 0):
+        raise CliError(f"--epsilon must be a positive number, got {args.epsilon}")
+    sys.stdout.reconfigure(line_buffering=True)  # progress as it happens, also through a pipe
+    run_demo(args.clients, args.epsilon, args.mechanism, args.plot, warm=not args.no_warm_up)
+
+
+def cmd_warm_up(args) -> None:
+    from .warmup import warm_up
+
+    warm_up(progress=True, verified=not args.quick)
+
+
+COMMANDS = {"serve": cmd_serve, "task": cmd_task, "submit": cmd_submit, "close": cmd_close, "query": cmd_query,
+            "demo": cmd_demo, "warm-up": cmd_warm_up}
+
+
+def build_parser() -> Parser:
+    ap = Parser(prog="dpcdf", description="Two-server differentially private ECDFs with function secret sharing. "
+                "Run `dpcdf COMMAND --help` for a command's options; docs/service.md walks through them.")
+    sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
+    s = sub.add_parser("serve", help="run one of the two servers",
+                       description="Runs one of the two servers until Ctrl-C. Logs its URL, party, data directory and "
+                       "operator token file at the start, then one line per request.")
+    s.add_argument("--party", type=int, choices=[0, 1], required=True, help="0 (the leader) or 1 (the helper)")
+    s.add_argument("--port", type=int, required=True, help="TCP port to listen on")
+    s.add_argument("--data", required=True, help="this server's directory: HPKE key, SQLite store, segments, operator token")
+    s.add_argument("--host", default="127.0.0.1", help="address to listen on")
     s.add_argument("--no-noise", action="store_true", help="test-only: refused unless DPCDF_TESTING=1")
     s.add_argument("--admin-token-file", help="the operator's token, needed to register tasks (default: "
                    "$DPCDF_ADMIN_TOKEN, else DATA/admin.token, made at the first start)")
-    s.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (and --tls-key)")
+    s.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (and --tls-key); default: plain HTTP")
     s.add_argument("--tls-key", help="the certificate's PEM private key")
     s.add_argument("--dask", metavar="ADDRESS", help="evaluate on a Dask cluster: a scheduler's address "
                    "(tcp://HOST:8786; workers must see DATA/segments at the same path) or local:N (N worker "
                    "processes here); default: in-process")
-    t = sub.add_parser("task", help="create a task on both servers; writes the config and the analyst token")
-    t.add_argument("--servers", nargs=2, required=True)
-    t.add_argument("--grid", required=True, help="uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,...")
+    s.add_argument("--log-format", default="text", choices=["text", "json"],
+                   help="text: uvicorn's access log, one line per request; json: one JSON object per line")
+
+    t = sub.add_parser("task", help="create a task on both servers; writes the config and the analyst token",
+                       description="Registers a task with both servers (each needs its operator token) and writes the "
+                       "task config (give it to every client) and the analyst token (keep it: it alone can close and query).")
+    t.add_argument("--servers", nargs=2, required=True, metavar="URL", help="server 0's and server 1's URLs")
+    t.add_argument("--grid", required=True, help="the thresholds: uniform:LO:HI:BITS, log:LO:HI:BITS (2^BITS "
+                   "points from LO to HI) or thresholds:T1,T2,...; values above the last are counted at it")
     budget = t.add_mutually_exclusive_group(required=True)
     budget.add_argument("--epsilon", type=float, help="epsilon-DP, discrete Laplace noise")
     budget.add_argument("--rho", type=float, help="rho-zCDP, discrete Gaussian noise (grids of up to 2^16 points)")
     t.add_argument("--mechanism", choices=["adaptive", "tree", "path", "factorization"],
-                   help="default: adaptive (epsilon, substitution, grids of 2^8 to 2^20 points: two rounds, the second "
-                   "chosen from the first), else tree (epsilon), factorization (rho: the square-root factorization, up to 2^13 points)")
-    t.add_argument("--relation", default="substitution", choices=["substitution", "add-remove"])
+                   help="default: adaptive (epsilon, substitution, count tasks on grids of 2^8 to 2^20 points: two rounds, "
+                   "the second chosen from the first), else tree (epsilon; label and calibration tasks), factorization "
+                   "(rho: the square-root factorization, up to 2^13 points)")
+    t.add_argument("--payload", default="count", choices=["count", "label", "calibration"],
+                   help="count: the ECDF of the values; label: values are scores with a 0/1 label each, released "
+                   "as a ROC curve (query --roc); calibration: values are predicted probabilities in [0, 1] with "
+                   "their 0/1 outcome (query --hosmer-lemeshow)")
+    t.add_argument("--relation", default="substitution", choices=["substitution", "add-remove"],
+                   help="the neighbouring datasets the guarantee covers: substitution (one person's value changes, "
+                   "n public) or add-remove (one person joins or leaves)")
     t.add_argument("--min-batch", type=int, default=None, help="queries wait for this many reports "
                    "(default 100 under substitution; under add/remove it must be 0)")
     t.add_argument("--kem", default="x25519", choices=["x25519", "mlkem768-x25519"], help="HPKE KEM of the sealed shares")
     t.add_argument("--unverified", action="store_true", help="count reports unchecked (default: the servers check "
                    "every report at the close, for grids of up to 2^16 points; docs/verification.md)")
-    t.add_argument("--out", default="task.json")
+    t.add_argument("--out", default="task.json", help="where to write the task config; the analyst token goes to OUT.token")
     t.add_argument("--admin-token-file", nargs="+", metavar="FILE", help="the servers' operator token (one "
                    "file for both, or one per server; default: $DPCDF_ADMIN_TOKEN)")
-    u = sub.add_parser("submit", help="report values (arguments or a CSV column) to both servers")
-    u.add_argument("--task", required=True)
-    u.add_argument("--values", nargs="*", type=float)
-    u.add_argument("--csv")
-    u.add_argument("--column")
-    u.add_argument("--batch", type=int, default=500)
+
+    u = sub.add_parser("submit", help="report values (arguments or a CSV column) to both servers",
+                       description="Seals one report per value into the spool, then uploads it to both servers. Run "
+                       "the same command again after any error or Ctrl-C: it sends only what is missing. The spool "
+                       "remembers every row by content: re-running sends nothing new, an extended file sends only "
+                       "its new rows, and rows already sent from another file are refused (--allow-duplicates).")
+    u.add_argument("--task", required=True, help="the task config from dpcdf task")
+    u.add_argument("--csv", help="a CSV file with a header row")
+    u.add_argument("--column", help="the CSV column of the values (needed when the CSV has more than one column)")
+    u.add_argument("--label-column", help="label and calibration tasks: the CSV column of each value's 0/1 label")
+    u.add_argument("--values", nargs="*", help="the values themselves, instead of --csv")
+    u.add_argument("--outside", default="clamp", choices=["clamp", "refuse"],
+                   help="values outside the grid's range: clamp counts a value above the last threshold at it and one "
+                   "below the first at the first (as the release defines the grid; counted in the summary), "
+                   "refuse stops before anything is sent")
+    u.add_argument("--allow-duplicates", action="store_true",
+                   help="send rows equal to rows already sent to this task from another input (other people "
+                   "with equal rows); without it such rows are refused, so a copied file is not counted twice")
+    u.add_argument("--batch", type=int, default=500, help="reports per request (1 to 10000)")
     u.add_argument("--spool", help="where the sealed reports are kept until both servers acknowledge them "
-                   "(default: next to the CSV, or to the task file for --values); run the same command again to resume")
+                   "(default: TASK.TASKID.spool, next to the task file, one per task)")
     u.add_argument("--retry-for", type=float, default=30.0, help="seconds to keep retrying an unreachable server")
-    q = sub.add_parser("query", help="the analyst: DP ECDF values and quantiles")
-    q.add_argument("--task", required=True)
-    q.add_argument("--token-file", help="default: TASK.token")
-    q.add_argument("--ecdf", nargs="*", type=float, default=[])
-    q.add_argument("--quantiles", nargs="*", type=float, default=[0.1, 0.25, 0.5, 0.75, 0.9])
-    q.add_argument("--bisect", action="store_true",
-                   help="answer from prefix queries (Algorithm 1) instead of a post-processed full-grid release")
-    q.add_argument("--postprocess", default="auto", choices=list(POSTPROCESS),
-                   help="how the full-grid release is post-processed (default auto: smoothed for a tree on up to "
-                   "2^12 points, else consistent and monotone; monotone: the plain fit)")
+
+    for name, text in (("close", "close the collection: the servers agree on one report set; no later upload counts"),
+                       ("query", "the analyst: DP ECDF values and quantiles (the first query closes the collection)")):
+        q = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
+        q.add_argument("--task", required=True, help="the task config from dpcdf task")
+        q.add_argument("--token-file", help="the analyst token (default: TASK.token)")
+        if name == "close":
+            continue
+        q.add_argument("--ecdf", nargs="*", type=float, default=[], metavar="T", help="values t at which to print F(t) (default: none)")
+        q.add_argument("--quantiles", nargs="*", type=float, default=[0.1, 0.25, 0.5, 0.75, 0.9], metavar="P",
+                       help="levels p in [0, 1] at which to print the quantile")
+        q.add_argument("--bisect", action="store_true",
+                       help="answer from prefix queries (Algorithm 1) instead of a post-processed full-grid release; "
+                       "tree and path tasks only")
+        q.add_argument("--postprocess", default="auto", choices=POSTPROCESS_CHOICES,
+                       help="how the full-grid release is post-processed (default auto: smoothed for a tree on up to "
+                       "2^12 points, else consistent and monotone; monotone: the plain fit)")
+        q.add_argument("--roc", action="store_true", help="label tasks: the DP ROC curve and its AUC")
+        q.add_argument("--hosmer-lemeshow", type=int, nargs="?", const=10, metavar="GROUPS",
+                       help="calibration tasks: the DP Hosmer-Lemeshow test over GROUPS groups (default 10)")
+
     d = sub.add_parser("demo", help="two real servers on loopback, simulated clients, an analyst, a table and a plot")
-    d.add_argument("--clients", type=int, default=3000)
-    d.add_argument("--epsilon", type=float, default=1.0)
-    d.add_argument("--mechanism", default="adaptive", choices=["adaptive", "tree", "path"])
-    d.add_argument("--plot", default="dpcdf_demo.png")
-    args = ap.parse_args(argv)
+    d.add_argument("--clients", type=int, default=3000, help="simulated clients (at least 100, the task's minimum batch)")
+    d.add_argument("--epsilon", type=float, default=1.0, help="the privacy budget")
+    d.add_argument("--mechanism", default="adaptive", choices=["adaptive", "tree", "path"], help="the task's mechanism")
+    d.add_argument("--plot", default="dpcdf_demo.png", help="where to write the plot (matplotlib)")
+    d.add_argument("--no-warm-up", action="store_true", help="skip compiling the kernels first (dpcdf warm-up)")
+
+    w = sub.add_parser("warm-up", help="compile and cache the kernels the first commands need (once per machine)",
+                       description="Compiles the numba kernels that serve, submit, close and query use, into numba's "
+                       "on-disk cache, printing progress; later commands load them in a moment.")
+    w.add_argument("--quick", action="store_true", help="skip the verified-report kernels")
+    return ap
+
+
+def main(argv: list[str] | None = None) -> int:
+    args = build_parser().parse_args(argv)
     try:
-        if args.cmd == "serve":
-            from .service.server import serve
-
-            serve(args.party, args.port, args.data, args.host, noise=not args.no_noise,
-                  admin_token_file=args.admin_token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
-                  dask=args.dask)
-        elif args.cmd == "task":
-            admin = None
-            if args.admin_token_file:
-                if len(args.admin_token_file) > 2:
-                    raise DpcdfError("--admin-token-file takes one file for both servers, or one per server")
-                try:
-                    admin = [Path(f).read_text().strip() for f in args.admin_token_file] * (3 - len(args.admin_token_file))
-                except OSError as exc:
-                    raise DpcdfError(f"cannot read the operator token: {exc}") from None
-            grid_spec = parse_grid(args.grid)
-            mechanism = args.mechanism or TaskConfig.default_mechanism(grid_spec, args.relation, "pure" if args.rho is None else "zcdp",
-                                                                         args.epsilon)
-            config, token = create_task(args.servers, grid_spec, args.epsilon, mechanism,
-                                        args.relation, _min_batch(args), args.kem, admin_tokens=admin[:2] if admin else None,
-                                        verify=False if args.unverified else None, rho=args.rho)
-            Path(args.out).write_text(config.to_json())
-            write_secret(args.out + ".token", token.encode())
-            print(f"task {config.task_id} on both servers; config {args.out}, analyst token {args.out}.token")
-        elif args.cmd == "submit":
-            config = TaskConfig.from_json(Path(args.task).read_text())
-            if not args.values and not args.csv:
-                raise DpcdfError("give --values or --csv")
-            spool = args.spool or default_spool(args, config)
-            print(f"spool: {spool} (every report is kept there until both servers acknowledge it)", file=sys.stderr)
-            try:
-                print(json.dumps(submit(config, read_values(args), args.batch, progress=True, spool=spool,
-                                        retry_for=args.retry_for)))
-            except UploadIncomplete as exc:
-                print(json.dumps(dataclasses.asdict(exc.status)))
-                raise
-        elif args.cmd == "query":
-            config = TaskConfig.from_json(Path(args.task).read_text())
-            token = Path(args.token_file or args.task + ".token").read_text().strip()
-            analyst = Analyst(config, token)
-            source = analyst if args.bisect else analyst.release(args.postprocess)
-            for t_, f_ in zip(args.ecdf, source.ecdf(args.ecdf)):
-                print(f"F({t_:g}) = {f_:.4f}")
-            for p_, q_ in zip(args.quantiles, source.quantile(args.quantiles)):
-                print(f"q({p_:g}) = {q_:g}")
-            print(analyst.mechanism.statement())
-            if analyst.rejected is not None:
-                print(f"verified: the servers checked every report; excluded {sum(analyst.rejected.values())}"
-                      + "".join(f", {k} {v}" for k, v in sorted(analyst.rejected.items())))
-        elif args.cmd == "demo":
-            from .demo import run_demo
-
-            run_demo(args.clients, args.epsilon, args.mechanism, args.plot)
+        COMMANDS[args.cmd](args)
         return 0
-    except DpcdfError as exc:
-        print(f"dpcdf: {exc}", file=sys.stderr)
+    except KeyboardInterrupt:
+        print(file=sys.stderr)
+        print(f"dpcdf: {getattr(args, 'interrupted', 'interrupted')}", file=sys.stderr)
         return 2
+    except DpcdfError as exc:
+        print(f"dpcdf: {_one_line(exc)}", file=sys.stderr)
+        return 2
+    except OSError as exc:
+        where = f"{exc.filename}: " if exc.filename else ""
+        print(f"dpcdf: {where}{exc.strerror or exc}", file=sys.stderr)
+        return 2
+    except Exception as exc:  # a bug: still one line, the traceback on request
+        if os.environ.get(DEBUG_ENV) == "1":
+            raise
+        print(f"dpcdf: unexpected error ({exc.__class__.__name__}: {_one_line(exc)}); please report it, with the "
+              f"traceback that {DEBUG_ENV}=1 shows", file=sys.stderr)
+        return 2
+
+
+def _one_line(exc: BaseException) -> str:
+    return " ".join(str(exc).split()) or exc.__class__.__name__

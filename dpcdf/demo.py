@@ -8,13 +8,26 @@ import time
 import numpy as np
 
 from .analyst import Analyst
+from .errors import ParameterError
 from .release import metrics
 from .release.ecdf import prefix_counts
 from .service.client import create_task, submit
 from .service.processes import start_server, stop
 
 
-def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "adaptive", plot: str | None = "dpcdf_demo.png") -> dict:
+MIN_CLIENTS = 10  # two simulated groups of at least 5 each; the task's minimum batch is min(100, clients)
+
+
+def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "adaptive", plot: str | None = "dpcdf_demo.png",
+             warm: bool = True) -> dict:
+    """`warm`: compile (or load) the kernels first, with progress lines (`dpcdf warm-up`), so that
+    neither the servers nor the analyst wait silently for the compiler."""
+    if clients < MIN_CLIENTS:
+        raise ParameterError(f"the demo needs at least {MIN_CLIENTS} clients, got {clients}")
+    if warm:
+        from .warmup import warm_up
+
+        warm_up(progress=True)
     rng = np.random.default_rng(2024)  # the simulated population, not privacy noise
     values = np.concatenate([rng.normal(35, 8, clients // 2), rng.gamma(6, 8, clients - clients // 2)]).clip(0, 100)
     grid_spec = {"kind": "uniform", "lo": 0.0, "hi": 100.0, "bits": 10}
@@ -25,7 +38,7 @@ def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "adapti
                 procs.append(start_server(party, f"{tmp}/server{party}"))
             urls = [url for _, url in procs]
             print(f"servers up: {urls[0]} (party 0), {urls[1]} (party 1)")
-            config, token = create_task(urls, grid_spec, epsilon, mechanism, "substitution", min_batch=100)
+            config, token = create_task(urls, grid_spec, epsilon, mechanism, "substitution", min_batch=min(100, clients))
             print(f"task {config.task_id}: grid of {config.make_grid().size} thresholds on [0, 100], epsilon {epsilon}, {mechanism} mechanism")
             t1 = time.perf_counter()
             res = submit(config, values, batch=500, progress=True, spool=f"{tmp}/clients.spool")
@@ -33,6 +46,8 @@ def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "adapti
             print(f"{res['complete']} reports acknowledged by both servers in {t2 - t1:.1f} s "
                   f"({res['complete'] / (t2 - t1):.0f} reports/s, sealing and spooling included)")
             analyst = Analyst(config, token)
+            print("closing the collection: the servers agree on one report set" +
+                  (" and check every report" if config.verify else ""), flush=True)
             analyst.close()
             t3 = time.perf_counter()
             if analyst.rejected is not None:

@@ -15,9 +15,14 @@ from .http import ServerError, http
 from .task import MAX_QUERY_POINTS, TaskConfig
 
 
+class TokenRefused(ServerError):
+    """A server refused the analyst token: it is not this task's token (HTTP 401)."""
+
+
 class Analyst:
-    def __init__(self, config: TaskConfig, token: str):
-        self.config, self.token = config, token
+    def __init__(self, config: TaskConfig, token: str, token_file: str | None = None):
+        """`token_file`: where the token came from, named in the message if a server refuses it."""
+        self.config, self.token, self.token_file = config, token, token_file
         self.grid = config.make_grid()
         self.mechanism = config.make_mechanism()
         self.dcf = config.dcf()  # its group: how the two servers' shares add up
@@ -31,18 +36,38 @@ class Analyst:
         verified task they check every report first and `rejected` holds the excluded reports per
         reason class (else None). Idempotent; the first query calls it. Returns the number of reports
         (None under add/remove)."""
-        views = [http("POST", f"{u}/tasks/{self.config.task_id}/close", b"", self.token) for u in self.config.servers]
+        views = [self._http("POST", f"{u}/tasks/{self.config.task_id}/close", b"") for u in self.config.servers]
         if views[0]["reports_hash"] != views[1]["reports_hash"] or views[0].get("rejected") != views[1].get("rejected"):
             raise ServerError("the servers could not agree on one report set")
         self.rejected = views[0].get("rejected")
         self._closed = True
         return views[1]["n"]
 
+    def _http(self, method: str, url: str, body: bytes | None = None) -> dict:
+        """A request with the analyst token; a 401 becomes `TokenRefused`, naming the token's file."""
+        try:
+            return http(method, url, body, self.token)
+        except ServerError as exc:
+            if exc.status != 401:
+                raise
+            where = f" in {self.token_file}" if self.token_file else ""
+            raise TokenRefused(f"{url.split('/tasks/')[0]} refused the analyst token{where}: it is not the token of "
+                               f"task {self.config.task_id[:12]}... (use the TASK.token file that dpcdf task wrote with "
+                               "this task config)", 401) from None
+
+    def status(self) -> dict:
+        """Server 0's view of the task: {"reports", "closed", "min_batch"} (also checks the token)."""
+        return self._http("GET", f"{self.config.servers[0]}/tasks/{self.config.task_id}")
+
+    def closed_on_servers(self) -> bool:
+        """Whether the collection is closed already (on server 0, which closes first)."""
+        return bool(self.status()["closed"])
+
     def _ask(self, question: dict) -> tuple[np.ndarray, int]:
         if not self._closed:
             self.close()
         body = json.dumps(question).encode()
-        answers = [http("POST", f"{url}/tasks/{self.config.task_id}/query", body, self.token) for url in self.config.servers]
+        answers = [self._http("POST", f"{url}/tasks/{self.config.task_id}/query", body) for url in self.config.servers]
         if answers[0]["reports_hash"] != answers[1]["reports_hash"]:
             raise ServerError("the servers answer from different report sets (one of them does not follow the "
                               "protocol); their answers do not add up")
@@ -65,7 +90,8 @@ class Analyst:
         """Noisy counts #{v : index(v) <= i} (int64) at grid indices, and n. A factorization task
         (zCDP) answers its full release only: use `release()`."""
         if not self.mechanism.answers_prefixes:
-            raise DpcdfError(f"a {self.mechanism.name} task releases the whole ECDF at once: use release()")
+            raise DpcdfError(f"a {self.mechanism.name} task answers no prefix query (it releases the whole ECDF at "
+                             "once): use release(), or dpcdf query without --bisect")
         idx = [int(i) for i in indices]
         parts = [self._ask({"kind": "prefix", "indices": idx[k:k + MAX_QUERY_POINTS]})
                  for k in range(0, max(len(idx), 1), MAX_QUERY_POINTS)]

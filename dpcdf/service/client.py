@@ -17,12 +17,14 @@ from pathlib import Path
 
 import numpy as np
 
+from fss.params import BATCH_HEADER_LEN, HEADER_LEN
+
 from . import hpke
-from ..errors import DpcdfError, ParameterError
+from ..errors import DomainError, DpcdfError, ParameterError
 from ..release.calibration import fixed_point
 from .http import ServerError, http
-from .spool import Spool, SpoolStatus
-from .task import TaskConfig, token_hash
+from .spool import Spool, SpoolStatus, ranges, shown
+from .task import TaskConfig, check_distinct_servers, token_hash
 from .wire import ID_BYTES, MAX_BATCH, Report, encode_batch, hpke_info, join_share
 
 
@@ -31,6 +33,7 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
     payload (label, 1 - label) for a label task), each key sealed to its server, followed for a
     verified task by the client's shares of its check randomness. Randomness: the DCF's CSPRNG
     seeds, the check's (`secrets`), a random 16-byte report id."""
+    check_distinct_servers(config.servers, config.hpke_keys)  # before anything is sealed (SameServerError)
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     if v.size == 0:
         raise ParameterError("no values to report")
@@ -49,24 +52,42 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
         if labels is not None:
             raise ParameterError("labels belong to label tasks")
         betas = 1
-    k0, k1 = config.dcf().gen_batch(alphas, betas)
-    extras = (None, None)
-    if config.verify:  # the client's shares of its check randomness, after each key (`wire.split_share`)
+    dcf = config.key_dcf()
+    if config.verify:  # keys with the check's MAC payload, then the client's check randomness (`wire.split_share`)
         rows = np.broadcast_to(np.asarray(betas, np.int64).reshape(-1, config.width), (v.size, config.width))
-        extras = config.check().client_extras(rows)
+        betas, *extras = config.check().client_report(rows)
+    k0, k1 = dcf.gen_batch(alphas, betas)
+    shares = [key_bytes(dcf, k0), key_bytes(dcf, k1)]
+    if config.verify:
+        shares = [[join_share(k, e) for k, e in zip(keys, np.asarray(extra))] for keys, extra in zip(shares, extras)]
     fp = config.fingerprint
-    keys = [hpke.public_key(config.kem, h) for h in config.hpke_keys]
-    suite, enc_len = hpke.suite(config.kem), hpke.enc_length(config.kem)
+    pk0, pk1 = (hpke.public_key(config.kem, h) for h in config.hpke_keys)
+    seal, enc_len = hpke.suite(config.kem).encrypt, hpke.enc_length(config.kem)
+    ids = secrets.token_bytes(ID_BYTES * v.size)
+    prefix = hpke_info(fp, b"", 0)[:-1]  # hpke_info(fp, rid, party) = prefix + rid + party
     reports = []
-    for i in range(v.size):
-        rid = secrets.token_bytes(ID_BYTES)
-        sealed = []
-        for party, batch in ((0, k0), (1, k1)):
-            share = batch[i].to_bytes() if extras[party] is None else join_share(batch[i].to_bytes(), extras[party][i])
-            out = suite.encrypt(share, keys[party], info=hpke_info(fp, rid, party))
-            sealed.append((out[:enc_len], out[enc_len:]))
-        reports.append(Report(fp, rid, (sealed[0], sealed[1])))
+    for i, (s0, s1) in enumerate(zip(*shares)):  # one pass: two seals per report, nothing else per key
+        rid = ids[i * ID_BYTES : (i + 1) * ID_BYTES]
+        c0 = seal(s0, pk0, info=prefix + rid + b"\x00")
+        c1 = seal(s1, pk1, info=prefix + rid + b"\x01")
+        reports.append(Report(fp, rid, ((c0[:enc_len], c0[enc_len:]), (c1[:enc_len], c1[enc_len:]))))
     return reports
+
+
+def key_bytes(dcf, batch) -> list[bytes]:
+    """Each key of `batch` in the single-key wire format (`Key.to_bytes()`), from one serialization of
+    the whole batch: the batch format is a header, then the keys' bodies in order; a key is its
+    own shorter header, then its body (fss/codec.py)."""
+    n = batch.n
+    if n == 0:
+        return []
+    blob = batch.to_bytes()
+    body = dcf.key_size - HEADER_LEN
+    if len(blob) != BATCH_HEADER_LEN + n * body:
+        raise ParameterError(f"a batch of {n} keys is {len(blob)} bytes, not {BATCH_HEADER_LEN} + {n} x {body}")
+    header = batch[0].to_bytes()[:HEADER_LEN]  # the same for every key of the batch
+    view = memoryview(blob)
+    return [header + view[BATCH_HEADER_LEN + i * body : BATCH_HEADER_LEN + (i + 1) * body] for i in range(n)]
 
 
 def create_task(servers: list[str], grid: dict, epsilon: float | None, mechanism: str, relation: str, min_batch: int,
@@ -86,7 +107,11 @@ def create_task(servers: list[str], grid: dict, epsilon: float | None, mechanism
         raise ParameterError("registering a task needs each server's operator token (--admin-token-file, or "
                              "DPCDF_ADMIN_TOKEN in the environment)")
     admin = (admin, admin) if isinstance(admin, str) else tuple(admin)
+    if len(servers) != 2:
+        raise ParameterError(f"a task has exactly two servers, got {len(servers)}")
+    check_distinct_servers(servers)  # the URLs, before any request
     keys = [http("GET", f"{url}/hpke")["keys"][kem] for url in servers]
+    check_distinct_servers(servers, keys)  # two URLs of one server answer with one key
     token = secrets.token_urlsafe(24)
     privacy = "pure" if rho is None else "zcdp"
     config = TaskConfig(grid, None if epsilon is None else float(epsilon), mechanism, relation, int(min_batch),
@@ -99,46 +124,109 @@ def create_task(servers: list[str], grid: dict, epsilon: float | None, mechanism
 
 class UploadIncomplete(DpcdfError):
     """Some reports were not acknowledged by both servers (a server unreachable or failing for the whole
-    retry window). They stay in the spool: running the same upload again sends exactly those."""
+    retry window). They stay in the spool: running the same upload again sends exactly those.
+    `status`: the spool's counts; `summary`: what `submit` would have returned."""
 
-    def __init__(self, message: str, status: SpoolStatus):
+    def __init__(self, message: str, status: SpoolStatus, summary: dict | None = None):
         super().__init__(message)
-        self.status = status
+        self.status, self.summary = status, summary or {}
+
+
+OUTSIDE = ("clamp", "refuse")
+
+
+def outside_grid(config: TaskConfig, values: np.ndarray, lines=None) -> dict:
+    """Values outside the grid's range [t_0, t_last]: how many below and above, and the first lines
+    (1-based rows, or `lines`) of each. A value below t_0 counts at t_0 and one above t_last at t_last."""
+    t = config.make_grid().thresholds
+    below, above = np.flatnonzero(values < t[0]), np.flatnonzero(values > t[-1])
+    at = (lambda idx: [int(lines[i]) for i in idx[:5]]) if lines is not None else (lambda idx: [int(i) + 1 for i in idx[:5]])
+    return {"below": int(below.size), "above": int(above.size), "first": float(t[0]), "last": float(t[-1]),
+            "below_at": at(below), "above_at": at(above)}
 
 
 def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False, labels=None,
-           spool: str | Path | None = None, retry_for: float = 30.0) -> dict:
+           spool: str | Path | None = None, retry_for: float = 30.0, *, source: str = "python",
+           contents=None, lines=None, allow_duplicates: bool = False, outside: str = "clamp") -> dict:
     """Makes the reports for `values` (and `labels`, for label and calibration tasks) into the spool,
-    then uploads each server's share of them until both servers acknowledged every report.
+    then uploads each server's share of every report in the spool until both servers acknowledged it.
 
     Resumable and idempotent: with a spool file, a re-run (after any crash of a server, the network or
     this process) makes no new report for a spooled row and sends each server only what it has not
     acknowledged; a report a server already stored comes back as a duplicate, which acknowledges it.
+    The spool knows rows by content (`dpcdf.service.spool`): the same input again sends nothing new, an
+    input from `source` that extends what was spooled from it makes only the new rows, and rows equal
+    to rows spooled from another source raise `DuplicateRows` unless `allow_duplicates` (`contents`:
+    each row's bytes, e.g. its CSV fields, so that two people with equal values and different rows differ;
+    `lines`: each row's line number, for messages).
+    Values outside the grid's range are counted (`outside` in the result); `outside="clamp"` counts each
+    at the nearest end of the grid, as the release defines it, "refuse" raises DomainError first.
     Connection errors, timeouts, 5xx and 429 are retried with exponential backoff for `retry_for`
     seconds per server; past that, `UploadIncomplete` (the rest stays pending in the spool). A refusal
     of the whole batch (e.g. 409: the collection is closed) raises `ServerError` at once. Without a
     spool path the spool is in memory: nothing survives this process.
-    Returns counts: reports, complete (both servers), pending, rejected, and the spool's path."""
+    Returns counts: rows (of this input), new (reports made now), already_spooled (rows of this input
+    spooled before), duplicates_allowed; over the whole spool: reports, complete (both servers),
+    pending, rejected; outside; the spool's path; notes (sentences for the user)."""
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     labels = None if labels is None else np.asarray(labels).reshape(-1)
     if not 1 <= batch <= MAX_BATCH:
         raise ParameterError(f"batch must be in [1, {MAX_BATCH}], got {batch}")
-    store = Spool.open(":memory:" if spool is None else spool, config.fingerprint, values, labels)
+    if outside not in OUTSIDE:
+        raise ParameterError(f"outside must be one of {OUTSIDE}, got {outside!r}")
+    if values.size == 0:
+        raise ParameterError("no values to report")
+    if not np.isfinite(values).all():
+        raise ParameterError(f"value {values[~np.isfinite(values)][0]} is not a finite number")
+    if labels is not None and labels.size != values.size:
+        raise ParameterError(f"{labels.size} labels for {values.size} values")
+    if contents is not None and len(contents) != values.size:
+        raise ParameterError(f"{len(contents)} row contents for {values.size} values")
+    lines = list(range(1, values.size + 1)) if lines is None else [int(x) for x in lines]
+    out = outside_grid(config, values, lines)
+    notes = []
+    if out["below"] or out["above"]:
+        said = "; ".join(f"{k} {side} the grid's {end} threshold {out[end]:g} (line{'s' if k > 1 else ''} "
+                         f"{ranges(out[side + '_at'])}{', ...' if k > 5 else ''})"
+                         for side, end, k in (("below", "first", out["below"]), ("above", "last", out["above"])) if k)
+        if outside == "refuse":
+            k = out['below'] + out['above']
+            raise DomainError(f"{k} value{'s lie' if k > 1 else ' lies'} outside the grid: {said}; nothing was sent "
+                              "(--outside clamp counts each at the nearest end of the grid)")
+        notes.append(f"{out['below'] + out['above']} values outside the grid counted at its nearest end: {said} "
+                     "(--outside clamp, the default; --outside refuse stops instead)")
+    store = Spool.open(":memory:" if spool is None else spool, config.fingerprint)
     try:
-        for start in range(store.spooled(), values.size, batch):  # make every report before sending any
-            part = None if labels is None else labels[start : start + batch]
-            made = make_reports(config, values[start : start + batch], part)
-            store.add(start, [(r.report_id, r.to_bytes()) for r in made])
+        digests = store.digests(values, labels, contents)
+        admission = store.admit(digests, source, lines, allow_duplicates)
+        new = admission.new
+        if admission.spooled:
+            notes.append(f"{admission.spooled} of the {values.size} rows were spooled before from this input: "
+                         "not made again" + (" (a re-run sends only what a server has not acknowledged)"))
+        if admission.duplicates:
+            notes.append(f"{len(admission.duplicates)} rows equal rows sent from another input, sent again as "
+                         "--allow-duplicates asked")
+        if admission.new_version and source != "--values":
+            notes.append(f"{shown(source)} changed since it was spooled (rows spooled from it are missing): its rows are "
+                         "treated as a new input")
+        for start in range(0, new.size, batch):  # make every report before sending any
+            idx = new[start : start + batch]
+            made = make_reports(config, values[idx], None if labels is None else labels[idx])
+            store.add(admission, [(r.report_id, r.to_bytes(), digests[i], lines[i]) for r, i in zip(made, idx)])
         _upload(config, store, batch, progress, retry_for)
         status = store.status()
     finally:
         store.close()
-    summary = {"reports": status.rows, "complete": status.complete, "pending": status.pending,
-               "rejected": status.rejected, "spool": None if spool is None else str(spool)}
+    summary = {"rows": int(values.size), "new": int(new.size), "already_spooled": admission.spooled,
+               "duplicates_allowed": len(admission.duplicates), "reports": status.rows, "complete": status.complete,
+               "pending": status.pending, "rejected": status.rejected,
+               "outside": {"below": out["below"], "above": out["above"], "handled": outside},
+               "spool": None if spool is None else str(spool), "notes": notes}
     if status.pending:
         raise UploadIncomplete(f"{status.pending} of {status.rows} reports are not yet acknowledged by both servers; "
                                + (f"run the same command again to send them (spool {spool})" if spool else
-                                  "call submit again with a spool file to make uploads resumable"), status)
+                                  "call submit again with a spool file to make uploads resumable"), status,
+                               {k: v for k, v in summary.items() if k != "notes"})
     return summary
 
 
@@ -148,6 +236,7 @@ def _upload(config: TaskConfig, store: Spool, batch: int, progress: bool, retry_
     active = {0, 1}
     waited, tries, after = {0: 0.0, 1: 0.0}, {0: 0, 1: 0}, {0: -1, 1: -1}
     acked = {party: store.acknowledged(party) for party in (0, 1)}
+    total, shown_done = store.spooled(), -1
     while active:
         for party in sorted(active):
             rows = store.unacknowledged(party, batch, after[party])
@@ -173,9 +262,9 @@ def _upload(config: TaskConfig, store: Spool, batch: int, progress: bool, retry_
             refused = {rows[r["index"]][0]: str(r["error"]) for r in res["rejected"]}
             store.record(party, [row for row, _ in rows if row not in refused], refused)
             after[party], acked[party] = rows[-1][0], acked[party] + len(rows) - len(refused)
-        if progress:
-            done = min(acked.values())
-            bar = "#" * (30 * done // max(store.rows, 1))
-            print(f"\r[{bar:<30}] {done}/{store.rows} reports on both servers", end="", file=sys.stderr, flush=True)
+        if progress and min(acked.values()) != shown_done:
+            done = shown_done = min(acked.values())
+            bar = "#" * (30 * done // max(total, 1))
+            print(f"\r[{bar:<30}] {done}/{total} reports on both servers", end="", file=sys.stderr, flush=True)
     if progress:
         print(file=sys.stderr)

@@ -1,86 +1,60 @@
-"""The FastAPI application: the routers, the error handlers, the body-size limit, the shared state.
+"""The FastAPI application: the routers, the error handlers, the limits on what one client can hold
+(`limits`: body sizes and timeouts, upload slots, failure levels), the shared state.
 
 Endpoints are plain `def`s, so FastAPI runs them in its thread pool: a large request does not hold
 up the others; a task's close and queries take the task's own lock (`TaskState.answering`) and run
 one at a time, while other tasks proceed. The schema is at /openapi.json, the docs at /docs."""
 from __future__ import annotations
 
+import json
 import os
 from pathlib import Path
 
 from fastapi import FastAPI
-from fastapi.responses import JSONResponse
-from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...errors import DpcdfError
+from ..files import private_dir
 from .errors import HANDLERS
+from .limits import MAX_BODY, Failures, Guard, Limits, uvicorn_options  # noqa: F401 (MAX_BODY: the package's name)
 from .models import TaskSpec
 from .routers import health, queries, reports, tasks
 from .state import Server
 
-MAX_BODY = 64 << 20
 TESTING_ENV = "DPCDF_TESTING"
 
 
 def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bool = True,
-               admin_token_file: str | Path | None = None, dask: str | None = None) -> FastAPI:
+               admin_token_file: str | Path | None = None, dask: str | None = None,
+               limits: Limits | None = None) -> FastAPI:
     """Server `party` (0 or 1) over the store in `data_dir`. `noise=False` is a test-only setting
     (it needs DPCDF_TESTING=1); `warm_up` compiles the kernels in the background at once. The
     operator's token (needed to register tasks) comes from `admin_token_file`, else the environment's
     DPCDF_ADMIN_TOKEN, else a token made at the first start in DATA/admin.token (0600). `dask`: evaluate
     on a Dask cluster, a scheduler's address ("tcp://host:8786") or "local:N" (a LocalCluster of N
-    worker processes), see `dpcdf.service.dask_eval`; None evaluates in-process."""
+    worker processes), see `dpcdf.service.dask_eval`; None evaluates in-process. `limits`: what one
+    client may hold (`limits.Limits`; its defaults are the documented ones). The data directory and
+    everything the server writes in it are its owner's only (0700 folders, 0600 files)."""
     if party not in (0, 1):
         raise DpcdfError(f"party must be 0 or 1, got {party!r}")
     if not noise and os.environ.get(TESTING_ENV) != "1":
         raise DpcdfError(f"switching noise off is a test-only setting (needs {TESTING_ENV}=1)")
     app = FastAPI(title=f"dpcdf server {party}", version="1",
                   description="One of the two servers of a two-server DP ECDF (function secret sharing).")
+    private_dir(data_dir)
+    app.state.limits = limits = limits or Limits()
+    app.state.failures = failures = Failures(limits)
+    app.state.bodies = private_dir(Path(data_dir) / "incoming")  # bodies over limits.memory_bytes, unlinked files
     app.state.server = Server(party, data_dir, noise, admin_token_file, dask=dask)
     app.router.on_shutdown.append(app.state.server.close)
     for router in (health.router, tasks.router, reports.router, queries.router):
         app.include_router(router)
     for exc, handler in HANDLERS.items():
         app.add_exception_handler(exc, handler)
-    app.add_middleware(BodyLimit, limit=MAX_BODY)
+    app.add_middleware(Guard, limits=limits, failures=failures)
     app.openapi = _schema(app)
     if warm_up:
         app.state.server.warm_up()
     return app
-
-
-class BodyLimit:
-    """Refuses a body over `limit` bytes with 413: at once if its Content-Length says so, else when
-    the bytes read pass the limit (the body is read here, then handed on)."""
-
-    def __init__(self, app: ASGIApp, limit: int):
-        self.app, self.limit = app, limit
-
-    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
-        if scope["type"] != "http":
-            return await self.app(scope, receive, send)
-        length = dict(scope["headers"]).get(b"content-length")
-        if length is not None and (not length.isdigit() or int(length) > self.limit):
-            return await self._refuse(scope, receive, send)
-        chunks, size, more = [], 0, True
-        while more:
-            message = await receive()
-            if message["type"] != "http.request":  # the client went away
-                return
-            chunks.append(message.get("body", b""))
-            size += len(chunks[-1])
-            if size > self.limit:
-                return await self._refuse(scope, receive, send)
-            more = message.get("more_body", False)
-        pending: list[Message] = [{"type": "http.request", "body": b"".join(chunks), "more_body": False}]
-
-        async def replay() -> Message:
-            return pending.pop() if pending else await receive()
-
-        await self.app(scope, replay, send)
-
-    async def _refuse(self, scope: Scope, receive: Receive, send: Send) -> None:
-        await JSONResponse({"error": f"request body over {self.limit} bytes"}, status_code=413)(scope, receive, send)
 
 
 def _schema(app: FastAPI):
@@ -105,12 +79,81 @@ def _schema(app: FastAPI):
 
 def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: bool = True,
           admin_token_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
-          dask: str | None = None) -> None:
+          dask: str | None = None, log_format: str = "text") -> None:
     """Runs the server with uvicorn; with `tls_cert` and `tls_key` (PEM files) over HTTPS. Clients and
-    the other server verify the certificate against the system's CAs, or SSL_CERT_FILE's."""
+    the other server verify the certificate against the system's CAs, or SSL_CERT_FILE's.
+
+    Logs to stderr: at the start, the URL, party, data directory and where the operator token is; then
+    one line per request (`log_format` "text": uvicorn's access log; "json": one JSON object per line
+    with time, client, method, path, status). No line carries a token or a report."""
+    import logging
     import uvicorn
 
     if (tls_cert is None) != (tls_key is None):
         raise DpcdfError("TLS needs both --tls-cert and --tls-key")
-    uvicorn.run(create_app(party, data_dir, noise, admin_token_file=admin_token_file, dask=dask), host=host, port=port,
-                log_level="warning", ssl_certfile=tls_cert, ssl_keyfile=tls_key)
+    if log_format not in ("text", "json"):
+        raise DpcdfError(f"log_format must be text or json, got {log_format!r}")
+    app = create_app(party, data_dir, noise, admin_token_file=admin_token_file, dask=dask)
+    if admin_token_file is not None:
+        token_at = admin_token_file
+    elif os.environ.get("DPCDF_ADMIN_TOKEN"):
+        token_at = "$DPCDF_ADMIN_TOKEN"
+    else:
+        token_at = str(Path(data_dir) / "admin.token")
+    url = f"{'https' if tls_cert else 'http'}://{host}:{port}"
+    facts = {"url": url, "party": party, "data": str(Path(data_dir).resolve()), "operator_token": token_at,
+             "noise": noise, "evaluation": dask or "in-process"}
+    if log_format == "json":
+        _start_line = json.dumps({"event": "start", **facts})
+    else:
+        _start_line = (f"dpcdf server {party} at {url}; data {facts['data']}; operator token in {token_at}"
+                       + ("" if noise else "; NOISE OFF (test-only)") + (f"; Dask {dask}" if dask else ""))
+    config = uvicorn.Config(app, host=host, port=port, ssl_certfile=tls_cert, ssl_keyfile=tls_key,
+                            log_level="info", access_log=True, log_config=_log_config(log_format, party),
+                            **uvicorn_options(app))
+    server = uvicorn.Server(config)
+    logging.getLogger("dpcdf.serve").info(_start_line)
+    server.run()
+
+
+def _log_config(log_format: str, party: int) -> dict:
+    """uvicorn's logging: warnings and errors, the access log, and dpcdf's start line, all on stderr."""
+    fmt = {"text": {"()": "uvicorn.logging.DefaultFormatter", "fmt": "%(asctime)s %(levelprefix)s %(message)s",
+                    "use_colors": False},
+           "access": {"()": "uvicorn.logging.AccessFormatter", "use_colors": False,
+                      "fmt": f"%(asctime)s server {party} %(client_addr)s \"%(request_line)s\" %(status_code)s"},
+           "plain": {"format": "%(asctime)s %(message)s"}}
+    if log_format == "json":
+        fmt = {name: {"()": f"{__name__}._JsonFormatter", "party": party} for name in ("text", "access", "plain")}
+    handler = {"class": "logging.StreamHandler", "stream": "ext://sys.stderr"}
+    return {"version": 1, "disable_existing_loggers": False, "formatters": fmt,
+            "handlers": {"text": {**handler, "formatter": "text"}, "access": {**handler, "formatter": "access"},
+                         "plain": {**handler, "formatter": "plain"}},
+            "loggers": {"uvicorn": {"handlers": ["text"], "level": "WARNING", "propagate": False},
+                        "uvicorn.error": {"handlers": ["text"], "level": "WARNING", "propagate": False},
+                        "uvicorn.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
+                        "dpcdf.serve": {"handlers": ["plain"], "level": "INFO", "propagate": False}}}
+
+
+class _JsonFormatter:
+    """One JSON object per log line: time, party, level, and for a request client, method, path, status."""
+
+    def __init__(self, party: int = 0):
+        import logging
+
+        self.party, self._time = party, logging.Formatter()
+
+    def format(self, record) -> str:
+        out = {"time": self._time.formatTime(record), "party": self.party, "level": record.levelname.lower()}
+        args = record.args
+        if record.name == "uvicorn.access" and isinstance(args, tuple) and len(args) == 5:
+            client, method, path, version, status = args
+            out.update(event="request", client=client, method=method, path=path, status=status)
+        else:
+            message = record.getMessage()
+            try:
+                parsed = json.loads(message)
+                out.update(parsed if isinstance(parsed, dict) else {"message": message})
+            except ValueError:
+                out["message"] = message
+        return json.dumps(out)

@@ -1,0 +1,175 @@
+"""The user's path through mistakes: every subcommand run as a real process on wrong input ends with
+one line `dpcdf: ...` on stderr and exit status 2, never a traceback; then the right command works.
+Ctrl-C during an upload says how to resume, and resuming counts every value once."""
+from __future__ import annotations
+
+import csv
+import json
+import os
+import signal
+import subprocess
+import sys
+import time
+from concurrent.futures import ThreadPoolExecutor
+from pathlib import Path
+
+import pytest
+
+from dpcdf.cli import POSTPROCESS_CHOICES, build_parser
+from dpcdf.release.ecdf import POSTPROCESS
+from dpcdf.service.http import http
+from dpcdf.service.task import TaskConfig
+from helpers import TESTING, dpcdf_cli, urls, values
+
+ENV = dict(os.environ, **TESTING)
+
+
+def run(args: list[str], env: dict | None = None) -> subprocess.CompletedProcess:
+    return subprocess.run([sys.executable, "-m", "dpcdf", *args], capture_output=True, text=True, timeout=300,
+                          env=env or ENV)
+
+
+def one_line_error(res: subprocess.CompletedProcess) -> str:
+    """The error line, after checking the shape every CLI error must have."""
+    assert res.returncode == 2, (res.returncode, res.stdout, res.stderr)
+    assert "Traceback" not in res.stderr, res.stderr
+    lines = [ln for ln in res.stderr.splitlines() if ln.strip()]
+    errors = [ln for ln in lines if ln.startswith("dpcdf: ")]
+    assert len(errors) == 1 and lines[-1] == errors[0], res.stderr
+    assert "unexpected error" not in errors[0], errors[0]  # the safety net is not how a known mistake is told
+    return errors[0]
+
+
+@pytest.fixture(scope="module")
+def place(servers, tmp_path_factory):
+    """A task on the test servers (noise off), its files, and input files, in one directory."""
+    procs, _ = servers
+    d = tmp_path_factory.mktemp("cli")
+    made = dpcdf_cli("task", "--servers", *urls(procs["exact"]), "--grid", "uniform:0:100:8", "--epsilon", "1",
+                     "--min-batch", "5", "--out", str(d / "task.json"))
+    assert made.returncode == 0, made.stderr
+    vals = values(40, 3)
+    with open(d / "people.csv", "w", newline="") as f:
+        csv.writer(f).writerows([["id", "age", "income"]] + [[i, 30 + i % 40, f"{v:.3f}"] for i, v in enumerate(vals)])
+    (d / "text.csv").write_text("income\n12.5\nabc\n")
+    (d / "empty.csv").write_text("")
+    (d / "wide.csv").write_text("value\n10\n250\n-3\n50\n")
+    (d / "bad.token").write_text("not-the-token-of-this-task-0123456789")
+    (d / "notjson.json").write_text("{ this is not a task")
+    return d
+
+
+def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place):
+    d = str(place)
+    task = f"{d}/task.json"
+    cases = [
+        ([], "required: COMMAND"),
+        (["frobnicate"], "invalid choice"),
+        (["serve", "--party", "2", "--port", "1", "--data", d], "--party"),
+        (["serve", "--party", "0", "--port", "1", "--data", d, "--tls-cert", f"{d}/c.pem"], "TLS needs both"),
+        (["task", "--servers", "http://127.0.0.1:9", "http://127.0.0.1:9", "--grid", "uniform:0:100", "--epsilon", "1"],
+         "--grid must be uniform:LO:HI:BITS"),
+        (["task", "--servers", "http://127.0.0.1:9", "http://127.0.0.1:9", "--grid", "uniform:0:100:99", "--epsilon", "1"],
+         "BITS must be in 1..24"),
+        (["task", "--servers", "a", "b", "--grid", "uniform:0:100:8", "--epsilon", "1"], "is not a server URL"),
+        (["task", "--servers", "http://127.0.0.1:9", "http://127.0.0.1:9", "--grid", "uniform:0:100:8", "--epsilon", "-1"],
+         "--epsilon must be a positive number"),
+        (["task", "--servers", "http://127.0.0.1:9", "http://127.0.0.1:9", "--grid", "uniform:0:100:8", "--epsilon", "1",
+          "--admin-token-file", f"{d}/missing.token"], "missing.token: no such file"),
+        (["task", "--servers", "http://127.0.0.1:9", "http://127.0.0.1:9", "--grid", "uniform:0:100:8"],
+         "one of the arguments --epsilon --rho is required"),
+        (["submit", "--task", f"{d}/missing.json", "--values", "1"], "missing.json: no such file"),
+        (["submit", "--task", f"{d}/notjson.json", "--values", "1"], "is not a task config"),
+        (["submit", "--task", task, "--csv", f"{d}/missing.csv", "--column", "income"], "missing.csv: no such file"),
+        (["submit", "--task", task, "--csv", f"{d}/people.csv"], "has 3 columns (id, age, income): name the values' column with --column"),
+        (["submit", "--task", task, "--csv", f"{d}/people.csv", "--column", "incme"], "no column 'incme'"),
+        (["submit", "--task", task, "--csv", f"{d}/text.csv"], "line 3, column income: 'abc' is not a number"),
+        (["submit", "--task", task, "--csv", f"{d}/empty.csv"], "is empty"),
+        (["submit", "--task", task], "give the values"),
+        (["submit", "--task", task, "--values", "1", "--csv", f"{d}/people.csv"], "not both"),
+        (["submit", "--task", task, "--values", "12", "x"], "'x' is not a number"),
+        (["submit", "--task", task, "--values", "12", "--batch", "0"], "batch must be in"),
+        (["submit", "--task", task, "--csv", f"{d}/wide.csv", "--outside", "refuse"],
+         "2 values lie outside the grid: 1 below the grid's first threshold 0 (line 4); 1 above the grid's last threshold 100 (line 3)"),
+        (["submit", "--task", task, "--csv", f"{d}/people.csv", "--column", "income", "--label-column", "age"],
+         "--label-column belongs to label and calibration tasks"),
+        (["close", "--task", task, "--token-file", f"{d}/bad.token"], "refused the analyst token in"),
+        (["close", "--task", task, "--token-file", f"{d}/missing.token"], "missing.token: no such file"),
+        (["query", "--task", task, "--token-file", f"{d}/bad.token"], "it is not the token of task"),
+        (["query", "--task", task, "--roc"], "--roc needs a label task"),
+        (["query", "--task", task, "--postprocess", "wiggly"], "invalid choice"),
+        (["demo", "--clients", "5"], "--clients must be at least 10"),
+        (["warm-up", "--fast"], "unrecognized arguments: --fast"),
+    ]
+    with ThreadPoolExecutor(4) as pool:
+        results = list(pool.map(lambda c: run(c[0]), cases))
+    for (args, expected), res in zip(cases, results):
+        line = one_line_error(res)
+        assert expected in line, (args, line)
+    # nothing of the above reached the servers: the task has no report and is still open
+    config, token = TaskConfig.from_json((place / "task.json").read_text()), (place / "task.json.token").read_text()
+    assert http("GET", f"{config.servers[0]}/tasks/{config.task_id}", token=token) == {
+        "task_id": config.task_id, "reports": 0, "closed": False, "min_batch": 5}
+    # and the right commands work after the mistakes
+    ok = run(["submit", "--task", str(place / "task.json"), "--csv", str(place / "people.csv"), "--column", "income"])
+    assert ok.returncode == 0 and json.loads(ok.stdout.splitlines()[-1])["complete"] == 40, ok.stderr
+    # --bisect on this (adaptive) task: refused before anything closes, naming the mechanism and what to do
+    bisect = one_line_error(run(["query", "--task", str(place / "task.json"), "--bisect"]))
+    assert "adaptive mechanism" in bisect and "without --bisect" in bisect
+    assert not http("GET", f"{config.servers[0]}/tasks/{config.task_id}", token=token)["closed"]
+    queried = run(["query", "--task", str(place / "task.json"), "--quantiles", "0.5"])
+    assert queried.returncode == 0 and "first query closes the collection" in queried.stderr, queried.stderr
+    late = one_line_error(run(["submit", "--task", str(place / "task.json"), "--values", "1", "2"]))
+    assert "409" in late and "closed" in late
+
+
+def test_help_documents_every_option_with_its_default():
+    assert POSTPROCESS_CHOICES == list(POSTPROCESS)
+    parser = build_parser()
+    sub = next(a for a in parser._actions if a.choices and "submit" in a.choices)
+    assert set(sub.choices) == {"serve", "task", "submit", "close", "query", "demo", "warm-up"}
+    for name, cmd in sub.choices.items():
+        text = cmd.format_help()
+        for action in cmd._actions:
+            if not action.option_strings or action.dest == "help":
+                continue
+            assert action.help, (name, action.option_strings)
+            if action.default not in (None, False):
+                shown = " ".join(map(str, action.default)) if isinstance(action.default, list) else str(action.default)
+                helped = cmd._get_formatter()._get_help_string(action)
+                assert "default" in helped and (shown in helped or "default" in action.help), (name, action.dest, helped)
+        assert "dpcdf" in text
+    res = run(["submit", "--help"])
+    assert res.returncode == 0 and "(default: clamp)" in " ".join(res.stdout.split())
+
+
+def test_ctrl_c_during_submit_says_how_to_resume_and_resuming_counts_each_value_once(servers, tmp_path):
+    procs, _ = servers
+    made = dpcdf_cli("task", "--servers", *urls(procs["exact"]), "--grid", "uniform:0:100:8", "--epsilon", "1",
+                     "--mechanism", "tree", "--min-batch", "5", "--out", str(tmp_path / "task.json"))
+    assert made.returncode == 0, made.stderr
+    n = 3000
+    data = tmp_path / "values.csv"
+    data.write_text("value\n" + "".join(f"{float(v)!r}\n" for v in values(n, 9)))
+    command = ["submit", "--task", str(tmp_path / "task.json"), "--csv", str(data), "--batch", "50"]
+    proc = subprocess.Popen([sys.executable, "-m", "dpcdf", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
+                            text=True, env=ENV)
+    spool = Path(str(tmp_path / "task.json") + f".{TaskConfig.from_json((tmp_path / 'task.json').read_text()).task_id[:12]}.spool")
+    deadline = time.monotonic() + 120
+    while not spool.exists() and time.monotonic() < deadline:
+        time.sleep(0.01)
+    time.sleep(0.3)  # into the making of reports or the upload
+    proc.send_signal(signal.SIGINT)
+    out, err = proc.communicate(timeout=120)
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    if proc.returncode == 0:
+        pytest.fail("the upload ended before Ctrl-C: the test proved nothing")
+    line = one_line_error(res)
+    assert "interrupted" in line and "run the same command again to resume" in line and str(spool) in line
+    again = run(command)
+    assert again.returncode == 0, again.stderr
+    summary = json.loads(again.stdout.splitlines()[-1])
+    assert summary["complete"] == n and summary["rows"] == n and summary["pending"] == 0
+    config, token = TaskConfig.from_json((tmp_path / "task.json").read_text()), (tmp_path / "task.json.token").read_text()
+    for url in config.servers:
+        assert http("GET", f"{url}/tasks/{config.task_id}", token=token)["reports"] == n
