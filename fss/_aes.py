@@ -262,7 +262,7 @@ class AesRounds:
         ret = ir.LiteralStructType([vt] * k) if k > 1 else vt
         cons = ",".join(["=x"] * k + [str(j) for j in range(k)] + ["r", "x"])
         fty = ir.FunctionType(ret, [vt] * k + [self.table.type, vt])
-        call = b.asm(fty, text, cons, list(st) + [self.table, k_last], side_effect=False, name="aes")
+        call = b.asm(fty, text, cons, list(st) + [self.table, k_last], side_effect=True, name="aes")  # reads the key table: never moved above its stores
         return [b.extract_value(call, j) for j in range(k)] if k > 1 else [call]
 
     def mmo(self, regs: list[ir.Value]) -> list[ir.Value]:

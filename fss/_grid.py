@@ -157,7 +157,7 @@ _LANES = ir.Constant(ir.VectorType(A.I64, 8), list(range(8)))
 _REV8 = ir.Constant(ir.VectorType(A.I32, 8), list(range(7, -1, -1)))
 
 
-def _store_leaves(b, O, whole, first, width: int, origin, lo, hi, reverse) -> None:
+def _store_leaves(b, O, whole, first, width: int, origin, lo, hi, reverse, plain_when_full: bool = False) -> None:
     """Shares of the 8 leaves at child positions first .. first + 7 (`whole`: <8 width x i64>,
     element-major, lane 8 e + leaf) into the output O, read as one flat array of (leaf, element)
     words: position p at (origin + p) * width + e, or with `reverse` at (origin - p) * width + e;
@@ -175,7 +175,17 @@ def _store_leaves(b, O, whole, first, width: int, origin, lo, hi, reverse) -> No
     vt = whole.type
     ptr = b.bitcast(O.at(b.mul(at, _c64(width))), vt.as_pointer())
     fn = _masked_store(b, vt)
-    b.call(fn, [b.select(reverse, rev, fwd), ptr, ir.Constant(A.I32, 8), mask])
+    value = b.select(reverse, rev, fwd)
+    if not plain_when_full:
+        b.call(fn, [value, ptr, ir.Constant(A.I32, 8), mask])
+        return
+    # AVX2 (vpmaskmovq) masked stores are slow on AMD: a plain store when all 8 leaves are in range
+    full = b.and_(b.icmp_signed(">=", first, lo), b.icmp_signed("<=", b.add(first, _c64(8)), hi))
+    with b.if_else(full) as (whole_store, masked):
+        with whole_store:
+            b.store(value, ptr, align=8)
+        with masked:
+            b.call(fn, [value, ptr, ir.Constant(A.I32, 8), mask])
 
 
 def _masked_store(b, vt: ir.VectorType) -> ir.Function:
@@ -279,7 +289,8 @@ def grid_step(width: int, has_v: bool, prime: bool, tier: str):
                         for q, h in enumerate(hs):
                             for z, zip_ in enumerate((_ZIP_LO, _ZIP_HI)):
                                 parts = [b.shuffle_vector(vals[2 * q][e], vals[2 * q + 1][e], zip_) for e in range(width)]
-                                _store_leaves(b, O, _concat(b, parts), _off(b, j_, _c64(16 * h + 8 * z)), width, origin_, lo_, hi_, reverse_)
+                                _store_leaves(b, O, _concat(b, parts), _off(b, j_, _c64(16 * h + 8 * z)), width, origin_, lo_, hi_, reverse_,
+                                             not mmo.aes.vaes)
                     with inner:
                         for q, h in enumerate(hs):
                             for r in range(rows):
@@ -294,3 +305,4 @@ def grid_step(width: int, has_v: bool, prime: bool, tier: str):
         return sig, codegen
 
     return step
+
