@@ -161,7 +161,7 @@ def server_section(repeats: int) -> float:
     headline = 0.0
     for payload in ("count", "label"):
         for bits in (10, 16):
-            cfg = TaskConfig(grid(bits), 1.0, "path", "substitution", 1, ("a", "b"), ("00", "00"), "00",
+            cfg = TaskConfig(grid(bits), 1.0, "path", "substitution", 1, ("a", "b"), ("00", "01"), "00",
                              payload=payload, verify=True)
             dcf, check, size = cfg.dcf(), cfg.check(), cfg.make_grid().size
             n = round_one.keys_per_pass(size, dcf.width)  # one batch of `round_one.step`
@@ -251,7 +251,7 @@ class Servers:
     def settle(self) -> float:
         """Seconds from the start until neither server has round-one work queued or running (/health
         `checking`): process start-up and kernel loading included."""
-        while any(http("GET", f"{u}/health")["checking"] for u in self.urls):
+        while any(http("GET", f"{u}/health/operator", token=os.environ["DPCDF_ADMIN_TOKEN"])["checking"] for u in self.urls):
             time.sleep(0.05)
         return time.perf_counter() - self.started
 
@@ -458,7 +458,7 @@ def print_profile(rows: list[tuple[str, float]], n: int, close: float | None) ->
 def grid_backend() -> str:
     """The backend `DCF.eval_grid` takes for a verified task's keys (the fused kernel, where fss has one)."""
     choose = getattr(backend, "_grid_for", None)
-    params = TaskConfig(grid(E2E_BITS), 1.0, "path", "substitution", 1, ("a", "b"), ("00", "00"), "00", verify=True).dcf().params
+    params = TaskConfig(grid(E2E_BITS), 1.0, "path", "substitution", 1, ("a", "b"), ("00", "01"), "00", verify=True).dcf().params
     return (choose(params) or "portable") if choose else "portable"
 
 

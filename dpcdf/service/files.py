@@ -1,5 +1,7 @@
-"""Files only their owner may read (0600): keys, tokens, stores and spools hold secrets or sealed
-reports. Each is created with its mode, never chmod-ed after the fact (no moment readable by others)."""
+"""Files only their owner may read (0600) in folders only their owner may enter (0700): keys, tokens,
+stores, spools and key-share segments hold secrets or sealed reports. Each file is created with its
+mode, never chmod-ed after the fact (no moment readable by others); a server's folders are made 0700
+(`private_dir`), and its data directory narrowed to 0700 at start if it was wider."""
 from __future__ import annotations
 
 import os
@@ -24,3 +26,13 @@ def create_private(path: str | Path) -> None:
         os.close(os.open(path, os.O_WRONLY | os.O_CREAT | os.O_EXCL, 0o600))
     except FileExistsError:
         pass
+
+
+def private_dir(path: str | Path) -> Path:
+    """`path` as a folder only its owner may enter (0700): created so (with its missing parents), or
+    narrowed to 0700 if it exists with more."""
+    path = Path(path)
+    path.mkdir(mode=0o700, parents=True, exist_ok=True)
+    if path.stat().st_mode & 0o077:
+        os.chmod(path, 0o700)
+    return path

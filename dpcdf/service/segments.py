@@ -26,6 +26,7 @@ from fss import DCF, FssError, KeyBatch
 from fss.keys import GROUP
 
 from ..errors import DpcdfError
+from .files import private_dir
 from .store import SegmentFile, Store
 
 log = logging.getLogger("dpcdf.segments")
@@ -72,7 +73,8 @@ def write(directory: str | Path, batches: Iterable[KeyBatch], set_hash: str) -> 
     fsynced, renamed); returns the files' records for `Store.record_segments`. Files of earlier
     segments in the directory are removed first."""
     directory = Path(directory)
-    directory.mkdir(parents=True, exist_ok=True)
+    private_dir(directory.parent)  # DATA/segments, then the task's own: key shares, the owner's only
+    private_dir(directory)
     for old in directory.glob("*.npy*"):
         old.unlink()
     records = []
@@ -80,7 +82,7 @@ def write(directory: str | Path, batches: Iterable[KeyBatch], set_hash: str) -> 
         for name in ARRAYS:
             file = f"{shard:05d}.{name}.npy"
             tmp = directory / (file + ".tmp")
-            with open(tmp, "wb") as f:
+            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
                 out = _Hashing(f)
                 np.lib.format.write_array(out, np.ascontiguousarray(getattr(batch, name)), allow_pickle=False)
                 f.flush()

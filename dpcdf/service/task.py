@@ -8,6 +8,7 @@ import json
 import re
 import secrets
 from dataclasses import asdict, dataclass, field
+from urllib.parse import urlsplit
 
 import numpy as np
 
@@ -31,10 +32,45 @@ MAX_QUERY_POINTS = 1 << 16  # prefix indices per query (the analyst splits large
 MAX_VERIFIED_GRID = 1 << 16  # grid points a verified task evaluates every report at, at the close
 
 
+class SameServerError(ParameterError):
+    """A task whose two servers are one: the same URL (after normalising scheme, host, port and
+    trailing slashes) or the same HPKE key. A client would seal both shares of every value to one
+    server, which could then read every value."""
+
+
+def normal_url(url: str) -> str:
+    """A server URL compared as a server: scheme and host in lower case, the scheme's default port
+    made explicit, no trailing slashes (a string that is no http(s) URL: itself, stripped)."""
+    try:
+        parts = urlsplit(url.strip())
+        scheme, host, port = parts.scheme.lower(), (parts.hostname or "").lower(), parts.port
+    except ValueError:
+        return url.strip()
+    if scheme not in ("http", "https") or not host:
+        return url.strip()
+    host = f"[{host}]" if ":" in host else host
+    return f"{scheme}://{host}:{port or (443 if scheme == 'https' else 80)}{parts.path.rstrip('/')}"
+
+
+def check_distinct_servers(servers, hpke_keys=None) -> None:
+    """SameServerError unless the two servers differ in URL and (if given) in HPKE key (see
+    `SameServerError`)."""
+    if normal_url(servers[0]) == normal_url(servers[1]):
+        raise SameServerError(f"the task's two servers are one server ({servers[0]} and {servers[1]}): a client would "
+                              "send both shares of every value to it; name two distinct servers")
+    if hpke_keys is None:
+        return
+    a, b = (k.strip().lower() for k in hpke_keys)
+    if a == b:
+        raise SameServerError(f"the task's two servers have the same HPKE key ({a[:16]}...): whoever holds it opens both "
+                              "shares of every value; each server needs its own key")
+
+
 @dataclass(frozen=True)
 class TaskConfig:
     """grid: {"kind": "uniform"|"log", "lo", "hi", "bits"} or {"kind": "thresholds", "values": [...]}.
     servers: both servers' base URLs; hpke_keys: their public keys for `kem` (hex, see `dpcdf.hpke`);
+    two distinct servers: different URLs and different keys (else `SameServerError`);
     token_hash: SHA-256 of the analyst's bearer token (hex). payload "count": each report counts 1
     (an ECDF); "label": each report carries (label, 1 - label), two ECDFs in one key (a ROC curve:
     each curve epsilon/2 under add/remove, epsilon under substitution, as in `dpcdf.roc`);
@@ -86,6 +122,7 @@ class TaskConfig:
             raise ParameterError("a calibration task needs relation 'substitution' and a split in (0, 1)")
         if len(self.servers) != 2 or len(self.hpke_keys) != 2:
             raise ParameterError("a task has exactly two servers and two HPKE keys")
+        check_distinct_servers(self.servers, self.hpke_keys)
         check_kem(self.kem)
         if self.format != FORMAT:
             raise ParameterError(f"unknown task format {self.format!r}")
@@ -198,14 +235,23 @@ class TaskConfig:
 
     def dcf(self) -> DCF:
         """The comparison every report shares: f_a(t) = beta if t >= a, so sum_a f_a(i) counts values
-        <= t_i (beta = 1, or (label, 1 - label))."""
+        <= t_i (beta = 1, or (label, 1 - label)). The shape of what the servers release (a verified
+        task's keys carry more: `key_dcf`)."""
         if self.verify:
             return DCF(self.make_grid().bits, width=self.width, cmp="ge", group="p61")
         return DCF(self.make_grid().bits, OUT_BITS, self.width, cmp="ge")
 
+    def key_dcf(self) -> DCF:
+        """The DCF the clients' keys are made with: `dcf`, except that a verified task's keys also carry
+        kappa * beta, the report check's MAC (`verify.Check.key_width`)."""
+        if self.verify:
+            return DCF(self.make_grid().bits, width=self.check().key_width, cmp="ge", group="p61")
+        return self.dcf()
+
     def check(self) -> "verify.Check":
-        """The report check of a verified task (ParameterError for a payload that has none)."""
-        return verify.Check(self.payload, self.make_grid().size)
+        """The report check of a verified task, with its MAC against a deviating server
+        (ParameterError for a payload that has none)."""
+        return verify.Check(self.payload, self.make_grid().size, mac=True)
 
     @property
     def extras_bytes(self) -> int:

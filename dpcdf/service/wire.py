@@ -29,6 +29,7 @@ from ..errors import DpcdfError
 MAGIC = b"DPR1"
 ID_BYTES = 16
 MAX_BATCH = 1 << 16  # reports per batch upload
+FOREIGN = "report is for another task"  # also a server's answer for a task id it does not know
 
 
 class ReportError(DpcdfError, ValueError):
@@ -81,7 +82,7 @@ def open_share(report: Report, party: int, private_key, fingerprint: bytes, kem:
     """The server's side: its key share's bytes, or ReportError if the report is for another task
     or does not open with this server's key."""
     if report.fingerprint != fingerprint:
-        raise ReportError("report is for another task")
+        raise ReportError(FOREIGN)
     enc, ct = report.sealed[party]
     if len(enc) != hpke.enc_length(kem):
         raise ReportError(f"the encapsulated key must be {hpke.enc_length(kem)} bytes for {kem}")

@@ -136,8 +136,8 @@ def test_smoothing_is_the_path_mechanisms():
 # --- the servers' and the analyst's side, in process ----------------------------------------------
 def _config(mechanism: str, relation: str = "substitution", payload: str = "count", bits: int = 6) -> TaskConfig:
     return TaskConfig(grid={"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": bits}, epsilon=1.0, mechanism=mechanism,
-                      relation=relation, min_batch=0, servers=("http://127.0.0.1:9", "http://127.0.0.1:9"),
-                      hpke_keys=("00" * 32, "00" * 32), token_hash="00" * 32, payload=payload, task_id="in-process")
+                      relation=relation, min_batch=0, servers=("http://127.0.0.1:9", "http://127.0.0.1:10"),
+                      hpke_keys=("00" * 32, "01" * 32), token_hash="00" * 32, payload=payload, task_id="in-process")
 
 
 SEEDS = (b"\x01" * 32, b"\x02" * 32)

@@ -215,7 +215,7 @@ def test_auto_is_adaptive_under_substitution_on_large_enough_grids_only():
 
 # --- the task config ------------------------------------------------------------------------------------
 BASE = dict(grid={"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 8}, epsilon=1.0, mechanism="adaptive",
-            relation="substitution", min_batch=0, servers=("http://a", "http://b"), hpke_keys=("00", "00"),
+            relation="substitution", min_batch=0, servers=("http://a", "http://b"), hpke_keys=("00", "01"),
             token_hash="0" * 64)
 
 

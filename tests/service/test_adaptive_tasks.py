@@ -148,7 +148,7 @@ def test_other_tasks_refuse_bins(servers):
 def test_adaptive_configs_are_count_tasks_on_grids_it_fits():
     from dpcdf import ParameterError
     base = dict(grid=GRID8, epsilon=1.0, mechanism="adaptive", relation="substitution", min_batch=0,
-                servers=("http://a", "http://b"), hpke_keys=("00", "00"), token_hash="0" * 64)
+                servers=("http://a", "http://b"), hpke_keys=("00", "01"), token_hash="0" * 64)
     assert TaskConfig(**base).make_mechanism().name == "adaptive"
     for bad in ({"payload": "label"}, {"grid": {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 7}},
                 {"privacy": "zcdp", "epsilon": None, "rho": 0.5}):

@@ -30,7 +30,7 @@ from dpcdf.service.server.state import Checker, pair_key
 from dpcdf.service.store import Store
 from dpcdf.service.task import TaskConfig
 from dpcdf.service.wire import encode_batch, join_share
-from helpers import TESTING, values
+from helpers import OPERATOR, TESTING, values
 from test_malicious_clients import forged, reason, seal
 
 GRID = {"kind": "thresholds", "values": [float(v) for v in range(50)]}
@@ -83,7 +83,7 @@ def pair(tmp_path_factory):
 
 def settled(urls, timeout=60.0):
     end = time.monotonic() + timeout
-    while any(http("GET", f"{u}/health")["checking"] for u in urls):
+    while any(http("GET", f"{u}/health/operator", token=OPERATOR)["checking"] for u in urls):
         assert time.monotonic() < end, "round one did not finish"
         time.sleep(0.05)
 
@@ -255,7 +255,7 @@ def _shares(config, n, party, seed):
 def test_every_report_dropped_and_a_batch_taken_across_the_freeze(tmp_path):
     """A batch read before the freeze and stored after it holds exactly the frozen reports; a set
     whose every report the reconciliation dropped gives an empty R and a zero sum."""
-    config = TaskConfig(GRID, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "00" * 32), "00")
+    config = TaskConfig(GRID, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "01" * 32), "00")
     key, party = bytes(range(32)), 0
     store = Store(tmp_path / "server.sqlite")
     try:
@@ -281,7 +281,7 @@ def test_one_sided_reports_cost_the_server_two_grid_walks_each(tmp_path, monkeyp
     the worker and is walked again at the close to subtract it (before this change: never). A
     client that uploads to one server only (half the sealing work of an honest one) costs that
     server two evaluations per report, the second inside the close."""
-    config = TaskConfig(GRID, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "00" * 32), "00")
+    config = TaskConfig(GRID, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "01" * 32), "00")
     key, party = bytes(range(32)), 1
     walked = []
     real = round_one.grid_values

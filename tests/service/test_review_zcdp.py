@@ -44,7 +44,7 @@ def no_noise(ids, scale):
 
 def _cfg(**change) -> TaskConfig:
     base = dict(grid=GRID, epsilon=None, mechanism="factorization", relation="substitution", min_batch=0,
-                servers=("http://a", "http://b"), hpke_keys=("00", "00"), token_hash="0" * 64, privacy="zcdp", rho=0.5)
+                servers=("http://a", "http://b"), hpke_keys=("00", "01"), token_hash="0" * 64, privacy="zcdp", rho=0.5)
     return TaskConfig(**(base | change))
 
 
@@ -345,7 +345,7 @@ def test_the_largest_zcdp_grids_are_accepted(mechanism, bits, verify):
 def test_a_pure_tasks_json_has_the_old_fields_only():
     """The canonical JSON of a pure task is what it was before zCDP (no privacy or rho key, so the
     same fingerprint), explicit defaults in the JSON change nothing, and a zCDP field is refused."""
-    pure = TaskConfig(GRID, 1.0, "tree", "substitution", 0, ("http://a", "http://b"), ("00", "00"), "0" * 64,
+    pure = TaskConfig(GRID, 1.0, "tree", "substitution", 0, ("http://a", "http://b"), ("00", "01"), "0" * 64,
                       verify=False, task_id="t1")
     old = {"grid", "epsilon", "mechanism", "relation", "min_batch", "servers", "hpke_keys", "token_hash", "payload",
            "split", "kem", "task_id", "format"}

@@ -18,7 +18,7 @@ from dpcdf.service.http import http
 from dpcdf.service.store import Store
 from dpcdf.service.task import TaskConfig
 from dpcdf.service.wire import encode_batch, join_share
-from helpers import urls, values
+from helpers import OPERATOR, urls, values
 
 GRID = {"kind": "thresholds", "values": [float(v) for v in range(50)]}
 KEY = bytes(range(32))
@@ -27,7 +27,7 @@ KEY = bytes(range(32))
 def settled(config: TaskConfig, timeout: float = 120.0) -> None:
     """Waits until neither server has round-one work queued or running."""
     end = time.monotonic() + timeout
-    while any(http("GET", f"{u}/health")["checking"] for u in config.servers):
+    while any(http("GET", f"{u}/health/operator", token=OPERATOR)["checking"] for u in config.servers):
         assert time.monotonic() < end, "round one did not finish"
         time.sleep(0.1)
 
@@ -72,7 +72,7 @@ def shares(config: TaskConfig, n: int, party: int, seed: int) -> list[tuple[byte
 
 
 def test_batches_are_stored_once_whoever_computes_them_and_prepare_matches_a_fresh_computation(tmp_path):
-    config = TaskConfig(GRID, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "00" * 32), "00")
+    config = TaskConfig(GRID, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "01" * 32), "00")
     task, party = config.task_id, 1
     store = Store(tmp_path / "server.sqlite")
     try:

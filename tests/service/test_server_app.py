@@ -7,7 +7,7 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
 from dpcdf.service.server import create_app
-from dpcdf.service.server.app import BodyLimit
+from dpcdf.service.server.limits import Failures, Guard, Limits
 from dpcdf.service.task import TaskConfig, token_hash
 from helpers import GRID, OPERATOR
 
@@ -74,14 +74,23 @@ def test_a_close_that_cannot_reach_server_1_is_a_502_and_leaves_the_task_unanswe
 
 
 def test_bodies_over_the_limit_are_refused_even_without_a_length():
+    """The guard (`limits.Guard`) refuses a body over its endpoint's limit on its Content-Length, and
+    a chunked one (no Content-Length) once it passes the chunked cap."""
     async def echo(scope, receive, send):
-        body = (await receive())["body"]
+        body, more = b"", True
+        while more:
+            message = await receive()
+            body, more = body + message.get("body", b""), message.get("more_body", False)
         await send({"type": "http.response.start", "status": 200, "headers": []})
         await send({"type": "http.response.body", "body": body})
 
-    client = TestClient(BodyLimit(echo, limit=10))
+    limits = Limits(chunked_bytes=10)
+    client = TestClient(Guard(echo, limits=limits, failures=Failures(limits)))
     chunks = lambda n: iter([b"x" * 4] * (n // 4) + [b"x" * (n % 4)])  # noqa: E731 (streamed: no Content-Length)
     assert client.post("/", content=chunks(10)).content == b"x" * 10
     over = client.post("/", content=chunks(11))
-    assert over.status_code == 413 and over.json() == {"error": "request body over 10 bytes"}
-    assert client.post("/", content=b"x" * 11).status_code == 413  # refused on its Content-Length
+    assert over.status_code == 411 and over.json() == {"error": "a body over 10 bytes needs a Content-Length header"}
+    assert client.post("/", content=b"x" * (64 << 10)).content == b"x" * (64 << 10)  # with a length: up to 64 KiB here
+    assert client.post("/", content=b"x" * (64 << 10 | 1)).status_code == 413  # refused on its Content-Length
+    big = client.post("/tasks/t/reports", content=b"x" * (64 << 10 | 1))  # one report: at most 64 KiB
+    assert big.status_code == 413 and big.headers["connection"] == "close"

@@ -12,7 +12,7 @@ from dpcdf.release.mechanisms import ROOT_SHARE, TreeMechanism
 from dpcdf.service.task import TaskConfig
 
 BASE = dict(grid={"kind": "uniform", "lo": 0, "hi": 1, "bits": 10}, epsilon=0.5, mechanism="tree", min_batch=0,
-            servers=("http://a", "http://b"), hpke_keys=("00", "00"), token_hash="0" * 64, verify=False, task_id="t1")
+            servers=("http://a", "http://b"), hpke_keys=("00", "01"), token_hash="0" * 64, verify=False, task_id="t1")
 
 
 def test_a_new_add_remove_tree_task_pins_the_root_share():

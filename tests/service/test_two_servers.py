@@ -235,7 +235,7 @@ def test_kill_9_loses_no_acknowledged_report_and_counts_none_twice(tmp_path):
 def test_two_server_error_is_twice_the_central_variance():
     """Each server adds its own full noise: the sum of two independent seeds' noise at a prefix has
     twice the central variance (many tasks, in process, same code as the servers)."""
-    config = TaskConfig(GRID, 1.0, "path", "substitution", 1, ("a", "b"), ("00", "00"), "00")
+    config = TaskConfig(GRID, 1.0, "path", "substitution", 1, ("a", "b"), ("00", "01"), "00")
     mech = config.make_mechanism()
     idx = np.arange(64)
     sums = []

@@ -731,7 +731,7 @@ def test_a_hundred_thousand_honest_reports_all_pass_through_the_servers_code_pat
     from dpcdf.service.wire import join_share
 
     grid = {"kind": "thresholds", "values": [float(v) for v in range(50)]}
-    config = TaskConfig(grid, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "00" * 32), "00")
+    config = TaskConfig(grid, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "01" * 32), "00")
     n, size = 100_000, 50
     alphas = np.frombuffer(_bytes("alphas", 8 * n), np.uint64) % np.uint64(size)
     dcf, check = config.dcf(), config.check()

@@ -106,18 +106,18 @@ def test_queries_outside_the_mechanism_are_refused(servers):
     ({"privacy": "pure", "epsilon": 1.0}, "rho is for")])
 def test_bad_zcdp_configs_are_refused(change, match):
     base = dict(grid=GRID, epsilon=None, mechanism="factorization", relation="substitution", min_batch=0,
-                servers=("http://a", "http://b"), hpke_keys=("00", "00"), token_hash="0" * 64, privacy="zcdp", rho=0.5)
+                servers=("http://a", "http://b"), hpke_keys=("00", "01"), token_hash="0" * 64, privacy="zcdp", rho=0.5)
     with pytest.raises(ParameterError, match=match):
         TaskConfig(**(base | change))
 
 
 def test_a_pure_task_keeps_its_json_and_fingerprint():
     """Configs written before zCDP tasks existed: no privacy or rho field, the same fingerprint."""
-    pure = TaskConfig(GRID, 1.0, "tree", "substitution", 0, ("http://a", "http://b"), ("00", "00"), "0" * 64,
+    pure = TaskConfig(GRID, 1.0, "tree", "substitution", 0, ("http://a", "http://b"), ("00", "01"), "0" * 64,
                       verify=False, task_id="t1")
     assert "privacy" not in pure.to_json() and "rho" not in pure.to_json()
     assert TaskConfig.from_json(pure.to_json()).fingerprint == pure.fingerprint
-    zcdp = TaskConfig(GRID, None, "factorization", "substitution", 0, ("http://a", "http://b"), ("00", "00"), "0" * 64,
+    zcdp = TaskConfig(GRID, None, "factorization", "substitution", 0, ("http://a", "http://b"), ("00", "01"), "0" * 64,
                       privacy="zcdp", rho=0.5, task_id="t1")
     again = TaskConfig.from_json(zcdp.to_json())
     assert again == zcdp and again.make_mechanism().sigma2 == sqrt_factorization(64, 0.5).sigma2
@@ -127,7 +127,7 @@ def test_a_servers_coordinate_noise_is_the_discrete_gaussian():
     """Each server's noise alone (its PRF, 40 random seeds x 64 coordinates = 2,560 draws, scaled by
     sigma): variance within 5 standard errors of Var(N_Z(0, sigma^2)), mean 0; two servers' noises
     are independent (correlation within 5 / sqrt(draws))."""
-    config = TaskConfig(GRID, None, "factorization", "add-remove", 0, ("http://a", "http://b"), ("00", "00"), "0" * 64,
+    config = TaskConfig(GRID, None, "factorization", "add-remove", 0, ("http://a", "http://b"), ("00", "01"), "0" * 64,
                         privacy="zcdp", rho=0.5, verify=False)
     mech = config.make_mechanism()
     draws = [[], []]

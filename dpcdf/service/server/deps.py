@@ -3,6 +3,7 @@ bearer token, and a binary body."""
 from __future__ import annotations
 
 import secrets
+import tempfile
 from typing import Annotated
 
 from fastapi import Depends, Request
@@ -30,13 +31,20 @@ def task(task_id: str, srv: Annotated[Server, Depends(server)]) -> TaskState:
     return srv.task(task_id)
 
 
-def operator(srv: Annotated[Server, Depends(server)],
-             credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_operator_bearer)]) -> None:
-    """Only the operator registers tasks: 401 without a bearer token, 403 with another one."""
-    if credentials is None:
-        raise HttpError(401, "registering a task needs the operator's bearer token")
-    if not secrets.compare_digest(token_hash(credentials.credentials), srv.admin_hash):
-        raise HttpError(403, "that is not this server's operator token")
+def _operator(what: str):
+    def operator(srv: Annotated[Server, Depends(server)],
+                 credentials: Annotated[HTTPAuthorizationCredentials | None, Depends(_operator_bearer)]) -> None:
+        """Only the operator registers tasks and reads /health/operator: 401 without a bearer token,
+        403 with another one."""
+        if credentials is None:
+            raise HttpError(401, f"{what} needs the operator's bearer token")
+        if not secrets.compare_digest(token_hash(credentials.credentials), srv.admin_hash):
+            raise HttpError(403, "that is not this server's operator token")
+
+    return operator
+
+
+operator = _operator("registering a task")
 
 
 def analyst_task(task_id: str, srv: Annotated[Server, Depends(server)],
@@ -57,12 +65,34 @@ def analyst_task(task_id: str, srv: Annotated[Server, Depends(server)],
 
 
 async def raw_body(request: Request) -> bytes:
-    """The body as bytes (its size is capped by the app's middleware)."""
-    return await request.body()
+    """The body as bytes. Its size and pace are bounded by the app's middleware (`limits.Guard`);
+    while it arrives, past `Limits.memory_bytes` it waits in an unlinked 0600 file in the data
+    directory (`app.state.bodies`), so a slow client holds at most that much memory."""
+    memory = request.app.state.limits.memory_bytes
+    chunks, size, spill = [], 0, None
+    try:
+        async for chunk in request.stream():
+            size += len(chunk)
+            if spill is None and size > memory:
+                spill = tempfile.TemporaryFile(dir=request.app.state.bodies)  # 0600, no name
+                spill.writelines(chunks)
+                chunks = []
+            if spill is not None:
+                spill.write(chunk)
+            else:
+                chunks.append(chunk)
+        if spill is None:
+            return b"".join(chunks)
+        spill.seek(0)
+        return spill.read()  # whole: the client no longer sets the pace
+    finally:
+        if spill is not None:
+            spill.close()
 
 
 ServerDep = Annotated[Server, Depends(server)]
 TaskDep = Annotated[TaskState, Depends(task)]
 AnalystTaskDep = Annotated[TaskState, Depends(analyst_task)]
 OperatorDep = Annotated[None, Depends(operator)]
+OperatorHealthDep = Annotated[None, Depends(_operator("/health/operator"))]
 RawBody = Annotated[bytes, Depends(raw_body)]

@@ -18,11 +18,17 @@ class Error(BaseModel):
 
 
 class Health(BaseModel):
+    """What anyone may know: the server is up, and whether its kernels are compiled."""
     party: int
     status: Literal["ok"] = "ok"
     warm: bool = Field(description="whether the kernels are compiled (answers before are slower)")
-    checking: bool = Field(False, description="whether round one of verified tasks' reports has work queued or running "
-                                              "(a close now waits for it)")
+
+
+class OperatorHealth(Health):
+    """For the operator only: how long its work runs can tell the number of reports, which is private
+    under add/remove."""
+    checking: bool = Field(description="whether round one of verified tasks' reports has work queued or running "
+                                       "(a close now waits for it)")
 
 
 class Hpke(BaseModel):
@@ -165,5 +171,7 @@ def errors(*codes: int) -> dict:
 
 
 _WHY = {400: "malformed request", 401: "no or wrong bearer token", 403: "refused: not the operator, too few reports, or budget spent",
-        404: "unknown task", 409: "conflicts with the task's state", 413: "body over the size limit",
+        404: "unknown task", 408: "the body stopped coming or took too long (the connection is closed)",
+        409: "conflicts with the task's state", 411: "a body over 64 KiB without a Content-Length",
+        413: "body over the size limit", 429: "too many requests from this client: send again after Retry-After seconds",
         502: "the other server did not answer", 503: "not ready yet: send again after Retry-After seconds"}

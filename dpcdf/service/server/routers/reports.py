@@ -1,22 +1,60 @@
 """POST /tasks/{id}/reports (one report) and /tasks/{id}/reports/batch (`wire.encode_batch`): binary
 bodies. A report is acknowledged only once its key share is committed; a malformed, truncated,
-wrongly sealed, foreign or duplicate one is refused with its reason and not stored."""
+wrongly sealed, foreign or duplicate one is refused with its reason and not stored.
+
+Refusing junk is cheap and costs its sender (`limits`): the cheap checks come first (the batch's
+framing, each report's framing, its task fingerprint, the sealed shares' lengths), then a closed
+collection is refused, and only then is any share opened with this server's key. Every refused
+report adds one to its client address's failure level; a batch with more than REJECTS_PER_BATCH
+refused reports is refused whole (400, nothing stored), and one whose address reaches the refusal
+level while its shares are opened stops there (429 with Retry-After, nothing stored).
+
+An unknown task id gets the answers a task gets for reports made for another task (400 for one
+report, every report of a batch refused), so task ids cannot be probed."""
 from __future__ import annotations
 
-from fastapi import APIRouter
+import math
+
+from fastapi import APIRouter, Request
 
 from fss import FssError
 
+from ... import hpke
 from ...store import CollectionClosed
-from ...wire import Report, ReportError, decode_batch, open_share, split_share
-from ..deps import RawBody, ServerDep, TaskDep
+from ...wire import FOREIGN, Report, ReportError, decode_batch, open_share, split_share
+from ..deps import RawBody, ServerDep
 from ..errors import HttpError
-from ..models import Accepted, BatchAccepted, Rejected, errors
+from ..limits import client_address
+from ..models import Accepted, BatchAccepted, Error, Rejected, errors
 from ..state import Server, TaskState
 
 router = APIRouter(prefix="/tasks/{task_id}/reports", tags=["reports"])
 
 CLOSED = "collection is closed: the analyst has closed the task"
+REJECTS_PER_BATCH = 16  # refused reports a batch may hold and still be taken
+TAG_BYTES = 16  # AES-128-GCM's tag after each share
+RETRY_STATUS = {429: {"model": Error, "description": "this address sent too many reports that "
+                      "did not open: send again after Retry-After seconds",
+                      "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}}}}
+
+
+class TooManyFailures(HttpError):
+    """429: the client's address reached the refusal level (`limits.Failures`)."""
+
+    def __init__(self, wait: float):
+        wait = max(1, math.ceil(wait))
+        super().__init__(429, f"too many of this address's reports failed to open; send again in {wait} s",
+                         {"Retry-After": str(wait)})
+
+
+def known_task(task_id: str, srv: Server) -> TaskState | None:
+    """The task, or None for an id this server does not know (answered as a foreign task's reports)."""
+    try:
+        return srv.task(task_id)
+    except HttpError as exc:
+        if exc.status != 404:
+            raise
+        return None
 
 
 def _binary(what: str) -> dict:
@@ -24,10 +62,11 @@ def _binary(what: str) -> dict:
     return {"requestBody": {"required": True, "content": {"application/octet-stream": {"schema": schema}}}}
 
 
-@router.post("", status_code=201, response_model=Accepted, responses=errors(400, 404, 409, 413),
+@router.post("", status_code=201, response_model=Accepted, responses={**errors(400, 408, 409, 413), **RETRY_STATUS},
              openapi_extra=_binary("one report (`wire.Report.to_bytes`)"))
-def upload(task_id: str, srv: ServerDep, st: TaskDep, raw: RawBody) -> Accepted:
-    good, rejected = accept(srv, st, [raw])
+def upload(task_id: str, request: Request, srv: ServerDep, raw: RawBody) -> Accepted:
+    st = known_task(task_id, srv)
+    good, rejected = accept(srv, st, [raw], client_address(request.scope), request.app.state.failures)
     if rejected:
         raise HttpError(400, rejected[0].error)
     try:
@@ -41,15 +80,19 @@ def upload(task_id: str, srv: ServerDep, st: TaskDep, raw: RawBody) -> Accepted:
     return Accepted()
 
 
-@router.post("/batch", response_model=BatchAccepted, responses=errors(400, 404, 409, 413),
+@router.post("/batch", response_model=BatchAccepted, responses={**errors(400, 408, 409, 413), **RETRY_STATUS},
              openapi_extra=_binary("reports in one batch (`wire.encode_batch`)"))
-def upload_batch(task_id: str, srv: ServerDep, st: TaskDep, raw: RawBody) -> BatchAccepted:
-    """Stores the good reports of the batch; names each refused one by its index."""
+def upload_batch(task_id: str, request: Request, srv: ServerDep, raw: RawBody) -> BatchAccepted:
+    """Stores the good reports of the batch; names each refused one by its index (at most
+    REJECTS_PER_BATCH of them: a batch with more is refused whole)."""
+    address, failures = client_address(request.scope), request.app.state.failures
     try:
         raws = decode_batch(raw)
     except ReportError as exc:
+        failures.charge(address)
         raise HttpError(400, str(exc)) from None
-    good, rejected = accept(srv, st, raws)
+    st = known_task(task_id, srv)
+    good, rejected = accept(srv, st, raws, address, failures)
     try:
         added = srv.store.add_many(task_id, good) if good else 0
     except CollectionClosed:
@@ -59,25 +102,59 @@ def upload_batch(task_id: str, srv: ServerDep, st: TaskDep, raw: RawBody) -> Bat
     return BatchAccepted(accepted=added, duplicates=len(good) - added, rejected=rejected)
 
 
-def accept(srv: Server, st: TaskState, raws: list[bytes]) -> tuple[list[tuple[bytes, bytes]], list[Rejected]]:
-    """Parses and opens each report and checks that its share is a key of this task's DCF for
-    this server (one vectorized decode for the whole batch; per key only to name a bad one)."""
-    opened, rejected = [], []
-    party, fp, kem = srv.party, st.config.fingerprint, st.config.kem
-    private = srv.keys.private(kem)
-    for i, raw in enumerate(raws):
+def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, failures) -> tuple[list[tuple[bytes, bytes]], list[Rejected]]:
+    """Checks each report, cheap checks first, then opens its share and checks that it is a key of
+    this task's DCF for this server (one vectorized decode for the whole batch; per key only to name
+    a bad one). Charges the address one failure per refused report; raises 400 past
+    REJECTS_PER_BATCH refusals, 409 for a closed collection, 429 when the address runs out of
+    failures while shares are opened."""
+    party = srv.party
+    rejected: list[Rejected] = []
+
+    def refuse(i: int, error: str) -> None:
+        rejected.append(Rejected(index=i, error=error))
+        failures.charge(address)
+        if len(rejected) > REJECTS_PER_BATCH:
+            first = min(rejected, key=lambda r: r.index)
+            raise HttpError(400, f"batch refused: more than {REJECTS_PER_BATCH} of its reports are refused "
+                            f"(report {first.index}: {first.error})")
+
+    candidates = []
+    if st is not None:
+        fp, kem = st.config.fingerprint, st.config.kem
+        enc_len, ct_len = hpke.enc_length(kem), st.dcf.key_size + st.config.extras_bytes + TAG_BYTES
+    for i, raw in enumerate(raws):  # the cheap checks, for every report, before any share is opened
         try:
             report = Report.from_bytes(raw)
+            if st is None or report.fingerprint != fp:
+                raise ReportError(FOREIGN)
+            enc, ct = report.sealed[party]
+            if len(enc) != enc_len or len(ct) != ct_len:
+                raise ReportError(f"this server's sealed share must be a {enc_len}-byte encapsulated key and a "
+                                  f"{ct_len}-byte ciphertext for this task")
+            candidates.append((i, report))
+        except ReportError as exc:
+            refuse(i, str(exc))
+    if not candidates:
+        return [], sorted(rejected, key=lambda r: r.index)
+    if srv.store.frozen(st.config.task_id) is not None:
+        raise HttpError(409, CLOSED)
+    private = srv.keys.private(kem)
+    opened = []
+    for i, report in candidates:
+        if failures.allowance(address) <= 0:
+            raise TooManyFailures(failures.refused_for(address))
+        try:
             opened.append((i, report.report_id, open_share(report, party, private, fp, kem)))
         except ReportError as exc:
-            rejected.append(Rejected(index=i, error=str(exc)))
+            refuse(i, str(exc))
     size, extras = st.dcf.key_size, st.config.extras_bytes // 8
     keys = []
     for i, rid, share in opened:
         try:
             keys.append((i, rid, share, split_share(share, size, extras)[0]))
         except ReportError as exc:
-            rejected.append(Rejected(index=i, error=str(exc)))
+            refuse(i, str(exc))
     try:
         st.dcf.batch_from_keys([k[3] for k in keys], party)
         valid = {k[0] for k in keys}
@@ -94,6 +171,6 @@ def accept(srv: Server, st: TaskState, raws: list[bytes]) -> tuple[list[tuple[by
         if i in valid:
             good.append((rid, share))
         else:
-            rejected.append(Rejected(index=i, error="the share is not a key of this task's function for this server"))
+            refuse(i, "the share is not a key of this task's function for this server")
     rejected.sort(key=lambda r: r.index)
     return good, rejected

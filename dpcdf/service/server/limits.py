@@ -1,0 +1,390 @@
+"""What one client without a token can hold of a server, bounded (issue 20).
+
+Anyone may open a connection and upload reports (clients are unauthenticated), and the servers' own
+messages (/sync, /verify) are authenticated only by the key they are sealed under, which is checked
+once the body has arrived. So every connection is bounded before anything is known about its sender:
+
+headers     a request's headers (at most `header_bytes`, 32 KiB) must arrive within `header_seconds`
+            (5 s) of the connection opening or of the previous answer; else the connection is closed
+            (`GuardedHttpTools`, the uvicorn protocol `app.serve` runs);
+connections at most `connections_per_address` (32) open per client address and `connections` (1,024)
+            in all; more are closed at once;
+bodies      refused by their Content-Length before a byte is read when over the endpoint's limit
+            (413; `BODY_LIMITS`); a body without Content-Length (chunked) is cut at `chunked_bytes`
+            (64 KiB, 411). A body must keep coming (no pause over `idle_seconds`, 5 s) and be whole
+            within `body_seconds` (10 s) of its headers, else 408 and the connection is closed. Past
+            `memory_bytes` (1 MiB) a body waits in an unlinked 0600 file, not in memory (`deps.raw_body`);
+uploads     reports, batches, /sync and /verify: at most `uploads_per_address` (8) in flight per client
+            address and `uploads` (64) in all; more get 429 with Retry-After, unread;
+failures    every report that fails to open with this server's key, and every upload refused as junk,
+            adds one to its address's level, which drains `drain_per_second` (0.5) per second. From
+            `slow_level` (8) the address's uploads are held back before they are read (up to
+            `max_delay` s, 2); at `refuse_level` (32) they are refused (429, Retry-After) until the level
+            is back at `slow_level`, each refused one adding one more. A batch stops opening reports
+            once its address reaches `refuse_level` (429; nothing of it is stored).
+
+Every refusal from here closes the connection (`Connection: close`), so the unread rest of a body is
+never read. A client's address is the TCP peer's: behind a proxy every client shares the proxy's.
+"""
+from __future__ import annotations
+
+import asyncio
+import json
+import math
+import re
+import threading
+import time
+from dataclasses import dataclass
+
+from starlette.types import ASGIApp, Message, Receive, Scope, Send
+
+from ...errors import DpcdfError
+
+KIB, MIB = 1 << 10, 1 << 20
+
+# (path pattern, largest body in bytes, kind): "upload" and "peer" are unauthenticated when read
+BODY_LIMITS: tuple[tuple[re.Pattern, int, str], ...] = (
+    (re.compile(r"/tasks/[^/]+/reports"), 64 * KIB, "upload"),  # one report: a few KiB at most
+    (re.compile(r"/tasks/[^/]+/reports/batch"), 64 * MIB, "upload"),  # up to wire.MAX_BATCH reports
+    (re.compile(r"/tasks/[^/]+/(sync|verify)"), 64 * MIB, "peer"),  # reconcile's chunks of 2^20 ids are 16 MiB
+    (re.compile(r"/tasks"), 64 * MIB, "operator"),  # a task config (thresholds grids); read after the token
+    (re.compile(r"/tasks/[^/]+/query"), 1 * MIB, "analyst"),  # 65,536 indices of 7 digits: about 0.5 MiB
+)
+DEFAULT_BODY = 64 * KIB  # every other request (close, status, health: no body)
+MAX_BODY = max(limit for _, limit, _ in BODY_LIMITS)  # the largest body any endpoint takes
+
+
+@dataclass(frozen=True)
+class Limits:
+    header_bytes: int = 32 * KIB
+    header_seconds: float = 5.0
+    connections_per_address: int = 32
+    connections: int = 1024
+    chunked_bytes: int = 64 * KIB
+    idle_seconds: float = 5.0
+    body_seconds: float = 10.0
+    memory_bytes: int = 256 * KIB
+    uploads_per_address: int = 8
+    uploads: int = 64
+    upload_bytes_per_address: int = 128 * MIB  # declared body bytes in flight (in memory or spooled)
+    upload_bytes: int = 1024 * MIB
+    slow_level: float = 8.0
+    refuse_level: float = 32.0
+    drain_per_second: float = 0.5
+    max_delay: float = 1.0
+    refused_seconds: float = 1.0  # a refused connection or upload waits this long for its 429
+    addresses: int = 100_000  # failure levels remembered at most (the oldest drained ones go first)
+
+
+REFUSED = "too many of this address's reports failed to open or were refused; send again in {} s"
+
+
+def body_rule(path: str) -> tuple[int, str]:
+    """The largest body a request to `path` may carry, and the endpoint's kind."""
+    for pattern, limit, kind in BODY_LIMITS:
+        if pattern.fullmatch(path):
+            return limit, kind
+    return DEFAULT_BODY, "other"
+
+
+class Refused(DpcdfError):
+    """An upload refused because its address failed too often (429 with Retry-After)."""
+
+    def __init__(self, message: str, retry_after: float):
+        super().__init__(message)
+        self.retry_after = max(1, math.ceil(retry_after))
+
+
+class Failures:
+    """Per client address, a leaky bucket of failures (reports that did not open, junk uploads), with
+    the refusal's hysteresis. Thread-safe: the middleware reads it on the event loop, the upload
+    handlers charge it in the thread pool."""
+
+    def __init__(self, limits: Limits, clock=time.monotonic):
+        self.limits, self.clock = limits, clock
+        self._state: dict[str, list] = {}  # address -> [level, at, refused]
+        self._lock = threading.Lock()
+
+    def _get(self, address: str, now: float) -> list:
+        st = self._state.get(address)
+        if st is None:
+            return [0.0, now, False]
+        st[0], st[1] = max(0.0, st[0] - (now - st[1]) * self.limits.drain_per_second), now
+        if st[2] and st[0] <= self.limits.slow_level:
+            st[2] = False
+        return st
+
+    def level(self, address: str) -> float:
+        with self._lock:
+            return self._get(address, self.clock())[0]
+
+    def charge(self, address: str, n: float = 1.0) -> float:
+        """Adds `n` failures to the address (at most twice `refuse_level` is kept); its new level."""
+        with self._lock:
+            now = self.clock()
+            st = self._get(address, now)
+            if n > 0:
+                st[0] = min(st[0] + n, 2 * self.limits.refuse_level)
+                st[2] = st[2] or st[0] >= self.limits.refuse_level
+                self._state[address] = st
+                if len(self._state) > self.limits.addresses:
+                    self._forget(now)
+            return st[0]
+
+    def _forget(self, now: float) -> None:
+        for address in [a for a in self._state if self._get(a, now)[0] == 0]:
+            del self._state[address]
+        while len(self._state) > self.limits.addresses:  # all still failing: the longest quiet first
+            del self._state[min(self._state, key=lambda a: self._state[a][1])]
+
+    def allowance(self, address: str) -> int:
+        """How many more failures the address may cause before it is refused (0: refused now)."""
+        with self._lock:
+            st = self._get(address, self.clock())
+            return 0 if st[2] else max(0, math.ceil(self.limits.refuse_level - st[0]))
+
+    def refused_for(self, address: str) -> float:
+        """Seconds until the address's uploads are taken again (0: now). Refused from `refuse_level`
+        until the level has drained to `slow_level`."""
+        with self._lock:
+            st = self._get(address, self.clock())
+            return (st[0] - self.limits.slow_level) / self.limits.drain_per_second if st[2] else 0.0
+
+    def delay(self, address: str) -> float:
+        """Seconds to hold back the address's next upload: 0 up to `slow_level`, rising to `max_delay`
+        at `refuse_level`."""
+        lim = self.limits
+        over = self.level(address) - lim.slow_level
+        return 0.0 if over <= 0 else min(lim.max_delay, lim.max_delay * over / (lim.refuse_level - lim.slow_level))
+
+
+class BodyTimeout(DpcdfError):
+    """A body that stopped coming, or did not arrive in time."""
+
+
+class BodyTooLong(DpcdfError):
+    """A chunked body past its cap."""
+
+
+def client_address(scope: Scope) -> str:
+    client = scope.get("client")
+    return str(client[0]) if client else "unknown"
+
+
+def refusal(status: int, message: str, retry_after: int | None = None) -> tuple[Message, Message]:
+    """The two ASGI messages of a JSON refusal that closes the connection."""
+    body = json.dumps({"error": message}).encode()
+    headers = [(b"content-type", b"application/json"), (b"content-length", str(len(body)).encode()),
+               (b"connection", b"close")]
+    if retry_after is not None:
+        headers.append((b"retry-after", str(retry_after).encode()))
+    return ({"type": "http.response.start", "status": status, "headers": headers},
+            {"type": "http.response.body", "body": body, "more_body": False})
+
+
+class Guard:
+    """The ASGI middleware: body limits by Content-Length before reading, body timeouts, the upload
+    slots per address and in all, and the failure levels' delays and refusals (see the module)."""
+
+    def __init__(self, app: ASGIApp, limits: Limits, failures: Failures):
+        self.app, self.limits, self.failures = app, limits, failures
+        self.in_flight: dict[str, list[int]] = {}  # address -> [uploads, declared bytes]
+        self.total = [0, 0]
+
+    async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
+        if scope["type"] != "http":
+            return await self.app(scope, receive, send)
+        lim = self.limits
+        limit, kind = body_rule(scope["path"])
+        length = chunked = None
+        for name, value in scope["headers"]:
+            if name == b"content-length":
+                if length is not None or not value.isdigit():
+                    return await self._refuse(send, 400, "a request needs one Content-Length of digits")
+                length = int(value)
+            elif name == b"transfer-encoding":
+                chunked = value
+        if length is not None and length > limit:
+            return await self._refuse(send, 413, f"request body over {limit} bytes")
+        cap = limit if length is not None else min(limit, lim.chunked_bytes)
+        if length is None and chunked is None:
+            cap = 0  # no body
+        if kind not in ("upload", "peer"):
+            return await self._serve(scope, receive, send, cap)
+        address = client_address(scope)
+        wait = self.failures.refused_for(address)
+        if wait > 0:
+            self.failures.charge(address)
+            return await self._refuse(send, 429, REFUSED.format(math.ceil(wait)), math.ceil(wait))
+        mine, size = self.in_flight.get(address, [0, 0]), length if length is not None else cap
+        if (mine[0] >= lim.uploads_per_address or self.total[0] >= lim.uploads
+                or mine[1] + size > lim.upload_bytes_per_address or self.total[1] + size > lim.upload_bytes):
+            await asyncio.sleep(lim.refused_seconds)  # not at once: a client that loops waits too
+            return await self._refuse(send, 429, f"too many uploads at once (at most {lim.uploads_per_address} and "
+                                      f"{lim.upload_bytes_per_address >> 20} MiB per address, {lim.uploads} and "
+                                      f"{lim.upload_bytes >> 20} MiB in all); send again in 1 s", 1)
+        self.in_flight[address] = [mine[0] + 1, mine[1] + size]
+        self.total = [self.total[0] + 1, self.total[1] + size]
+        try:
+            delay = self.failures.delay(address)
+            if delay:
+                await asyncio.sleep(delay)
+            await self._serve(scope, receive, send, cap)
+        finally:
+            self.total = [self.total[0] - 1, self.total[1] - size]
+            left = self.in_flight.pop(address)
+            if left[0] > 1:
+                self.in_flight[address] = [left[0] - 1, left[1] - size]
+
+    async def _serve(self, scope: Scope, receive: Receive, send: Send, cap: int) -> None:
+        lim = self.limits
+        deadline = time.monotonic() + lim.body_seconds
+        state = {"size": 0, "done": cap == 0, "failed": None, "started": False}
+
+        async def guarded() -> Message:
+            if state["done"]:
+                return await receive()  # after the body: waits for a disconnect
+            if state["failed"] is not None:
+                raise state["failed"]
+            left = min(lim.idle_seconds, deadline - time.monotonic())
+            try:
+                if left <= 0:
+                    raise asyncio.TimeoutError
+                message = await asyncio.wait_for(receive(), left)
+            except asyncio.TimeoutError:
+                state["failed"] = BodyTimeout(f"the body must keep coming (no pause over {lim.idle_seconds:g} s) and "
+                                              f"arrive whole within {lim.body_seconds:g} s")
+                raise state["failed"] from None
+            if message["type"] == "http.request":
+                state["size"] += len(message.get("body", b""))
+                if state["size"] > cap:
+                    state["failed"] = BodyTooLong(f"a body over {cap} bytes needs a Content-Length header"
+                                                  if cap < lim.chunked_bytes + 1 else f"request body over {cap} bytes")
+                    raise state["failed"]
+                state["done"] = not message.get("more_body", False)
+            else:
+                state["done"] = True
+            return message
+
+        async def guarded_send(message: Message) -> None:
+            if state["failed"] is not None:
+                return  # the app's answer to a body it could not read: ours goes instead
+            if message["type"] == "http.response.start":
+                state["started"] = True
+                if not state["done"]:  # answered before its body was read: do not read the rest
+                    message = {**message, "headers": [*message.get("headers", []), (b"connection", b"close")]}
+            await send(message)
+
+        try:
+            await self.app(scope, guarded, guarded_send)
+        except Exception:
+            if state["failed"] is None:
+                raise
+        failed = state["failed"]
+        if failed is not None and not state["started"]:
+            status = 408 if isinstance(failed, BodyTimeout) else 411 if "Content-Length" in str(failed) else 413
+            for message in refusal(status, str(failed)):
+                await send(message)
+
+    @staticmethod
+    async def _refuse(send: Send, status: int, message: str, retry_after: int | None = None) -> None:
+        for m in refusal(status, message, retry_after):
+            await send(m)
+
+
+def protocol(limits: Limits, failures: Failures):
+    """The uvicorn HTTP protocol class with the header and connection limits (httptools' protocol,
+    which uvicorn[standard] runs by default). A connection from an address that is refused
+    (`Failures.refused_for`) is not read: after `refused_seconds` it gets 429 and is closed."""
+    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
+
+    open_per_address: dict[str, int] = {}
+
+    class GuardedHttpTools(HttpToolsProtocol):
+        """Headers must arrive whole (at most `header_bytes`) within `header_seconds` of the
+        connection or of the previous answer; at most `connections_per_address` connections per
+        address and `connections` in all."""
+
+        _timer = None
+        _address: str | None = None
+        _waiting = True  # for a request's headers
+        _header_bytes = 0
+        _tarpit = False
+
+        def connection_made(self, transport) -> None:
+            super().connection_made(transport)
+            self._address = self.client[0] if self.client else "unknown"
+            open_per_address[self._address] = open_per_address.get(self._address, 0) + 1
+            if (open_per_address[self._address] > limits.connections_per_address
+                    or len(self.connections) > limits.connections):
+                transport.close()
+                return
+            wait = failures.refused_for(self._address)
+            if wait > 0:  # a tarpit: nothing read, one slot of the address's connections held
+                failures.charge(self._address)
+                self._tarpit = True
+                transport.pause_reading()  # (uvloop starts reading after this returns: see data_received)
+                self._timer = self.loop.call_later(limits.refused_seconds, self._refuse, math.ceil(wait))
+                return
+            self._arm()
+
+        def _refuse(self, wait: int) -> None:
+            self._timer = None
+            if not self.transport.is_closing():
+                start, body = refusal(429, REFUSED.format(wait), wait)
+                head = [b"HTTP/1.1 429 Too Many Requests"] + [name + b": " + value for name, value in start["headers"]]
+                self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body["body"])
+                self.transport.close()
+
+        def connection_lost(self, exc) -> None:
+            if self._address is not None:
+                left = open_per_address.pop(self._address) - 1
+                if left:
+                    open_per_address[self._address] = left
+                self._address = None
+            self._disarm()
+            super().connection_lost(exc)
+
+        def _arm(self) -> None:
+            self._disarm()
+            self._waiting, self._header_bytes = True, 0
+            self._timer = self.loop.call_later(limits.header_seconds, self._too_slow)
+
+        def _disarm(self) -> None:
+            if self._timer is not None:
+                self._timer.cancel()
+                self._timer = None
+
+        def _too_slow(self) -> None:
+            self._timer = None
+            if self._waiting and not self.transport.is_closing():
+                self.transport.close()
+
+        def data_received(self, data: bytes) -> None:
+            if self._tarpit:
+                self.transport.pause_reading()
+                return
+            super().data_received(data)
+            if self._waiting:
+                self._header_bytes += len(data)
+                if self._header_bytes > limits.header_bytes and not self.transport.is_closing():
+                    self.send_400_response(f"request headers over {limits.header_bytes} bytes")
+
+        def on_headers_complete(self) -> None:
+            self._waiting = False
+            self._disarm()
+            super().on_headers_complete()
+
+        def on_response_complete(self) -> None:
+            super().on_response_complete()
+            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
+                self._arm()  # (not while a pipelined request runs)
+
+    return GuardedHttpTools
+
+
+def uvicorn_options(app) -> dict:
+    """uvicorn's settings for the limits of `app` (made by `create_app`)."""
+    limits, failures = app.state.limits, app.state.failures
+    return {"http": protocol(limits, failures), "timeout_keep_alive": limits.header_seconds,
+            "h11_max_incomplete_event_size": limits.header_bytes}
