@@ -1,25 +1,38 @@
-"""Speed of `fss` next to the machine's AES limits and sycret, all measured in the same run.
+"""Speed of `fss` on every kernel tier this CPU has, next to that tier's own AES limit, pycryptodome's
+ECB and sycret, all measured in the same run.
 
-    python bench/bench_fss.py            # add --quick for a smaller run, --no-grid to skip the full grids,
-                                         # --eval-grid for the eval_grid section alone
+    python bench/bench_fss.py            # --quick for a smaller run; --table for the full table of
+                                         # (bits, out_bits, width) on the auto tier; --eval-grid for the
+                                         # eval_grid section alone
 
-Columns (per core unless said otherwise): gen = key pairs/s, eval = evals/s (one point per key),
-sum = keys/s of eval_sum at one point on all cores; "ECB bound" = pycryptodome AES-ECB blocks/s on a
-32 MiB buffer divided by the AES blocks one eval needs (the limit of a level-by-level backend),
-"VAES peak" = the same with a register-only 512-bit VAES loop (the limit of any implementation of
-this construction on this CPU). The eval_grid section: grid points (key x point) per second on one
-core, on each backend, against the same bounds for the AES blocks one point costs there (a full
-grid of 2^b points expands 2^b - 1 nodes per key: 2 + 2 width blocks each over F_p, plus width LEAF
-blocks per point for width > 1).
+Per tier (`fss.backend.available()`: portable, aesni, vaes256 on AVX2 + VAES, vaes on AVX-512), one
+core, CPU time of this process (`time.process_time`; the machine is shared, and wall time would
+count other programs' turns on our core):
+
+  peak     the tier's register-only AES rate: a numba loop of MMO (AES_K(x) xor x) over blocks kept
+           in registers, with the tier's instructions (512-bit VAES, 256-bit VAES, 128-bit AES-NI);
+           the best of a few register counts. The portable tier's limit is pycryptodome's ECB itself.
+  ECB      pycryptodome AES-128-ECB on a 32 MiB buffer (blocks/s); "x ECB" = our rate divided by the
+           ECB bound, i.e. ECB blocks/s divided by the AES blocks the operation needs.
+  eval     DCF(32, out 64) `eval_batch`, one point per key: evals/s (64 blocks each)
+  gen      the same function's `gen_batch`: key pairs/s (both parties' expansions, 256 blocks)
+  sum      `eval_sum` at one point, one thread: keys/s (64 blocks each)
+  grid     `eval_grid` of DCF(10, F_p, x >= alpha) over all 2^10 points: points/s (4 blocks each)
+  sketch   the verified close's work per report at 2^10 (count): eval_grid + `Check.round_one` +
+           `_sketch.column_sums` (bench_verify.py, part 2): reports/s
+  % peak   AES blocks/s the operation drives divided by the tier's peak
 """
 from __future__ import annotations
 
 import argparse
 import os
+import platform
+import secrets
 import time
 
 import numpy as np
 from Crypto.Cipher import AES
+from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
@@ -29,13 +42,16 @@ from fss._fused import _Ptr, _c64, _level_loop
 from fss.params import TreeParams
 
 
-def best_of(fn, reps: int = 3) -> float:
+def best_of(fn, reps: int = 3, cpu: bool = True) -> float:
+    """Best time of `reps` runs after one warm-up: CPU time of this process (one thread busy) or,
+    with cpu=False, wall time (for work spread over several threads)."""
+    clock = time.process_time if cpu else time.perf_counter
     fn()
     best = float("inf")
     for _ in range(reps):
-        t = time.perf_counter()
+        t = clock()
         fn()
-        best = min(best, time.perf_counter() - t)
+        best = min(best, clock() - t)
     return best
 
 
@@ -46,20 +62,32 @@ def ecb_blocks_per_s() -> float:
     return buf.size / 16 / best_of(lambda: c.encrypt(memoryview(buf), output=memoryview(out)), 5)
 
 
-def vaes_blocks_per_s() -> float:
-    """A register-only MMO loop over 12 x 4 blocks with 512-bit VAES (0 if the CPU has none)."""
-    if not A.has_vaes512():
-        return 0.0
+def _spin(tier: str, nregs: int, inline: bool):
+    """A numba function (rk, iters, out): `iters` MMO rounds over `nregs` native registers of blocks,
+    kept in registers; `inline`: the AVX2 tiers' inline-assembly rounds (`AesRounds._chunk`), else
+    LLVM's own scheduling of the intrinsics."""
 
     @intrinsic
     def spin(typingctx, rk, iters, out):
         def codegen(context, b, signature, args):
-            aes = A.AesRounds(b, _Ptr(context, b, signature.args[0], args[0]).data, True)
-            final = _level_loop(b, args[1], [A.const8(r) for r in range(12)], lambda i, s: aes.mmo(list(s)))
+            aes = A.AesRounds(b, _Ptr(context, b, signature.args[0], args[0]).data, tier)
+            init = [ir.Constant(aes.native, [r] * (2 * aes.per)) for r in range(nregs)]
+
+            def body(i, st):
+                if inline and not aes.vaes:
+                    enc = aes._chunk([b.xor(x, aes.keys[0]) for x in st], aes.keys[10])
+                else:
+                    enc = [b.xor(x, aes.keys[0]) for x in st]
+                    for r in range(1, 10):
+                        enc = [b.call(aes.enc, [x, aes.keys[r]]) for x in enc]
+                    enc = [b.call(aes.last, [x, aes.keys[10]]) for x in enc]
+                return [b.xor(e, x) for e, x in zip(enc, st)]
+
+            final = _level_loop(b, args[1], init, body)
             acc = final[0]
             for v in final[1:]:
                 acc = b.xor(acc, v)
-            _Ptr(context, b, signature.args[2], args[2]).store8(_c64(0), acc)
+            b.store(acc, b.bitcast(_Ptr(context, b, signature.args[2], args[2]).data, aes.native.as_pointer()), align=8)
             return context.get_dummy_value()
 
         return types.void(rk, types.int64, out), codegen
@@ -68,9 +96,41 @@ def vaes_blocks_per_s() -> float:
     def run(rk, iters, out):
         spin(rk, iters, out)
 
+    return run
+
+
+def peak_blocks_per_s(tier: str, iters: int = 1_000_000) -> float:
+    """The tier's register-only MMO rate (blocks/s), the best over a few register counts and both
+    ways of emitting the rounds."""
+    if tier == "portable":
+        return ecb_blocks_per_s()
+    per = A.TIERS[tier]
     out = np.zeros(8, np.uint64)
-    iters = 1_000_000
-    return iters * 48 / best_of(lambda: run(A.round_keys(), iters, out))
+    best = 0.0
+    shapes = [(12, False)] if tier == "vaes" else [(8, True), (12, False)]
+    for nregs, inline in shapes:
+        run = _spin(tier, nregs, inline)
+        best = max(best, iters * nregs * per / best_of(lambda: run(A.round_keys(), iters, out)))
+    return best
+
+
+def cpu_name() -> str:
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                if line.startswith("model name"):
+                    return line.split(":", 1)[1].strip()
+    except OSError:
+        pass
+    return platform.processor() or platform.machine()
+
+
+def describe_cpu() -> str:
+    from llvmlite import binding as llvm
+
+    f = A.host_features()
+    has = [x for x in ("aes", "avx2", "vaes", "avx512f") if x in f]
+    return f"{cpu_name()} (LLVM: {llvm.get_host_cpu_name()}, {', '.join(has) or 'no AES-NI'})"
 
 
 def eval_blocks(p: TreeParams) -> int:
@@ -87,10 +147,152 @@ def grid_blocks(p: TreeParams, size: int) -> float:
     return ((size - 1) * p.expand_blocks + size * leaf) / size
 
 
-def eval_grid_section(quick: bool, ecb: float, vaes: float) -> None:
-    """eval_grid of the servers' functions (DCF over F_p, x >= alpha) on one core, on every backend."""
-    print(f"\neval_grid, one core (VAES peak {vaes / 1e6:.0f} M blocks/s in this run): every key's shares at every point")
-    head = f"{'function':<42} {'keys':>6} {'points':>6} {'blocks/pt':>9} | {'backend':<8} {'M pts/s':>8} {'ECB bound':>9} {'VAES bound':>10} {'of bound':>8}"
+class SketchWork:
+    """The verified close's work per report at 2^10, count payload (as bench_verify.py, part 2), with
+    the task's own key width (the check's payload, and whatever else `TaskConfig.dcf` puts in a key)."""
+
+    def __init__(self, n: int):
+        from dpcdf.service import round_one
+        from dpcdf.service.task import TaskConfig
+
+        cfg = TaskConfig({"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 10}, 1.0, "path", "substitution", 1, ("a", "b"),
+                         ("00", "01"), "00", payload="count", verify=True)
+        # the keys' DCF: a verified task's keys may carry more than the released payload (`key_dcf`)
+        self.dcf = cfg.key_dcf() if hasattr(cfg, "key_dcf") else cfg.dcf()
+        self.check, self.size = cfg.check(), cfg.make_grid().size
+        self.n = n
+        rng = np.random.default_rng(10)
+        betas = 1 if self.dcf.width == 1 else np.ones((n, self.dcf.width), np.int64)  # the values do not change the work
+        with backend.using("portable"):
+            self.keys, _ = self.dcf.gen_batch(rng.integers(0, self.size, n), betas)
+        self.extras = np.zeros((n, self.check.extras), np.uint64)
+        self.ch = self.check.challenges(secrets.token_bytes(32), b"bench")
+        self.grid_values = round_one.grid_values
+
+    def __call__(self) -> None:
+        from dpcdf.service import _sketch
+
+        y = self.grid_values(self.dcf, self.keys, self.size)
+        self.check.round_one(0, y, self.extras, self.ch)
+        _sketch.column_sums(y)
+
+
+def tier_section(quick: bool, reps: int) -> dict:
+    """The per-tier table; returns {tier: {"eval": evals/s, ...}} for the sycret comparison."""
+    n = 40_000 if quick else 200_000
+    rng = np.random.default_rng(0)
+    fn = DCF(32, 64, 1)
+    p = fn.params
+    alphas = rng.integers(0, 1 << 32, n, dtype=np.uint64)
+    xs = rng.integers(0, 1 << 32, n, dtype=np.uint64)
+    with backend.using("portable"):
+        keys, _ = fn.gen_batch(alphas, 1)
+    fg = DCF(10, group="p61", cmp="ge")
+    gn = 1000 if quick else 4000
+    with backend.using("portable"):
+        gkeys, _ = fg.gen_batch(rng.integers(0, 1024, gn), 1)
+    sketch = SketchWork(1024 if quick else 2048)
+    per_eval, per_gen, per_grid = eval_blocks(p), gen_blocks(p), grid_blocks(fg.params, 1024)
+    before = backend.threads()
+    backend.set_threads(1)
+    ecb = ecb_blocks_per_s()
+    print(f"pycryptodome AES-128-ECB: {ecb / 1e6:.0f} M blocks/s (bounds: eval {ecb / per_eval / 1e6:.2f} M/s, "
+          f"gen {ecb / per_gen / 1e6:.2f} M/s, grid {ecb / per_grid / 1e6:.1f} M points/s)\n")
+    head = (f"{'tier':<8} {'peak':>6} | {'eval M/s':>8} {'%pk':>4} {'xECB':>5} | {'gen M/s':>7} {'%pk':>4} {'xECB':>5} | "
+            f"{'sum M/s':>7} {'%pk':>4} {'xECB':>5} | {'grid Mpt/s':>10} {'%pk':>4} {'xECB':>5} | {'sketch rep/s':>12}")
+    print(head)
+    print("-" * len(head))
+    results = {}
+    for name in reversed(backend.available()):
+        peak = ecb if name == "portable" else peak_blocks_per_s(name)
+        r = reps if name != "portable" else 1
+        with backend.using(name):
+            rates = {
+                "eval": n / best_of(lambda: fn.eval_batch(keys, xs), r),
+                "gen": n / best_of(lambda: fn.gen_batch(alphas, 1), r),
+                "sum": n / best_of(lambda: fn.eval_sum(keys, [12345]), r),
+                "grid": gn * 1024 / best_of(lambda: fg.eval_grid(gkeys, 1024), r),
+                "sketch": sketch.n / best_of(sketch, r),
+            }
+        results[name] = rates
+        cells = []
+        for key, per in (("eval", per_eval), ("gen", per_gen), ("sum", per_eval), ("grid", per_grid)):
+            blocks = rates[key] * per
+            width = 10 if key == "grid" else 8 if key == "eval" else 7
+            cells.append(f"{rates[key] / 1e6:>{width}.2f} {blocks / peak:>4.0%} {blocks / ecb:>5.2f}")
+        print(f"{name:<8} {peak / 1e6:>6.0f} | " + " | ".join(cells) + f" | {rates['sketch']:>12,.0f}", flush=True)
+    backend.set_threads(before)
+    print("\npeak: M blocks/s (the portable tier: the ECB rate); %pk: AES blocks driven / peak; xECB: / the ECB bound")
+    return results
+
+
+def sycret_rates(n: int) -> tuple[float, float] | None:
+    try:
+        import sycret
+    except ImportError:
+        return None
+    le = sycret.LeFactory(n_threads=1)
+    ka, _ = le.keygen(n)
+    x = np.random.default_rng(1).integers(0, 2**31, n, dtype=np.int64)
+    return n / best_of(lambda: le.keygen(n)), n / best_of(lambda: le.eval(0, x, ka))
+
+
+def sycret_section(quick: bool) -> None:
+    n = 50_000 if quick else 200_000
+    syc = sycret_rates(n)
+    fn = DCF(32, 64, 1, cmp="le")
+    alphas = np.random.default_rng(5).integers(0, 1 << 32, n, dtype=np.uint64)
+    print("\nsame task as sycret's LeFactory (32-bit, x <= alpha, one core):")
+    print(f"{'':>16} {'gen M/s':>8} {'eval M/s':>8}" + ("" if syc is None else f" {'gen x':>6} {'eval x':>6}"))
+    if syc:
+        print(f"{'sycret':>16} {syc[0] / 1e6:>8.2f} {syc[1] / 1e6:>8.2f}")
+    before = backend.threads()
+    backend.set_threads(1)
+    for name in reversed(backend.available()):
+        with backend.using(name):
+            k0, _ = fn.gen_batch(alphas, 1)
+            ours = (n / best_of(lambda: fn.gen_batch(alphas, 1)), n / best_of(lambda: fn.eval_batch(k0, alphas)))
+        ratio = "" if syc is None else f" {ours[0] / syc[0]:>5.1f}x {ours[1] / syc[1]:>5.1f}x"
+        print(f"{'fss ' + name:>16} {ours[0] / 1e6:>8.2f} {ours[1] / 1e6:>8.2f}{ratio}")
+    backend.set_threads(before)
+    if syc is None:
+        print("(sycret not installed: pip install sycret)")
+
+
+def full_table(quick: bool) -> None:
+    """gen, eval and eval_sum (all cores, wall time) over (bits, out_bits, width) on the auto tier."""
+    n = 50_000 if quick else 400_000
+    cores = backend.threads()
+    name = backend.current()
+    peak = ecb_blocks_per_s() if name == "portable" else peak_blocks_per_s(name)
+    print(f"\nfull table, tier {name} (peak {peak / 1e6:.0f} M blocks/s), n = {n} keys; gen and eval one core, sum {cores} cores")
+    head = f"{'bits':>4} {'out':>3} {'w':>1} {'key B':>6} | {'gen M/s':>7} | {'eval M/s':>8} {'of peak':>7} | {'sum M/s':>7}"
+    print(head)
+    print("-" * len(head))
+    rng = np.random.default_rng(0)
+    for bits in (16, 32, 64):
+        for out_bits in (32, 64):
+            for width in (1, 3):
+                fn = DCF(bits, out_bits, width)
+                alphas = rng.integers(0, 1 << min(bits, 63), n, dtype=np.uint64)
+                xs = rng.integers(0, 1 << min(bits, 63), n, dtype=np.uint64)
+                backend.set_threads(1)
+                t_gen = best_of(lambda: fn.gen_batch(alphas, 1))
+                k0, _ = fn.gen_batch(alphas, 1)
+                t_eval = best_of(lambda: fn.eval_batch(k0, xs))
+                backend.set_threads(cores)
+                t_sum = best_of(lambda: fn.eval_sum(k0, [12345]), cpu=False)
+                ev = n / t_eval
+                print(f"{bits:>4} {out_bits:>3} {width:>1} {fn.key_size:>6} | {n / t_gen / 1e6:>7.2f} | "
+                      f"{ev / 1e6:>8.2f} {ev * eval_blocks(fn.params) / peak:>7.0%} | {n / t_sum / 1e6:>7.1f}")
+
+
+def eval_grid_section(quick: bool) -> None:
+    """eval_grid of the servers' functions (DCF over F_p, x >= alpha) on one core, on every tier."""
+    ecb = ecb_blocks_per_s()
+    peaks = {name: (ecb if name == "portable" else peak_blocks_per_s(name)) for name in backend.available()}
+    print(f"\neval_grid, one core (ECB {ecb / 1e6:.0f} M blocks/s): every key's shares at every point")
+    head = f"{'function':<36} {'keys':>6} {'points':>6} {'blocks/pt':>9} | {'tier':<8} {'M pts/s':>8} {'x ECB':>6} {'of peak':>7}"
     print(head)
     print("-" * len(head))
     rng = np.random.default_rng(3)
@@ -103,92 +305,32 @@ def eval_grid_section(quick: bool, ecb: float, vaes: float) -> None:
         with backend.using("portable"):
             k0, _ = fn.gen_batch(rng.integers(0, size, n), 1)
         per = grid_blocks(fn.params, size)
-        for name in reversed(backend.available()):
+        for i, name in enumerate(reversed(backend.available())):
             with backend.using(name):
                 t = best_of(lambda: fn.eval_grid(k0, size), 1 if name == "portable" else 3)
             rate = n * size / t
-            label = repr(fn).replace("out_bits=61, ", "") if name == backend.available()[-1] else ""
-            print(f"{label:<42} {n:>6} {size:>6} {per:>9.2f} | {name:<8} {rate / 1e6:>8.1f} {ecb / per / 1e6:>9.1f} "
-                  f"{vaes / per / 1e6:>10.1f} {rate * per / vaes if vaes else 0:>8.0%}")
+            label = repr(fn).replace("out_bits=61, ", "") if i == 0 else ""
+            print(f"{label:<36} {n:>6} {size:>6} {per:>9.2f} | {name:<8} {rate / 1e6:>8.1f} {rate * per / ecb:>6.2f} "
+                  f"{rate * per / peaks[name]:>7.0%}")
     backend.set_threads(before)
-
-
-def sycret_row(n: int) -> tuple[float, float] | None:
-    try:
-        import sycret
-    except ImportError:
-        return None
-    le = sycret.LeFactory(n_threads=1)
-    ka, _ = le.keygen(n)
-    x = np.random.default_rng(1).integers(0, 2**31, n, dtype=np.int64)
-    return n / best_of(lambda: le.keygen(n)), n / best_of(lambda: le.eval(0, x, ka))
 
 
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--no-grid", action="store_true", help="skip the full grids (eval_sum at all 2^16 points, eval_grid)")
-    ap.add_argument("--eval-grid", action="store_true", help="only the eval_grid section (and the AES peaks)")
+    ap.add_argument("--table", action="store_true", help="also the full (bits, out_bits, width) table on the auto tier")
+    ap.add_argument("--eval-grid", action="store_true", help="only the eval_grid section, on every tier")
+    ap.add_argument("--reps", type=int, default=3, help="runs per measurement (best of)")
     args = ap.parse_args()
+    print(f"CPU: {describe_cpu()}; tiers {', '.join(backend.available())} (auto: {backend.current()}); "
+          f"one core, CPU time\n")
     if args.eval_grid:
-        ecb, vaes = ecb_blocks_per_s(), vaes_blocks_per_s()
-        print(f"backend {backend.current()}; pycryptodome ECB {ecb / 1e6:.0f} M blocks/s, VAES peak {vaes / 1e6:.0f} M blocks/s per core")
-        eval_grid_section(args.quick, ecb, vaes)
+        eval_grid_section(args.quick)
         return
-    n = 50_000 if args.quick else 400_000
-    cores = backend.threads()
-    ecb, vaes = ecb_blocks_per_s(), vaes_blocks_per_s()
-    print(f"backend {backend.current()}, {cores} cores; pycryptodome ECB {ecb / 1e6:.0f} M blocks/s, "
-          f"VAES peak {vaes / 1e6:.0f} M blocks/s per core; n = {n} keys\n")
-    head = f"{'bits':>4} {'out':>3} {'w':>1} {'key B':>6} {'mem/key':>7} | {'gen M/s':>7} | {'eval M/s':>8} {'ECB bound':>9} {'VAES peak':>9} {'of peak':>7} | {'sum M/s':>7}"
-    print(head)
-    print("-" * len(head))
-    rng = np.random.default_rng(0)
-    for bits in (16, 32, 64):
-        for out_bits in (32, 64):
-            for width in (1, 3):
-                fn = DCF(bits, out_bits, width)
-                p = fn.params
-                alphas = rng.integers(0, 1 << min(bits, 63), n, dtype=np.uint64)
-                xs = rng.integers(0, 1 << min(bits, 63), n, dtype=np.uint64)
-                backend.set_threads(1)
-                t_gen = best_of(lambda: fn.gen_batch(alphas, 1))
-                k0, _ = fn.gen_batch(alphas, 1)
-                t_eval = best_of(lambda: fn.eval_batch(k0, xs))
-                backend.set_threads(cores)
-                t_sum = best_of(lambda: fn.eval_sum(k0, [12345]))
-                ev = n / t_eval
-                print(f"{bits:>4} {out_bits:>3} {width:>1} {fn.key_size:>6} {k0.nbytes / n:>7.0f} | {n / t_gen / 1e6:>7.2f} | "
-                      f"{ev / 1e6:>8.2f} {ecb / eval_blocks(p) / 1e6:>9.2f} {vaes / eval_blocks(p) / 1e6:>9.2f} "
-                      f"{ev * eval_blocks(p) / vaes if vaes else 0:>7.0%} | {n / t_sum / 1e6:>7.1f}")
-    backend.set_threads(1)
-    syc = sycret_row(n)
-    fn = DCF(32, 64, 1, cmp="le")
-    alphas = rng.integers(0, 1 << 32, n, dtype=np.uint64)
-    k0, _ = fn.gen_batch(alphas, 1)
-    ours = (n / best_of(lambda: fn.gen_batch(alphas, 1)), n / best_of(lambda: fn.eval_batch(k0, alphas)))
-    print("\nsame task as sycret's LeFactory (32-bit, x <= alpha, one core):")
-    print(f"{'':>10} {'gen M/s':>8} {'eval M/s':>8}")
-    print(f"{'fss':>10} {ours[0] / 1e6:>8.2f} {ours[1] / 1e6:>8.2f}")
-    if syc:
-        print(f"{'sycret':>10} {syc[0] / 1e6:>8.2f} {syc[1] / 1e6:>8.2f}")
-        print(f"{'ratio':>10} {ours[0] / syc[0]:>7.1f}x {ours[1] / syc[1]:>7.1f}x")
-    else:
-        print("(sycret not installed: pip install sycret)")
-    backend.set_threads(cores)
-    big = 100_000 if args.quick else 1_000_000
-    kb, _ = DCF(32).gen_batch(rng.integers(0, 1 << 32, big, dtype=np.uint64), 1)
-    print(f"\neval_sum of {big} keys at one point, {cores} cores: {best_of(lambda: DCF(32).eval_sum(kb, [7])) * 1e3:.0f} ms")
-    if not args.no_grid:
-        fn16 = DCF(16)
-        m = 10_000 if args.quick else 100_000
-        kg, _ = fn16.gen_batch(rng.integers(0, 1 << 16, m, dtype=np.uint64), 1)
-        grid = np.arange(1 << 16)
-        t = best_of(lambda: fn16.eval_sum(kg, grid), 1)
-        floor = m * 3 * ((1 << 16) - 1) / (vaes * cores) if vaes else float("nan")
-        print(f"eval_sum of {m} keys at all 2^16 thresholds, {cores} cores: {t:.2f} s "
-              f"(VAES-peak floor for 3 blocks per node: {floor:.2f} s)")
-        eval_grid_section(args.quick, ecb, vaes)
+    tier_section(args.quick, args.reps)
+    sycret_section(args.quick)
+    if args.table:
+        full_table(args.quick)
 
 
 if __name__ == "__main__":
