@@ -102,6 +102,17 @@ def supported(tier: str) -> bool:
     return _SUPPORTED[tier_name(tier)]()
 
 
+def require(tier) -> str:
+    """The tier's name if this CPU can run it, else FssError (no kernel is ever compiled for
+    instructions the CPU lacks: LLVM would refuse them or the process would fault)."""
+    name = tier_name(tier)
+    if not supported(name):
+        from .errors import FssError
+
+        raise FssError(f"this CPU cannot run the {name!r} kernels")
+    return name
+
+
 # --- LLVM IR helpers -------------------------------------------------------------------------------
 def declare(builder: ir.IRBuilder, name: str, vt: ir.Type) -> ir.Function:
     mod = builder.module
@@ -157,11 +168,7 @@ class AesRounds:
     INFLIGHT = {"aesni": 8, "vaes256": 8, "vaes": 0}  # 0: every register at once
 
     def __init__(self, builder: ir.IRBuilder, rk_ptr: ir.Value, tier):
-        tier = tier_name(tier)
-        if not supported(tier):  # never emit instructions the CPU lacks (LLVM would fail or fault)
-            from .errors import FssError
-
-            raise FssError(f"this CPU cannot run the {tier!r} kernels")
+        tier = require(tier)  # never emit instructions the CPU lacks
         self.b, self.tier, self.vaes = builder, tier, tier == "vaes"
         self.per = TIERS[tier]  # blocks per native register
         base = builder.bitcast(rk_ptr, V2.as_pointer())

@@ -16,7 +16,7 @@ import numpy as np
 from numba import njit, prange
 
 from . import _cache
-from ._aes import round_keys, tier_name
+from ._aes import require, round_keys
 from ._fused import eval_group, gen_group, trie_steps
 from ._grid import grid_step
 from .keys import GROUP, KeyBatch, groups, payload_dtype, to_groups
@@ -69,7 +69,7 @@ def _keys(batch: KeyBatch) -> tuple:
 
 
 def eval_batch(batch: KeyBatch, xs: np.ndarray, tier: str) -> np.ndarray:
-    tier = tier_name(tier)  # a name; True / False of older callers: 'vaes' / 'aesni'
+    tier = require(tier)  # a name the CPU can run (True / False of older callers: 'vaes' / 'aesni')
     p, n = batch.params, len(batch)
     padded = batch.seeds.shape[0] * GROUP
     out = np.empty((p.width, padded), np.uint64)
@@ -167,7 +167,7 @@ def eval_sum(batch: KeyBatch, points: np.ndarray, tier: str, threads: int) -> np
     """(m, width) sums. One point: one fused pass over the keys. Several: each group of keys walks
     its trees once over the union of the points' paths (a full grid of 2^b points costs about
     2^(b+1) node expansions per key, not b * 2^b)."""
-    tier = tier_name(tier)  # a name; True / False of older callers: 'vaes' / 'aesni'
+    tier = require(tier)  # a name the CPU can run (True / False of older callers: 'vaes' / 'aesni')
     p, n = batch.params, len(batch)
     sums = np.zeros((points.shape[0], p.width), np.uint64)
     if not n or not points.shape[0]:
@@ -310,7 +310,7 @@ def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, 
     """Same contract as `portable.eval_grid`: (n, size, width) shares at internal points start + j
     (or start + size - 1 - j with `reverse`). Each key walks the range's subtree once (`grid_plan`);
     the keys are split over `threads` threads."""
-    tier = tier_name(tier)  # a name; True / False of older callers: 'vaes' / 'aesni'
+    tier = require(tier)  # a name the CPU can run (True / False of older callers: 'vaes' / 'aesni')
     p, n = batch.params, len(batch)
     if p.prime and n and int(batch.cw_v.max()) >= p.modulus:  # not a key gen makes or the codec accepts
         from . import portable
@@ -347,7 +347,7 @@ def _gen_kernel(width: int, has_v: bool, tier: str):
 
 def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray, tier: str) -> tuple[KeyBatch, KeyBatch]:
     """Same contract as `portable.gen_batch`, writing the grouped arrays directly."""
-    tier = tier_name(tier)  # a name; True / False of older callers: 'vaes' / 'aesni'
+    tier = require(tier)  # a name the CPU can run (True / False of older callers: 'vaes' / 'aesni')
     n, w = alphas.shape[0], p.width
     G = groups(n)
     pad = lambda a: np.concatenate([a, np.zeros(a.shape[:-1] + (G * GROUP - n,), a.dtype)], axis=-1)  # noqa: E731

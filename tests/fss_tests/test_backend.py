@@ -61,3 +61,41 @@ def test_key_batch_memory_is_within_5_percent_of_the_wire_size(fn):
     n = 1000
     k0, _ = fn.gen_batch(np.arange(n), 1)
     assert k0.nbytes <= 1.05 * n * fn.key_size
+
+
+def test_tiers_follow_the_cpu_features():
+    from fss import _aes
+
+    have = backend.available()
+    assert have[0] == "portable" and set(have) <= {"portable", *backend.FUSED}
+    assert ("aesni" in have) == _aes.has_aesni()
+    assert ("vaes256" in have) == _aes.has_vaes256()  # AVX2 + VAES: two blocks per instruction
+    assert ("vaes" in have) == _aes.has_vaes512()  # AVX-512 + VAES: four
+    order = [n for n in backend.FUSED if n in have]
+    assert list(have[1:]) == order  # slowest first; "auto" takes the last one that passes its self-test
+    assert backend.current() in have
+
+
+@pytest.mark.parametrize("tier", [n for n in backend.FUSED if n not in backend.available()] or ["none-missing"])
+def test_a_tier_the_cpu_lacks_is_refused_with_a_typed_error(tier):
+    if tier == "none-missing":  # this CPU has every tier: check the unknown name instead
+        tier = "avx1024"
+    fn = DCF(8)
+    k0, _ = fn.gen_batch(np.arange(3), 1)
+    with pytest.raises(ParameterError):
+        backend.set_backend(tier)
+    with pytest.raises(FssError):  # the kernels are never compiled for instructions the CPU lacks
+        fast.eval_batch(k0, np.arange(3, dtype=np.uint64), tier)
+
+
+def test_the_environment_variable_forces_a_tier():
+    """FSS_BACKEND picks the tier at import; a name this CPU cannot run is a ParameterError at the first call."""
+    import subprocess
+    import sys
+
+    code = "from fss import DCF, backend; k, _ = DCF(8).gen_batch([3], 1); print(backend.current())"
+    for name in backend.available():
+        out = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FSS_BACKEND": name}, capture_output=True, text=True)
+        assert out.returncode == 0 and out.stdout.strip() == name, out.stderr
+    bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FSS_BACKEND": "avx1024"}, capture_output=True, text=True)
+    assert bad.returncode != 0 and "ParameterError" in bad.stderr and "FSS_BACKEND" in bad.stderr
