@@ -47,3 +47,52 @@ def test_the_share_applies_to_add_remove_tree_count_tasks_only(change):
 def test_a_bad_root_share_is_refused(share):
     with pytest.raises(ParameterError, match="root_share"):
         TaskConfig(relation="add-remove", root_share=share, **BASE)
+
+
+# --- two distinct servers (issue 20) ---------------------------------------------------------------
+@pytest.mark.parametrize("servers", [("http://a", "http://a"), ("http://A:80/", "http://a"), ("https://a", "HTTPS://a:443//"),
+                                     ("http://127.0.0.1:8000", "http://127.0.0.1:8000/")])
+def test_a_config_whose_two_servers_share_a_url_is_refused(servers):
+    from dpcdf.service.task import SameServerError
+
+    with pytest.raises(SameServerError, match="two servers are one server"):
+        TaskConfig(relation="substitution", **{**BASE, "servers": servers})
+    assert issubclass(SameServerError, ParameterError)
+
+
+def test_a_config_whose_two_servers_share_a_key_is_refused():
+    """The same key (in any case) under two URLs: whoever holds it opens both shares; also when the
+    config arrives as JSON (a server registering it, a client loading it)."""
+    from dpcdf.service.task import SameServerError
+
+    key = "ab" * 32
+    with pytest.raises(SameServerError, match="same HPKE key"):
+        TaskConfig(relation="substitution", **{**BASE, "hpke_keys": (key, key.upper())})
+    d = json.loads(TaskConfig(relation="substitution", **BASE).to_json())
+    d["hpke_keys"] = [key, key]
+    with pytest.raises(SameServerError):
+        TaskConfig.from_json(json.dumps(d))
+    assert TaskConfig(relation="substitution", **{**BASE, "servers": ("http://a:80", "http://a:81")}).servers[1] == "http://a:81"
+
+
+def test_the_client_refuses_one_server_before_it_seals_anything(monkeypatch):
+    """A config made to name one server twice after its checks (a bug, or a hand-edited object)
+    never gets a report: make_reports checks before any key is made or sealed, and create_task
+    checks the URLs before any request."""
+    from dpcdf.service import client
+    from dpcdf.service.task import SameServerError
+
+    config = TaskConfig(relation="substitution", **BASE)
+    object.__setattr__(config, "servers", ("http://a", "http://a/"))
+    sealed = []
+    monkeypatch.setattr(client.hpke, "suite", lambda *a: sealed.append(a))  # would record any sealing
+    with pytest.raises(SameServerError, match="one server"):
+        client.make_reports(config, [0.5])
+    object.__setattr__(config, "servers", ("http://a", "http://b"))
+    object.__setattr__(config, "hpke_keys", ("00", "00"))
+    with pytest.raises(SameServerError, match="same HPKE key"):
+        client.make_reports(config, [0.5])
+    assert sealed == []
+    with pytest.raises(SameServerError):  # port 9 on loopback: a request would fail as ServerError instead
+        client.create_task(["http://127.0.0.1:9", "http://127.0.0.1:9/"], BASE["grid"], 1.0, "tree", "substitution", 0,
+                           admin_tokens="x" * 20)

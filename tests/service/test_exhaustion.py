@@ -1,0 +1,265 @@
+"""No cheap exhaustion (issue 20): what one client without a token can hold of a real server process on
+loopback. Stalled headers and bodies are dropped within the timeouts (5 s), an oversize body is refused
+on its Content-Length before a byte of it is read, one address's garbage gets it refused (429 with
+Retry-After) while other addresses are still served, upload slots per address are capped, unknown
+task ids get the answers a real task gives, and `checking` needs the operator's token.
+
+Each test uses a source address of its own (127.0.0.x), so their failure levels do not mix; the
+timing tests run their connections side by side (one 5 s wait per test)."""
+from __future__ import annotations
+
+import http.client as httpc
+import json
+import socket
+import struct
+import threading
+import time
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpcdf.service.client import create_task, make_reports
+from dpcdf.service.http import ServerError, http
+from dpcdf.service.server.limits import Limits
+from dpcdf.service.task import SameServerError
+from dpcdf.service.wire import encode_batch
+from helpers import GRID, OPERATOR, urls
+
+LIMITS = Limits()
+SLACK = 3.0  # seconds on top of a timeout (2 busy cores)
+
+
+@pytest.fixture(scope="module")
+def task(servers):
+    procs, _ = servers
+    pair = procs["exact"]
+    config, _ = create_task(urls(pair), GRID, 1.0, "tree", "substitution", min_batch=1, verify=False)
+    port = int(pair[0][1].rsplit(":", 1)[1])
+    return config, port, pair[0][0].pid, urls(pair)
+
+
+def connect(port: int, source: str) -> socket.socket:
+    return socket.create_connection(("127.0.0.1", port), timeout=30, source_address=(source, 0))
+
+
+def until_closed(s: socket.socket) -> tuple[float, bytes]:
+    """Seconds until the server closed the connection, and what it answered."""
+    t, data = time.monotonic(), b""
+    while True:
+        try:
+            chunk = s.recv(65536)
+        except OSError:
+            chunk = b""
+        if not chunk:
+            return time.monotonic() - t, data
+        data += chunk
+
+
+def post(port: int, source: str, path: str, body: bytes) -> tuple[int, dict, dict]:
+    conn = httpc.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(source, 0))
+    try:
+        conn.request("POST", path, body, {"Content-Type": "application/octet-stream"})
+        resp = conn.getresponse()
+        return resp.status, dict(resp.getheaders()), json.loads(resp.read() or b"{}")
+    finally:
+        conn.close()
+
+
+def rss_mib(pid: int) -> float:
+    line = next(x for x in Path(f"/proc/{pid}/status").read_text().splitlines() if x.startswith("VmRSS:"))
+    return int(line.split()[1]) / 1024
+
+
+def garbage(config, count: int, seed: int) -> list[bytes]:
+    """Reports with the task's framing, fingerprint and sealed lengths whose shares do not open."""
+    rng, real = np.random.default_rng(seed), make_reports(config, [50.0])[0]
+    out = []
+    for _ in range(count):
+        parts = [b"DPR1", config.fingerprint, rng.bytes(16)]
+        for enc, ct in real.sealed:
+            parts += [struct.pack("<H", len(enc)), rng.bytes(len(enc)), struct.pack("<I", len(ct)), rng.bytes(len(ct))]
+        out.append(b"".join(parts))
+    return out
+
+
+def test_stalled_headers_and_bodies_are_dropped_within_seconds_holding_little_memory(task):
+    """Slowloris: half a request line, headers that stop, and bodies that stop (a 63 MiB batch after
+    3 MiB, one report after 3 bytes) are all dropped within the 5 s timeouts, the bodies with 408; the
+    server's memory grows by at most 1 MiB per connection although 3 MiB of each big body came."""
+    config, port, pid, _ = task
+    path = f"/tasks/{config.task_id}/reports"
+    base = rss_mib(pid)
+    socks = []
+    for _ in range(2):
+        s = connect(port, "127.0.0.11")
+        s.sendall(b"POST " + path.encode())  # half a request line
+        socks.append(("request line", s))
+        s = connect(port, "127.0.0.11")
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Le".encode())
+        socks.append(("headers", s))
+        s = connect(port, "127.0.0.11")
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc".encode())
+        socks.append(("small body", s))
+    big = []
+    for i in range(4):  # an address may have 128 MiB of declared bodies in flight: one address each
+        s = connect(port, f"127.0.0.{21 + i}")
+        s.sendall(f"POST {path}/batch HTTP/1.1\r\nHost: x\r\nContent-Length: {63 << 20}\r\n\r\n".encode()
+                  + bytes(3 << 20))
+        big.append(s)
+    socks += [("big body", s) for s in big]
+    t0 = time.monotonic()
+    time.sleep(1.0)  # the big bodies' 3 MiB are in the server, still in flight
+    grown = rss_mib(pid) - base
+    results = {}
+
+    def watch(i, s):
+        results[i] = until_closed(s)
+
+    threads = [threading.Thread(target=watch, args=(i, s)) for i, (_, s) in enumerate(socks)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join(LIMITS.body_seconds + 2 * SLACK)
+    held = time.monotonic() - t0
+    for i, (kind, s) in enumerate(socks):
+        s.close()
+        assert i in results, f"{kind}: still open after {held:.1f} s"
+        waited, answer = results[i]
+        assert waited <= LIMITS.idle_seconds + SLACK, (kind, waited)
+        if kind.endswith("body"):
+            assert answer.startswith(b"HTTP/1.1 408") and b"connection: close" in answer.lower(), (kind, answer[:200])
+    assert grown < 1.0 * len(big) + 2, f"the server's memory grew by {grown:.1f} MiB for {len(big)} stalled 3 MiB bodies"
+
+
+def test_an_oversize_body_is_refused_on_its_content_length_before_any_of_it_is_read(task):
+    config, port, _, _ = task
+    for path, limit in ((f"/tasks/{config.task_id}/reports", 64 << 10), (f"/tasks/{config.task_id}/reports/batch", 64 << 20),
+                        (f"/tasks/{config.task_id}/query", 1 << 20), ("/tasks", 64 << 20)):
+        s = connect(port, "127.0.0.12")
+        t = time.monotonic()
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {limit + 1}\r\n\r\n".encode())  # no body at all
+        waited, answer = until_closed(s)
+        s.close()
+        assert answer.startswith(b"HTTP/1.1 413") and f"over {limit} bytes".encode() in answer, answer[:300]
+        assert waited < SLACK and time.monotonic() - t < SLACK
+
+
+def test_a_chunked_body_is_cut_at_64_kib(task):
+    config, port, _, _ = task
+    s = connect(port, "127.0.0.12")
+    chunk = b"10000\r\n" + bytes(1 << 16) + b"\r\n"
+    s.sendall(f"POST /tasks/{config.task_id}/reports/batch HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
+              + chunk * 2)
+    _, answer = until_closed(s)
+    s.close()
+    assert answer.startswith(b"HTTP/1.1 411") and b"needs a Content-Length" in answer, answer[:300]
+
+
+def test_garbage_from_one_address_gets_it_refused_while_others_are_served(task):
+    """Batches of reports that do not open: the first is refused whole at its 17th bad report, within
+    a few the address gets 429 with Retry-After (before its body is read), also for a good batch; an
+    honest batch from another address is stored meanwhile."""
+    config, port, _, _ = task
+    path = f"/tasks/{config.task_id}/reports/batch"
+    bad = encode_batch(garbage(config, 200, seed=1))
+    status, _, body = post(port, "127.0.0.13", path, bad)
+    assert status == 400 and body["error"].startswith("batch refused: more than 16 of its reports are refused (report 0: "
+                                                      "the share does not open"), body
+    answers = []
+    for _ in range(4):
+        try:
+            answers.append(post(port, "127.0.0.13", path, bad))
+        except (OSError, httpc.HTTPException):
+            answers.append((None, {}, {}))  # refused while still sending: the connection was closed unread
+        if answers[-1][0] == 429:
+            break
+    assert answers[-1][0] == 429, [a[:1] + (a[2],) for a in answers]
+    assert int(answers[-1][1]["retry-after"]) >= 1 and "failed to open" in answers[-1][2]["error"]
+    good = encode_batch([r.to_bytes() for r in make_reports(config, [10.0, 20.0])])
+    assert post(port, "127.0.0.13", path, good)[0] == 429  # the address is refused, good reports too
+    status, _, body = post(port, "127.0.0.1", path, encode_batch([r.to_bytes() for r in make_reports(config, [30.0] * 50)]))
+    assert status == 200 and body["accepted"] == 50, body
+
+
+def test_single_junk_reports_slow_their_address_down_then_refuse_it(task):
+    config, port, _, _ = task
+    path = f"/tasks/{config.task_id}/reports"
+    junk = garbage(config, 1, seed=2)[0]
+    took, statuses = [], []
+
+    def send():
+        t = time.monotonic()
+        try:
+            statuses.append(post(port, "127.0.0.14", path, junk)[0])
+        except (OSError, httpc.HTTPException):
+            statuses.append(None)
+        took.append(time.monotonic() - t)
+
+    for _ in range(5):  # 8 at a time, as a client with threads would
+        threads = [threading.Thread(target=send) for _ in range(LIMITS.uploads_per_address)]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        if 429 in statuses:
+            break
+    assert statuses[:8] == [400] * 8 and 429 in statuses, statuses
+    assert max(took) > 0.2  # held back before refused
+
+
+def test_uploads_in_flight_per_address_are_capped(task):
+    """Eight uploads whose bodies stall hold the address's eight slots: a ninth gets 429 (after a
+    second, so a client looping on it waits too) and an upload from another address is served."""
+    config, port, _, _ = task
+    path = f"/tasks/{config.task_id}/reports"
+    held = []
+    for _ in range(LIMITS.uploads_per_address):
+        s = connect(port, "127.0.0.15")
+        s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nab".encode())
+        held.append(s)
+    time.sleep(0.3)
+    t = time.monotonic()
+    status, headers, body = post(port, "127.0.0.15", path, b"x")
+    assert status == 429 and "too many uploads at once" in body["error"] and headers["retry-after"] == "1", body
+    assert LIMITS.refused_seconds - 0.1 <= time.monotonic() - t < LIMITS.refused_seconds + SLACK
+    report = make_reports(config, [40.0])[0].to_bytes()
+    assert post(port, "127.0.0.1", path, report)[0] == 201
+    for s in held:
+        s.close()
+
+
+def test_unknown_task_ids_get_the_answers_a_real_task_gives(task, servers):
+    """A report made for another task, junk, and a batch of either: the same status and message for
+    the real task and for an id no server knows, so task ids cannot be probed."""
+    config, port, _, _ = task
+    procs, _ = servers
+    other, _ = create_task(urls(procs["noisy"]), GRID, 1.0, "tree", "substitution", min_batch=1, verify=False)
+    foreign = make_reports(other, [10.0])[0].to_bytes()
+    for body, batch in ((foreign, False), (b"junk", False), (encode_batch([foreign, b"junk"]), True), (b"\x01", True)):
+        answers = []
+        for task_id in (config.task_id, "no-such-task"):
+            path = f"/tasks/{task_id}/reports" + ("/batch" if batch else "")
+            status, _, answer = post(port, "127.0.0.16", path, body)
+            answers.append((status, answer))
+        assert answers[0] == answers[1] and 400 <= answers[0][0] < 500 or answers[0] == answers[1] and answers[0][0] == 200, answers
+        assert answers[0][0] != 404
+
+
+def test_checking_is_for_the_operator_only(task):
+    _, _, _, pair = task
+    for url in pair:
+        assert set(http("GET", f"{url}/health")) == {"party", "status", "warm"}
+        with pytest.raises(ServerError, match="401"):
+            http("GET", f"{url}/health/operator")
+        with pytest.raises(ServerError, match="403"):
+            http("GET", f"{url}/health/operator", token="not the operator's token")
+        assert set(http("GET", f"{url}/health/operator", token=OPERATOR)) == {"party", "status", "warm", "checking"}
+
+
+def test_create_task_refuses_two_urls_of_one_server(task):
+    """127.0.0.1 and localhost are two URLs, one server: its one HPKE key gives it away before any
+    task is registered."""
+    _, port, _, pair = task
+    with pytest.raises(SameServerError, match="same HPKE key"):
+        create_task([pair[0], f"http://localhost:{port}"], GRID, 1.0, "tree", "substitution", min_batch=1)
