@@ -1,8 +1,8 @@
 """Speed of `fss` on every kernel tier this CPU has, next to that tier's own AES limit, pycryptodome's
 ECB and sycret, all measured in the same run.
 
-    python bench/bench_fss.py            # --quick for a smaller run; --table for the full table of
-                                         # (bits, out_bits, width) on the auto tier; --eval-grid for the
+    python bench/bench_fss.py            # --quick for a smaller run; --no-table to skip the full table
+                                         # of (bits, out_bits, width) on the auto tier; --eval-grid for the
                                          # eval_grid section alone
 
 Per tier (`fss.backend.available()`: portable, aesni, vaes256 on AVX2 + VAES, vaes on AVX-512), one
@@ -198,8 +198,7 @@ def tier_section(quick: bool, reps: int) -> dict:
     ecb = ecb_blocks_per_s()
     print(f"pycryptodome AES-128-ECB: {ecb / 1e6:.0f} M blocks/s (bounds: eval {ecb / per_eval / 1e6:.2f} M/s, "
           f"gen {ecb / per_gen / 1e6:.2f} M/s, grid {ecb / per_grid / 1e6:.1f} M points/s)\n")
-    head = (f"{'tier':<8} {'peak':>6} | {'eval M/s':>8} {'%pk':>4} {'xECB':>5} | {'gen M/s':>7} {'%pk':>4} {'xECB':>5} | "
-            f"{'sum M/s':>7} {'%pk':>4} {'xECB':>5} | {'grid Mpt/s':>10} {'%pk':>4} {'xECB':>5} | {'sketch rep/s':>12}")
+    head = f"{'tier':<8} {'peak':>6} | {'eval M/s':>8} {'%pk':>4} {'xECB':>5} | {'gen M/s':>7} {'%pk':>4} {'xECB':>5} | {'sum M/s':>7} {'%pk':>4} {'xECB':>5} | {'grid Mpt/s':>10} {'%pk':>4} {'xECB':>5} | {'sketch rep/s':>12}"  # noqa: E501
     print(head)
     print("-" * len(head))
     results = {}
@@ -318,7 +317,7 @@ def eval_grid_section(quick: bool) -> None:
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--quick", action="store_true")
-    ap.add_argument("--table", action="store_true", help="also the full (bits, out_bits, width) table on the auto tier")
+    ap.add_argument("--no-table", action="store_true", help="skip the full (bits, out_bits, width) table on the auto tier")
     ap.add_argument("--eval-grid", action="store_true", help="only the eval_grid section, on every tier")
     ap.add_argument("--reps", type=int, default=3, help="runs per measurement (best of)")
     args = ap.parse_args()
@@ -329,7 +328,8 @@ def main() -> None:
         return
     tier_section(args.quick, args.reps)
     sycret_section(args.quick)
-    if args.table:
+    eval_grid_section(args.quick)
+    if not args.no_table:
         full_table(args.quick)
 
 
