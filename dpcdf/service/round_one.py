@@ -84,11 +84,12 @@ def warm_up() -> None:
     every payload's width over F_p, and the check's sums; about 4 s the first time after an
     install, a fraction of a second after, instead of inside the first close."""
     for payload in ("count", "label", "calibration"):
-        check = Check(payload, 4)
-        dcf = DCF(2, width=check.width, cmp="ge", group="p61")
-        keys, _ = dcf.gen_batch(np.arange(2), 1 if check.width == 1 else np.ones((2, check.width), np.int64))
-        check.round_one(0, grid_values(dcf, keys, 4), np.zeros((2, check.extras), np.uint64), check.challenges(b"k" * 32, b"warm"))
-        _sketch.column_sums(grid_values(dcf, keys, 4))
+        check = Check(payload, 4, mac=True)
+        dcf = DCF(2, width=check.key_width, cmp="ge", group="p61")
+        keys, _ = dcf.gen_batch(np.arange(2), np.ones((2, check.key_width), np.int64))
+        y = grid_values(dcf, keys, 4)
+        check.round_one(0, y, np.zeros((2, check.extras), np.uint64), check.challenges(b"k" * 32, b"warm"))
+        _sketch.column_sums(data(check, y))
 
 
 def decode_shares(dcf: DCF, extras: int, shares: list[bytes], party: int) -> tuple[KeyBatch, np.ndarray]:
@@ -128,7 +129,7 @@ class Local:
 def step(store: Store, config: TaskConfig, party: int, pair_key: bytes, limit: int | None = None) -> int:
     """Round one for the task's next stored reports not yet in a batch (one pass at most): evaluates
     their keys over the grid and stores the batch. Returns how many reports it took (0: caught up)."""
-    task_id, dcf, check = config.task_id, config.dcf(), config.check()
+    task_id, dcf, check = config.task_id, config.key_dcf(), config.check()
     size = config.make_grid().size
     seqs, ids, shares = store.unchecked(task_id, limit or keys_per_pass(size, dcf.width))
     if not ids:
@@ -138,7 +139,7 @@ def step(store: Store, config: TaskConfig, party: int, pair_key: bytes, limit: i
     msg, st = check.round_one(party, y, x, challenges(check, pair_key, task_id))
     le = lambda a: np.ascontiguousarray(a, dtype="<u8").tobytes()  # noqa: E731
     store.add_check_batch(task_id, CheckBatch(seqs[0], seqs[-1], len(ids), b"".join(ids), le(msg), le(st), le(x),
-                                              le(_sketch.column_sums(y))))
+                                              le(_sketch.column_sums(data(check, y)))))
     return len(ids)
 
 
@@ -192,13 +193,18 @@ def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Lo
 def grid_sum(store: Store, config: TaskConfig, party: int, ids: list[bytes]) -> np.ndarray:
     """The sum of these stored reports' grid values, (size, width) in F_p: their keys evaluated
     again (the reports a close takes out of a sum it already holds), a pass at a time."""
-    dcf, extras, size = config.dcf(), config.check().extras, config.make_grid().size
-    total = np.zeros((size, dcf.width), np.uint64)
+    dcf, check, size = config.key_dcf(), config.check(), config.make_grid().size
+    total = np.zeros((size, config.width), np.uint64)
     per = keys_per_pass(size, dcf.width)
     for start in range(0, len(ids), per):
-        batch, _ = decode_shares(dcf, extras, store.shares_by_id(config.task_id, ids[start:start + per]), party)
-        total = F.add(total, _sketch.column_sums(grid_values(dcf, batch, size)))
+        batch, _ = decode_shares(dcf, check.extras, store.shares_by_id(config.task_id, ids[start:start + per]), party)
+        total = F.add(total, _sketch.column_sums(data(check, grid_values(dcf, batch, size))))
     return total
+
+
+def data(check: Check, y: np.ndarray) -> np.ndarray:
+    """The report's own values of grid values y (n, size, key_width): without the MAC's kappa * beta."""
+    return np.ascontiguousarray(y[:, :, :check.width])
 
 
 def _column(batches: list[CheckBatch], field: str, n: int, k: int) -> np.ndarray:

@@ -9,11 +9,14 @@ sum of the grid values, its share of the histogram) and reads that back for R (`
 The messages (through the task's `protocols.channel.Channel`, bound to H_R; reports in the order of
 their ids, in chunks of about MESSAGE_ELEMENTS elements; `protocols.report_check` plays each side):
 5. server 0 -> 1: chunk c of its round-one messages (e_0, top_0), with H_R;
-6. server 1 -> 0 (the answer): chunk c of its round-one messages and its round-two values V_1;
-7. server 0 -> 1: chunk c of its V_0; answered by 8, the chunk's index and digest;
-9. server 0 -> 1: the keyed hash of server 0's set after the exclusions; answered by 10, server 1's.
-Each server decides every report itself from the opened values (`Check.verdicts`), so neither has to
-trust the other's verdict, and each is done (Mark.VERIFIED) only when the two final hashes are equal.
+6. server 1 -> 0 (the answer): chunk c of its round-one messages and a commitment to its MAC values;
+7. server 0 -> 1: chunk c of its MAC values sigma_0; answered by 8, the commitment's opening (sigma_1)
+   and server 1's round-two values V_1 where the MAC holds (0 elsewhere);
+9. server 0 -> 1: chunk c of its V_0 where the MAC holds; answered by 10, the chunk's index and digest;
+11. server 0 -> 1: the keyed hash of server 0's set after the exclusions; answered by 12, server 1's.
+Each server decides every report itself from the opened values (`Check.verdicts`, MAC first), so
+neither has to trust the other's verdict, and each is done (Mark.VERIFIED) only when the two final
+hashes are equal. Why the MAC: `protocols.report_check`.
 
 Security (docs/verification.md has the proofs):
 - A malicious client: a report counts only if its grid values are shares of one unit step (count),
@@ -27,10 +30,10 @@ Security (docs/verification.md has the proofs):
   class failed; a malicious client is owed no privacy.
 - The analyst learns the counts per reason class (honest reports never fail, so they depend on
   malicious clients only) and the release over the passing set.
-- A server that deviates from the protocol learns nothing more: each server computes its V at most
-  once per report, on the first opened e (every step is journalled and answered once, both ways:
-  `protocols.channel`), so the affine V_b(e) is never seen at two points; it can drop reports at
-  the reconciliation (before any value is opened) or make the close fail, not learn a value.
+- A server that deviates from the protocol learns nothing more: every opened element is checked
+  against a MAC under the client's kappa before any V is computed on it, and every step is answered
+  once (`protocols.report_check`, `protocols.channel`); it can drop reports at the reconciliation
+  (before any value is opened), exclude reports (as "mac") or make the close fail, not learn a value.
 - Re-running is safe: every step is replayed from the journals, so a close interrupted anywhere and
   run again opens the same values and reaches the same verdicts; exclusions are idempotent. Not
   covered: a server colluding with a client (it knows K).
@@ -67,11 +70,6 @@ def rows(data: bytes, count: int, what: str) -> np.ndarray:
 def head(index: int, count: int, n: int, context: bytes) -> bytes:
     """The head of a chunk of message 5: its index, the chunk count, the report count and H_R."""
     return index.to_bytes(4, "big") + count.to_bytes(4, "big") + n.to_bytes(8, "big") + context
-
-
-def decide(check: Check, opened: np.ndarray, v: np.ndarray) -> np.ndarray:
-    """The verdicts from the opened round-one values and the opened V (one column, or several)."""
-    return check.verdicts(opened, v[:, 0] if v.shape[1] == 1 else v)
 
 
 def digest(body: bytes) -> bytes:

@@ -26,6 +26,13 @@ a rejection has a reason class ("weight": the report's total is not 1; "shape": 
 single unit step), and moves only arrays between the servers: round one opens (n, E) elements,
 round two one element per report (count, label) or three (calibration).
 
+Against a server that deviates (issue 20), `Check(..., mac=True)` (what the service runs) adds a
+MAC: the client also shares kappa * y (the keys' payload is (beta, kappa * beta)) and kappa * x,
+kappa for a uniform kappa no server knows; each server derives its share of kappa times every opened
+element in round one, and after the opening sigma_b = kappa_b * opened - [kappa * opened]_b
+(`mac_values`) add up to kappa times any shift of the opening (`mac_ok`). No V is computed on an
+opening whose MAC fails (protocols.report_check has the message order and the argument).
+
 Calibration reports (payload (1, label, q), q an integer in [0, 2^16]) are checked by three
 sub-checks, each opened as its own V: the sketch above on (D^(1), D^(0) - D^(1)) (unit step, label
 in {0, 1}), the score on the same step (sum_i rho_i (D^(2)_i - q D^(0)_i) = 0, the product through
@@ -310,15 +317,21 @@ def calibration_check_values(
 
 
 # --- the service's interface: one `Check` per payload kind ------------------------------------------
-OK, WEIGHT, SHAPE, RANGE = 0, 1, 2, 3
-REASONS = {WEIGHT: "weight", SHAPE: "shape", RANGE: "range"}
+OK, WEIGHT, SHAPE, RANGE, MAC = 0, 1, 2, 3, 4
+REASONS = {WEIGHT: "weight", SHAPE: "shape", RANGE: "range", MAC: "mac"}
 """Why a report was excluded (the class a failed check falls in; honest reports never fail):
 weight: its grid values do not add up to one report (payload 0, 2, 10^6, -1, a step outside the
 grid, labels that sum to 0 or 2); shape: total weight 1 but not one unit step (two steps, a step
 up and one down, a label outside {0, 1}, keys that disagree, a calibration score not on the
 report's step); range: a calibration report whose unit and score checks pass but whose range check
 fails (a probability q outside [0, 2^16], claimed bits that are not bits or do not add up to q, or
-a lying bit pair)."""
+a lying bit pair); mac: an opened element that does not match its MAC (a server deviated from the
+protocol, or the client's MAC shares disagree): the report's check values were never computed."""
+
+
+def mac_ok(sigma_0: np.ndarray, sigma_1: np.ndarray) -> np.ndarray:
+    """Per report: whether every opened element passed its MAC (sigma_0 + sigma_1 == 0), bool (n,)."""
+    return ~F.add(_u64(sigma_0), _u64(sigma_1)).astype(bool).any(axis=1)
 
 
 class Check:
@@ -338,15 +351,18 @@ class Check:
     v_b and sums the two parties' arrays elementwise mod p, whatever their shape, and `verdicts`
     takes that sum."""
 
-    def __init__(self, payload: str, size: int):
+    def __init__(self, payload: str, size: int, mac: bool = False):
         if payload not in CHECKED:
             raise ParameterError(f"reports of payload {payload!r} cannot be verified (verified payloads: {CHECKED})")
-        self.payload, self.size = payload, int(size)
+        self.payload, self.size, self.mac = payload, int(size), bool(mac)
         self.width = {"count": 1, "label": 2, "calibration": 3}[payload]
         calibration = payload == "calibration"
         # field elements the client adds per server and report: shares of (a, a^2), or the calibration
-        # extras (`calibration_extras`)
-        self.extras = CALIBRATION_EXTRAS if calibration else 2
+        # extras (`calibration_extras`); with a MAC also kappa times each, and kappa (`Mac`)
+        self.base_extras = CALIBRATION_EXTRAS if calibration else 2
+        self.extras = 2 * self.base_extras + 1 if self.mac else self.base_extras
+        # the keys' payload: the report's (width) values, with a MAC also kappa times each
+        self.key_width = 2 * self.width if self.mac else self.width
         # elements each server sends per report in round one: (e, top), or `CALIBRATION_OPENED`
         self.opened = CALIBRATION_OPENED if calibration else 2
         # elements each server sends per report in round two: round_two returns (n,) if 1, else (n, k)
@@ -377,19 +393,35 @@ class Check:
         (a0, big0), (a1, big1) = client_pairs(n, randomness)
         return np.stack([a0, big0], axis=1), np.stack([a1, big1], axis=1)
 
+    def client_report(self, betas: object, randomness: bytes | None = None) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """What an honest client makes per report for a check with a MAC: the keys' payload rows
+        (n, key_width) = (beta, kappa * beta) as field elements, and each server's extras (n, extras) =
+        shares of (x, kappa * x, kappa), x the check's extras (`client_extras`), kappa uniform from
+        the OS CSPRNG. Without a MAC: (beta, x_0, x_1)."""
+        rows = np.asarray(betas, dtype=object).reshape(-1, self.width)
+        x0, x1 = self.client_extras(rows, randomness)
+        beta = F.from_ints(rows)
+        if not self.mac:
+            return beta, x0, x1
+        n = rows.shape[0]
+        kappa, k0 = (elements_from_bytes(secrets.token_bytes(32 * n), 2 * n).reshape(2, n) if n
+                     else np.zeros((2, 0), np.uint64))
+        x = F.add(x0, x1)
+        kx = F.mul(x, kappa[:, None])
+        kx0 = elements_from_bytes(secrets.token_bytes(16 * kx.size), kx.size).reshape(kx.shape) if n else kx
+        ext0 = np.column_stack([x0, kx0, k0])
+        ext1 = np.column_stack([x1, F.sub(kx, kx0), F.sub(kappa, k0)])
+        return np.column_stack([beta, F.mul(beta, kappa[:, None])]), ext0, ext1
+
     def _y(self, y: np.ndarray) -> np.ndarray:
         y = np.ascontiguousarray(y, dtype=np.uint64)
-        if y.ndim == 2 and self.width == 1:
+        if y.ndim == 2 and self.key_width == 1:
             y = y[:, :, None]
-        if y.shape[1:] != (self.size, self.width):
-            raise ParameterError(f"grid values of shape (n, {self.size}, {self.width}) expected, got {y.shape}")
+        if y.shape[1:] != (self.size, self.key_width):
+            raise ParameterError(f"grid values of shape (n, {self.size}, {self.key_width}) expected, got {y.shape}")
         return y
 
-    def round_one(self, party: int, y: np.ndarray, extras: np.ndarray, ch: "Challenges") -> tuple[np.ndarray, np.ndarray]:
-        """(message (n, 2): e_b = z_b - a_b and top_b; state (n, 2): L_b and s * top_b), where
-        z_b = sum_i r_i D_b,i and L_b = sum_i r_i^2 D_b,i are taken on y_b with the folded weights.
-        calibration: message (n, CALIBRATION_OPENED), state (n, 3) (`_calibration_round_one`)."""
-        y = self._y(y)
+    def _round_one(self, party: int, y: np.ndarray, extras: np.ndarray, ch: "Challenges") -> tuple[np.ndarray, np.ndarray]:
         if self.payload == "calibration":
             return _calibration_round_one(party, y, _u64(extras), ch)
         z, big_l, top = _sketch.sketch(y, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0))
@@ -397,9 +429,40 @@ class Check:
         msg = np.stack([F.sub(z, a), top], axis=1)
         return msg, np.stack([big_l, F.mul(top, np.full_like(top, ch.s))], axis=1)
 
+    def round_one(self, party: int, y: np.ndarray, extras: np.ndarray, ch: "Challenges") -> tuple[np.ndarray, np.ndarray]:
+        """(message (n, 2): e_b = z_b - a_b and top_b; state (n, 2): L_b and s * top_b), where
+        z_b = sum_i r_i D_b,i and L_b = sum_i r_i^2 D_b,i are taken on y_b with the folded weights.
+        calibration: message (n, CALIBRATION_OPENED), state (n, 3) (`_calibration_round_one`).
+        With a MAC, y carries (y, kappa y) and the state also this server's share of kappa times each
+        opened element (`Mac`): the same affine map on (kappa y_b, kappa x_b), its constant scaled
+        by kappa_b."""
+        y, extras = self._y(y), _u64(extras)
+        w, xs = self.width, self.base_extras
+        msg, state = self._round_one(party, np.ascontiguousarray(y[:, :, :w]), extras[:, :xs], ch)
+        if not self.mac:
+            return msg, state
+        linear, _ = self._round_one(1, np.ascontiguousarray(y[:, :, w:]), extras[:, xs:2 * xs], ch)  # no constant
+        constant = self._constant(ch)
+        tagged = F.add(linear, F.mul(extras[:, 2 * xs][:, None], constant[None, :]))
+        return msg, np.column_stack([state, tagged])
+
+    def _constant(self, ch: "Challenges") -> np.ndarray:
+        """c = the constant part of the opened elements (server 0's round one on zero shares)."""
+        zeros = np.zeros((1, self.size, self.width), np.uint64)
+        return self._round_one(0, zeros, np.zeros((1, self.base_extras), np.uint64), ch)[0][0]
+
+    def mac_values(self, party: int, state: np.ndarray, opened: np.ndarray, extras: np.ndarray) -> np.ndarray:
+        """sigma_b = kappa_b * opened - [kappa * opened]_b, (n, opened): the two servers' sigmas add up
+        to 0 exactly when the opened elements are what the shares say (`Mac`)."""
+        k = _u64(extras)[:, 2 * self.base_extras]
+        tagged = _u64(state)[:, -self.opened:]
+        return F.sub(F.mul(_u64(opened), k[:, None]), tagged)
+
     def round_two(self, party: int, state: np.ndarray, opened: np.ndarray, extras: np.ndarray) -> np.ndarray:
         """V_b = [b = 0] e^2 + 2 e a_b + A_b - L_b + s top_b (`second_message`): (n,).
         calibration: (n, 3), the three sub-checks' V_b (`_calibration_round_two`)."""
+        if self.mac:
+            state, extras = _u64(state)[:, :-self.opened], _u64(extras)[:, :self.base_extras]
         if self.payload == "calibration":
             return _calibration_round_two(party, _u64(state), _u64(opened), _u64(extras))
         e, x = _u64(opened)[:, 0], _u64(extras)
@@ -408,7 +471,13 @@ class Check:
             sq = F.add(sq, F.mul(e, e))
         return F.add(F.sub(sq, state[:, 0]), state[:, 1])
 
-    def verdicts(self, opened: np.ndarray, v: np.ndarray) -> np.ndarray:
+    def verdicts(self, opened: np.ndarray, v: np.ndarray, mac_ok: np.ndarray | None = None) -> np.ndarray:
+        """The verdicts (below); with `mac_ok` (bool (n,)), MAC first where it is False: its other
+        values were never computed (`Mac`)."""
+        out = self._verdicts(opened, v)
+        return out if mac_ok is None else np.where(mac_ok, out, MAC).astype(np.uint8)
+
+    def _verdicts(self, opened: np.ndarray, v: np.ndarray) -> np.ndarray:
         """Per report: OK (0), WEIGHT if the opened top is not 0, else SHAPE if V is not 0 (uint8).
         calibration (v of shape (n, 3): V of the unit/label, score and range sub-checks): WEIGHT if
         top is not 0, else SHAPE if the unit/label or the score check fails, else RANGE if the range

@@ -95,6 +95,12 @@ class Deviant0:
         head = verification.head(chunk, len(local.chunks()), len(local.ids), local.context)
         return self.state(config).channel.seal(Kind.CHECK_OPEN, chunk, head + ours.astype("<u8").tobytes(), local.context)
 
+    def message_7(self, config: TaskConfig, local: round_one.Local, opened: np.ndarray, chunk: int = 0) -> bytes:
+        """Server 0's message 7 (its MAC values sigma_0) for these opened elements."""
+        sigma = config.check().mac_values(0, local.state, opened, local.extras)
+        body = chunk.to_bytes(4, "big") + np.ascontiguousarray(sigma, "<u8").tobytes()
+        return self.state(config).channel.seal(Kind.CHECK_MAC, chunk, body, local.context)
+
     def close(self) -> None:
         self.client.close()
         self.server.close()
@@ -106,17 +112,16 @@ def deviant_channel(config: TaskConfig, party: int, data: Path) -> Channel:
                    "leader" if party == 0 else "helper")
 
 
-def recover_alphas(config: TaskConfig, key: bytes, local0: round_one.Local, answer_e: bytes, answer_e2: bytes,
-                   delta: int) -> np.ndarray:
-    """The review's attack: from server 1's answers to message 5 at e and e + delta (count task, one
-    chunk), a_1 = (V_1(e + delta) - V_1(e)) / (2 delta), z_1 = e_1 + a_1, z = z_0 + z_1 = r_alpha: every
-    report's alpha (its grid index), or -1 where z is no challenge."""
+def recover_alphas(config: TaskConfig, key: bytes, local0: round_one.Local, e_1: np.ndarray, v_1_shifted: np.ndarray,
+                   v_0: np.ndarray, delta: int) -> np.ndarray:
+    """The attack a deviating server 0 runs with ONE shifted message 5 (count task): V_1 is affine in
+    the opened e with slope 2 a_1, and at the true e it is -V_0 (an honest report passes), so from
+    V_1(e + delta) and its own V_0(e): a_1 = (V_1(e + delta) + V_0(e)) / (2 delta), z_1 = e_1 + a_1,
+    z = z_0 + z_1 = r_alpha. Returns every report's alpha (its grid index), or -1 where z is no
+    challenge."""
     rows = len(local0.ids)
-    width = 8 * 2 * rows
-    e_1 = np.frombuffer(answer_e[4:4 + width], "<u8").astype(np.uint64).reshape(rows, 2)[:, 0]
-    v, v2 = (np.frombuffer(a[4 + width:], "<u8").astype(np.uint64) for a in (answer_e, answer_e2))
-    inverse = np.uint64(pow(2 * delta, F.P - 2, F.P))
-    a_1 = F.mul(F.sub(v2, v), np.full(rows, inverse, np.uint64))
+    inverse = np.full(rows, pow(2 * delta, F.P - 2, F.P), np.uint64)
+    a_1 = F.mul(F.add(v_1_shifted, v_0), inverse)
     z = F.add(F.add(local0.message[:, 0], local0.extras[:, 0]), F.add(e_1, a_1))  # z_0 = e_0 + a_0
     size = config.make_grid().size
     r, _ = V.challenges(round_one.verification_key(key), b"dpcdf round one/" + config.task_id.encode(), size)

@@ -23,7 +23,7 @@ from dpcdf.service.analyst import Analyst
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError, fetch, http
 from dpcdf.service.processes import free_port, start_server, stop
-from dpcdf.service.protocols.channel import Kind
+from dpcdf.service.protocols.channel import CHECK, Kind
 from dpcdf.service.store import Store
 from fss import field as F
 from deviating import OCTETS, Deviant0, Interceptor, deviant_channel, recover_alphas
@@ -111,40 +111,62 @@ def bump(payload: bytes, at: int) -> bytes:
 
 
 # --- direction A: a deviating server 0 against a real server 1 ---------------------------------------
-def test_the_two_message_attack_recovers_every_value_from_two_answers_and_server_1_gives_one(servers, deviant0):
-    """The review's attack: message 5 again with e_0 + 1. Positive control: with the second answer
-    (computed here from server 1's own stored state) `recover_alphas` recovers every report's exact
-    grid index. The real server 1 refuses the second message (409, no answer bytes), before and after
-    a restart, and answers the honest message again with the same answer."""
+def test_a_shifted_opening_gets_no_check_value_and_a_second_one_no_answer(servers, deviant0):
+    """The attack: server 0 sends message 5 with e_0 + 1 (one message). Positive control: with the V_1
+    an unprotected server 1 computes there (here from its own stored state), `recover_alphas` recovers
+    every report's exact grid index. The real server 1 answers message 5 (its e_1 and a commitment),
+    but its MAC fails for every report, so its message 8 carries no V_1 (zeros) and the attack
+    recovers nothing; message 5 again with another e_0 is refused (409, no answer bytes), before and
+    after a restart, and the first message again gets the same answer."""
     vals = values(N, 31) % 64
     config, _ = deviant0.task(GRID, vals, verify=True)
     deviant0.reconcile(config)
-    st, local = deviant0.state(config), deviant0.local(config)
-    send, ctx = deviant0.send_to(config, "verify"), local.context
+    st, local, check = deviant0.state(config), deviant0.local(config), config.check()
+    send, ctx, rows = deviant0.send_to(config, "verify"), local.context, len(local.ids)
     assert len(local.chunks()) == 1
-    answer = st.channel.open(patiently(send, deviant0.message_5(config, local)), (Kind.CHECK_ANSWER,), ctx).payload
+    answer = st.channel.open(patiently(send, deviant0.message_5(config, local, delta=1)), (Kind.CHECK_ANSWER,), ctx).payload
+    msg_1 = np.frombuffer(answer[4:4 + 8 * check.opened * rows], "<u8").astype(np.uint64).reshape(rows, check.opened)
 
-    # the positive control: what an unprotected server 1 would answer at e + 1, from its own state
+    # the positive control: what a server 1 without the MAC would send at e + 1, from its own state
     store1 = Store(servers.base / "s1" / "server.sqlite")
     try:
         local1 = round_one.prepare(store1, config, 1, st.pair_key)
     finally:
         store1.close()
-    check, rows = config.check(), len(local.ids)
-    opened = F.add(local.message, local1.message)
-    opened[:, 0] = F.add(opened[:, 0], np.ones(rows, np.uint64))
-    v_1 = check.round_two(1, local1.state, opened, local1.extras).reshape(rows, -1)
-    second = answer[:4 + 16 * rows] + v_1.astype("<u8").tobytes()
+    honest = F.add(local.message, msg_1)
+    shifted = honest.copy()
+    shifted[:, 0] = F.add(shifted[:, 0], np.ones(rows, np.uint64))
+    v_1_shifted = check.round_two(1, local1.state, shifted, local1.extras)
+    v_0 = check.round_two(0, local.state, honest, local.extras)
     truth = np.sort(config.make_grid().index(vals))
-    got = recover_alphas(config, st.pair_key, local, answer, second, 1)
-    np.testing.assert_array_equal(np.sort(got), truth)  # the attack works on two answers
+    np.testing.assert_array_equal(np.sort(recover_alphas(config, st.pair_key, local, msg_1[:, 0], v_1_shifted, v_0, 1)), truth)
 
+    # the real server 1: the MAC of every shifted opening fails, and no V_1 leaves it
+    reply = st.channel.open(patiently(send, deviant0.message_7(config, local, shifted)), (Kind.CHECK_MAC_OPEN,), ctx).payload
+    width = 8 * check.opened * rows
+    v_1 = np.frombuffer(reply[4 + 32 + width:], "<u8").astype(np.uint64)
+    assert not v_1.any()
+    assert (recover_alphas(config, st.pair_key, local, msg_1[:, 0], v_1, v_0, 1) != truth).all()
     for restart in (False, True):
         if restart:
             servers.restart(1)
-        refused(send, deviant0.message_5(config, local, delta=1), 409, "step 5/0 was answered for another message")
-        again = st.channel.open(patiently(send, deviant0.message_5(config, local)), (Kind.CHECK_ANSWER,), ctx).payload
+        refused(send, deviant0.message_5(config, local, delta=2), 409, "step 5/0 was answered for another message")
+        refused(send, deviant0.message_5(config, local), 409, "step 5/0 was answered for another message")
+        again = st.channel.open(patiently(send, deviant0.message_5(config, local, delta=1)), (Kind.CHECK_ANSWER,), ctx).payload
         assert again == answer
+
+
+def test_an_honest_check_between_a_real_and_an_in_process_server_passes_every_report(servers, deviant0):
+    """The control for the MAC: when server 0 follows the protocol, every report's MAC holds and
+    every honest report counts (server 1 marks the task verified with no rejection)."""
+    config, token = deviant0.task(GRID, values(N, 36) % 64, verify=True)
+    deviant0.reconcile(config)
+    st = deviant0.state(config)
+    st.check_leader().run(lambda m: patiently(deviant0.send_to(config, "verify"), m))
+    from dpcdf.service.protocols.reconciliation import say_done
+    say_done(st.channel, deviant0.send_to(config, "sync"))
+    view = http("POST", f"{servers.url1}/tasks/{config.task_id}/close", b"", token)
+    assert view["reconciled"] and view["rejected"] == {} and view["n"] == N
 
 
 def test_every_check_step_is_answered_once_in_order_and_nothing_after_the_close(servers, deviant0):
@@ -167,7 +189,8 @@ def test_every_check_step_is_answered_once_in_order_and_nothing_after_the_close(
     st.reconciliation().run(capture("sync"))
     local, ctx, verify = deviant0.local(config), deviant0.local(config).context, deviant0.send_to(config, "verify")
     rows = len(local.ids)
-    refused(verify, st.channel.seal(Kind.CHECK_VALUES, 0, bytes(4) + bytes(8 * rows), ctx), 409, "server 0 sent its check values before")
+    refused(verify, st.channel.seal(Kind.CHECK_MAC, 0, bytes(4) + bytes(16 * rows), ctx), 409, "server 0 sent message 7 of chunk 0 before message 5")
+    refused(verify, st.channel.seal(Kind.CHECK_VALUES, 0, bytes(4) + bytes(8 * rows), ctx), 409, "server 0 sent message 9 of chunk 0 before message 7")
     refused(verify, st.channel.seal(Kind.CHECK_FINISH, 0, bytes(68), ctx), 409, "server 0 finished the check before")
     refused(verify, deviant0.message_5(config, local)[:30], 400)
     refused(verify, st.channel.seal(Kind.CHECK_OPEN, 0, deviant0.message_5(config, local)[5:], secrets.token_bytes(32)), 400)
@@ -176,9 +199,9 @@ def test_every_check_step_is_answered_once_in_order_and_nothing_after_the_close(
 
     st.check_leader().run(capture("verify"))
     assert deviant0.server.store.marked(config.task_id, "verified")
-    sent = [st.channel.open(m, (Kind.CHECK_OPEN, Kind.CHECK_VALUES, Kind.CHECK_FINISH), ctx) for m in captured["verify"]]
-    assert [int(m.kind) for m in sent] == [5, 7, 9]
-    for m, at in zip(sent, (verification.HEAD, 4, None)):  # e_0, V_0, the final hash: each changed
+    sent = [st.channel.open(m, CHECK, ctx) for m in captured["verify"]]
+    assert [int(m.kind) for m in sent] == [5, 7, 9, 11]
+    for m, at in zip(sent, (verification.HEAD, 4, 4, None)):  # e_0, sigma_0, V_0, the final hash: each changed
         altered = m.payload[:36] + secrets.token_bytes(32) if at is None else bump(m.payload, at)
         refused(verify, st.channel.seal(m.kind, m.chunk, altered, ctx), 409, f"step {int(m.kind)}/0 was answered")
     for raw in captured["verify"]:  # replays before DONE: the journalled answers, nothing new
@@ -257,8 +280,8 @@ def test_a_deviating_server_1_gets_server_0s_check_values_once_whatever_it_answe
     servers.restart(0)
     assert analyst.close() == N
     kinds = _kinds(interceptor, "/verify")
-    assert kinds.count(5) == 1 and kinds.count(9) == 2, kinds  # 5 once; 7 answered once, 9 re-sent after the 502
-    values_sent = {body for p, body, _, _ in interceptor.log if p.endswith("/verify") and body[0] == 7}
+    assert [kinds.count(k) for k in (5, 7, 9, 11)] == [1, 1, 1, 2], kinds  # only 11 sent again, after the 502
+    values_sent = {body for p, body, _, _ in interceptor.log if p.endswith("/verify") and body[0] == Kind.CHECK_VALUES}
     opened = {ch1.open(b, (Kind.CHECK_VALUES,), ch1_context(config, servers)).payload for b in values_sent}
     assert len(opened) == 1  # one V_0, on one input
     counts, n = analyst.prefix_counts(range(64))
@@ -281,7 +304,7 @@ def ch1_context(config, servers) -> bytes:
 
 def test_a_malformed_or_foreign_answer_from_server_1_is_not_taken_and_the_close_recovers(servers, interceptor):
     """Server 1 answers message 5 with a truncated, then with another chunk's, answer: server 0 refuses
-    each (502) and journals nothing, so it has computed no V_0 yet (no message 7 left it); the honest
+    each (502) and journals nothing, so nothing it computed from them left it (no message 7 or 9); the honest
     answer then completes the close. Server 1 also answers message 1 with 502 once: server 0 sends its
     digests again (nothing was journalled), and message 1 is answered once by the real server."""
     config, token, vals = _verified_task(servers, interceptor, 35)
@@ -309,8 +332,8 @@ def test_a_malformed_or_foreign_answer_from_server_1_is_not_taken_and_the_close_
     for _ in range(3):
         with pytest.raises(ServerError, match="502"):
             analyst.close()
-        assert 7 not in _kinds(interceptor, "/verify")  # no V_0 computed on a refused answer
+        assert not {7, 9} & set(_kinds(interceptor, "/verify"))  # nothing computed on a refused answer
     assert analyst.close() == N
-    assert _kinds(interceptor, "/verify").count(7) == 1
+    assert [_kinds(interceptor, "/verify").count(k) for k in (7, 9)] == [1, 1]
     counts, _ = analyst.prefix_counts(range(64))
     np.testing.assert_array_equal(counts, prefix_counts(vals, config.make_grid()))

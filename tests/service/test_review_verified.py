@@ -250,7 +250,7 @@ def test_replayed_and_foreign_check_messages_change_nothing(pair):
     config, token, vals = _task_with_forgeries(pair)
     other, other_token, _ = _task_with_forgeries(pair, n=30, bad=1)
     v0 = _close0(config, token)
-    assert [b[:1] for _, b in captured] == [b"\x05", b"\x07", b"\x09"]
+    assert [b[:1] for _, b in captured] == [b"\x05", b"\x07", b"\x09", b"\x0b"]
     before = _close1(config, token)
     for path, body in captured:  # replays to the same task after the close: all refused (the task is done)
         with pytest.raises(ServerError, match="409 this task's exchange between the servers is finished"):

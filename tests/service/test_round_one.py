@@ -65,9 +65,9 @@ def test_round_one_runs_during_the_collection_and_the_close_leaves_out_a_one_sid
 def shares(config: TaskConfig, n: int, party: int, seed: int) -> list[tuple[bytes, bytes]]:
     """(report id, stored share) of n honest reports for `party` (the layout `wire.split_share` reads)."""
     rng = np.random.default_rng(seed)  # which values and ids, not key randomness
-    dcf, check = config.dcf(), config.check()
-    keys = dcf.gen_batch(rng.integers(0, 50, n))
-    x = check.client_extras(np.ones((n, 1), np.int64))
+    dcf, check = config.key_dcf(), config.check()
+    betas, *x = check.client_report(np.ones((n, 1), np.int64))
+    keys = dcf.gen_batch(rng.integers(0, 50, n), betas)
     return [(rng.bytes(16), join_share(keys[party][i].to_bytes(), x[party][i])) for i in range(n)]
 
 
@@ -106,13 +106,13 @@ def test_batches_are_stored_once_whoever_computes_them_and_prepare_matches_a_fre
         local = round_one.prepare(store, config, party, KEY)
         kept = sorted((rid, share) for rid, share in items if rid not in (items[5][0], items[200][0]))
         assert local.ids == [rid for rid, _ in kept]
-        batch, x = round_one.decode_shares(config.dcf(), config.check().extras, [s for _, s in kept], party)
-        y = round_one.grid_values(config.dcf(), batch, 50)
+        batch, x = round_one.decode_shares(config.key_dcf(), config.check().extras, [s for _, s in kept], party)
+        y = round_one.grid_values(config.key_dcf(), batch, 50)
         check = config.check()
         msg, st = check.round_one(party, y, x, round_one.challenges(check, KEY, task))
         np.testing.assert_array_equal(local.message, msg)
         np.testing.assert_array_equal(local.state, st)
         np.testing.assert_array_equal(local.extras, x)
-        np.testing.assert_array_equal(local.total, _sketch.column_sums(y))
+        np.testing.assert_array_equal(local.total, _sketch.column_sums(round_one.data(check, y)))  # without the MAC tags
     finally:
         store.close()

@@ -734,9 +734,9 @@ def test_a_hundred_thousand_honest_reports_all_pass_through_the_servers_code_pat
     config = TaskConfig(grid, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "01" * 32), "00")
     n, size = 100_000, 50
     alphas = np.frombuffer(_bytes("alphas", 8 * n), np.uint64) % np.uint64(size)
-    dcf, check = config.dcf(), config.check()
-    keys = dcf.gen_batch(alphas.astype(np.int64))
-    extras = check.client_extras(np.ones((n, 1), np.int64), _bytes("extras", 48 * n))
+    dcf, check = config.key_dcf(), config.check()  # with the MAC, as the service runs it
+    betas, *extras = check.client_report(np.ones((n, 1), np.int64), _bytes("extras", 48 * n))
+    keys = dcf.gen_batch(alphas.astype(np.int64), betas)
     ch = check.challenges(KEY, b"close context")
     parts, hist = [], []
     for party in (0, 1):
@@ -748,10 +748,11 @@ def test_a_hundred_thousand_honest_reports_all_pass_through_the_servers_code_pat
         batch, x = round_one.decode_shares(dcf, check.extras, shares, party)
         y = round_one.grid_values(dcf, batch, size)
         parts.append((check.round_one(party, y, x, ch), x))
-        hist.append(_sketch.column_sums(y))
+        hist.append(_sketch.column_sums(round_one.data(check, y)))
     opened = F.add(parts[0][0][0], parts[1][0][0])
     v = [check.round_two(b, parts[b][0][1], opened, parts[b][1]) for b in (0, 1)]
-    assert not check.verdicts(opened, F.add(*v)).any()
+    ok = V.mac_ok(*(check.mac_values(b, parts[b][0][1], opened, parts[b][1]) for b in (0, 1)))
+    assert ok.all() and not check.verdicts(opened, F.add(*v), ok).any()
     counts = F.signed(F.add(hist[0], hist[1]))[:, 0]
     np.testing.assert_array_equal(counts, np.cumsum(np.bincount(alphas.astype(np.int64), minlength=size)))
 

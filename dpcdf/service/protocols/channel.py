@@ -41,25 +41,28 @@ LABEL = b"dpcdf channel v2"
 
 class Kind(IntEnum):
     """The message kinds, in protocol order (the numbers of docs/service.md and docs/verification.md)."""
-    DIGESTS = 1        # reconciliation, server 0 -> 1: bucket digests of its report ids
-    DIFFERENCES = 2    # the answer: the differing buckets and server 1's ids in them
-    DROPS = 3          # server 0 -> 1, chunked: ids server 1 drops, with server 0's final set hash
-    DROPS_ACK = 4      # the answer: the chunk's digest and server 1's set hash
-    CHECK_OPEN = 5     # report check, server 0 -> 1, chunked: its round-one messages (e_0, top_0)
-    CHECK_ANSWER = 6   # the answer: server 1's round-one messages and its values V_1
-    CHECK_VALUES = 7   # server 0 -> 1, chunked: its values V_0
-    CHECK_ACK = 8      # the answer: the chunk's digest
-    CHECK_FINISH = 9   # server 0 -> 1: its set hash after the exclusions
-    CHECK_FINAL = 10   # the answer: server 1's
-    DONE = 11          # server 0 -> 1: the close is over; server 1 answers no further message
-    DONE_ACK = 12
+    DIGESTS = 1         # reconciliation, server 0 -> 1: bucket digests of its report ids
+    DIFFERENCES = 2     # the answer: the differing buckets and server 1's ids in them
+    DROPS = 3           # server 0 -> 1, chunked: ids server 1 drops, with server 0's final set hash
+    DROPS_ACK = 4       # the answer: the chunk's digest and server 1's set hash
+    CHECK_OPEN = 5      # report check, server 0 -> 1, chunked: its round-one messages (e_0, top_0)
+    CHECK_ANSWER = 6    # the answer: server 1's round-one messages and a commitment to its MAC values
+    CHECK_MAC = 7       # server 0 -> 1: its MAC values sigma_0
+    CHECK_MAC_OPEN = 8  # the answer: the commitment's opening (sigma_1) and V_1 where the MACs hold
+    CHECK_VALUES = 9    # server 0 -> 1: its V_0 where the MACs hold
+    CHECK_ACK = 10      # the answer: the chunk's digest
+    CHECK_FINISH = 11   # server 0 -> 1: its set hash after the exclusions
+    CHECK_FINAL = 12    # the answer: server 1's
+    DONE = 13           # server 0 -> 1: the close is over; server 1 answers no further message
+    DONE_ACK = 14
 
 
 ANSWER = {Kind.DIGESTS: Kind.DIFFERENCES, Kind.DROPS: Kind.DROPS_ACK, Kind.CHECK_OPEN: Kind.CHECK_ANSWER,
-          Kind.CHECK_VALUES: Kind.CHECK_ACK, Kind.CHECK_FINISH: Kind.CHECK_FINAL, Kind.DONE: Kind.DONE_ACK}
+          Kind.CHECK_MAC: Kind.CHECK_MAC_OPEN, Kind.CHECK_VALUES: Kind.CHECK_ACK, Kind.CHECK_FINISH: Kind.CHECK_FINAL,
+          Kind.DONE: Kind.DONE_ACK}
 RECONCILIATION = (Kind.DIGESTS, Kind.DROPS)
-CHECK = (Kind.CHECK_OPEN, Kind.CHECK_VALUES, Kind.CHECK_FINISH)
-_BOUND = frozenset((*CHECK, Kind.CHECK_ANSWER, Kind.CHECK_ACK, Kind.CHECK_FINAL))  # carry H_R in their AAD
+CHECK = (Kind.CHECK_OPEN, Kind.CHECK_MAC, Kind.CHECK_VALUES, Kind.CHECK_FINISH)
+_BOUND = frozenset(k for k in Kind if Kind.CHECK_OPEN <= k <= Kind.CHECK_FINAL)  # carry H_R in their AAD
 
 
 class Refused(SyncError):

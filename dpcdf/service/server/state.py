@@ -6,6 +6,8 @@ No request holds a server-wide lock while it works: a task's state is built outs
 (once per task id), and one task's close or query never waits for another task's."""
 from __future__ import annotations
 
+import hashlib
+import hmac
 import logging
 import os
 import secrets
@@ -40,13 +42,14 @@ class TaskState:
     def __init__(self, config: TaskConfig, party: int, seed: bytes, noise: bool, keys: ServerKeys, store: Store):
         self.config = config
         self.pair_key = pair_key(config, party, keys)
-        self.dcf = config.dcf()
-        self.aggregator = Aggregator(self.dcf, config.make_mechanism(), seed, config.task_id, noise)
+        self.dcf = config.key_dcf()  # what the reports' keys are (a verified task's also carry the check's MAC)
+        self.aggregator = Aggregator(config.dcf(), config.make_mechanism(), seed, config.task_id, noise)
         self.shards: list[KeyBatch] = []
         self.sealed = False  # shards are the reconciled task's segments
         self.seq = 0
         self.party = party
         self.store = store
+        self._nonces = hmac.new(seed, b"report check commitment nonces", hashlib.sha256).digest()  # server 1's own
         self.lock = threading.Lock()
         # the task's close and its queries one at a time: each uses every core, and a close must not
         # interleave with the task's answers; other tasks' closes and queries do not wait for it
@@ -82,7 +85,7 @@ class TaskState:
         with self._preparing:
             if self._checking is None:  # R changes only by reconciliation drops, which forget it (`forget_keys`)
                 local = round_one.prepare(self.store, self.config, self.party, self.pair_key)
-                self._checking = CheckHelper(self.channel, self.store, self.config, self.pair_key, local)
+                self._checking = CheckHelper(self.channel, self.store, self.config, self.pair_key, local, self._nonces)
             return self._checking
 
     def check_context(self) -> bytes:

@@ -1,0 +1,71 @@
+"""The report check's MAC (verify.Check with mac=True; protocols.report_check has why): the servers'
+sigmas add up to 0 for an honest opening, and to kappa times the shift for any other, for every
+payload and every opened element; the MAC takes nothing from the sketch's own verdicts."""
+import numpy as np
+from hypothesis import given, settings, strategies as st
+
+from dpcdf.service import verify as V
+from fss import DCF
+from fss import field as F
+
+SIZE, BITS = 8, 3
+ALPHAS = np.array([0, 3, 7, 2, 5])
+
+
+def betas_for(payload: str) -> np.ndarray:
+    labels = np.array([0, 1, 1, 0, 1])
+    if payload == "count":
+        return np.ones((5, 1), np.int64)
+    if payload == "label":
+        return np.stack([labels, 1 - labels], axis=1)
+    return np.stack([np.ones(5, np.int64), labels, np.array([0, 5, 65536, 300, 7])], axis=1)
+
+
+def two_servers(payload: str):
+    """Both servers' round one of five honest reports, and their extras."""
+    check = V.Check(payload, SIZE, mac=True)
+    key_betas, x0, x1 = check.client_report(betas_for(payload))
+    dcf = DCF(BITS, width=check.key_width, cmp="ge", group="p61")
+    k0, k1 = dcf.gen_batch(ALPHAS, key_betas)
+    ch = check.challenges(b"k" * 32, b"mac test")
+    ys = [np.ascontiguousarray(dcf.eval_grid(k, SIZE).reshape(5, SIZE, check.key_width)) for k in (k0, k1)]
+    (m0, s0), (m1, s1) = check.round_one(0, ys[0], x0, ch), check.round_one(1, ys[1], x1, ch)
+    return check, (s0, s1), (x0, x1), F.add(m0, m1), ys
+
+
+def sigmas(check, states, extras, opened):
+    return [check.mac_values(b, states[b], opened, extras[b]) for b in (0, 1)]
+
+
+@settings(max_examples=30, deadline=None)
+@given(payload=st.sampled_from(V.CHECKED), column=st.integers(0, V.CALIBRATION_OPENED - 1),
+       shift=st.integers(1, V.P - 1), row=st.integers(0, 4))
+def test_an_honest_opening_passes_and_any_shift_of_any_element_fails(payload, column, shift, row):
+    check, states, extras, opened, _ = two_servers(payload)
+    assert V.mac_ok(*sigmas(check, states, extras, opened)).all()
+    v = F.add(check.round_two(0, states[0], opened, extras[0]), check.round_two(1, states[1], opened, extras[1]))
+    assert (check.verdicts(opened, v, V.mac_ok(*sigmas(check, states, extras, opened))) == V.OK).all()
+    moved = opened.copy()
+    moved[row, column % check.opened] = F.add(moved[row, column % check.opened], np.array([shift], np.uint64))[0]
+    ok = V.mac_ok(*sigmas(check, states, extras, moved))
+    assert not ok[row] and ok.sum() == 4
+    assert check.verdicts(moved, v, ok)[row] == V.MAC
+
+
+def test_the_mac_tags_are_kappa_times_the_values_on_the_grid():
+    """The keys carry (beta, kappa beta): the tag columns reconstruct to one kappa per report times the values."""
+    for payload in V.CHECKED:
+        check, _, extras, _, ys = two_servers(payload)
+        y = F.add(ys[0], ys[1])
+        kappa = F.add(extras[0][:, -1], extras[1][:, -1])
+        w = check.width
+        assert np.array_equal(y[:, :, w:], F.mul(y[:, :, :w], np.broadcast_to(kappa[:, None, None], y[:, :, :w].shape)))
+        assert check.extras == 2 * check.base_extras + 1 and check.key_width == 2 * w
+
+
+def test_without_a_mac_the_check_is_the_sketch_alone():
+    check = V.Check("count", SIZE)
+    assert (check.extras, check.key_width) == (2, 1)
+    x0, x1 = check.client_extras(np.ones((3, 1), np.int64))
+    beta, y0, y1 = check.client_report(np.ones((3, 1), np.int64))
+    assert beta.shape == (3, 1) and y0.shape == x0.shape == (3, 2)
