@@ -168,10 +168,6 @@ def cmd_serve(args) -> None:
 
 
 def cmd_task(args) -> None:
-    from .service.client import create_task
-    from .service.files import write_secret
-    from .service.task import TaskConfig
-
     admin = None
     if args.admin_token_file:
         if len(args.admin_token_file) > 2:
@@ -186,6 +182,10 @@ def cmd_task(args) -> None:
     if args.rho is not None and not (math.isfinite(args.rho) and args.rho > 0):
         raise CliError(f"--rho must be a positive number, got {args.rho}")
     grid_spec = parse_grid(args.grid)
+    from .service.client import create_task
+    from .service.files import write_secret
+    from .service.task import TaskConfig
+
     privacy = "pure" if args.rho is None else "zcdp"
     if args.payload != "count":
         mechanism = args.mechanism or "tree"
@@ -201,20 +201,14 @@ def cmd_task(args) -> None:
 
 
 def cmd_submit(args) -> None:
-    from .service.client import UploadIncomplete, submit
-
-    config = load_task(args.task)
+    # the input first (csv only, no numpy): a mistake there is told before the service is loaded
     if args.values is None and args.csv is None:
         raise CliError("give the values: --csv FILE (with --column NAME if it has several columns) or --values V1 V2 ...")
     if args.values is not None and args.csv is not None:
         raise CliError("give --csv or --values, not both")
     if args.label_column is not None and args.csv is None:
         raise CliError("--label-column reads labels from --csv")
-    needs_labels = config.payload in ("label", "calibration")
-    if needs_labels and args.label_column is None:
-        raise CliError(f"this is a {config.payload} task: each value needs its 0/1 label (--label-column NAME)")
-    if not needs_labels and args.label_column is not None:
-        raise CliError("this task counts values only: --label-column belongs to label and calibration tasks")
+    read_text(args.task, "task file")
     if args.csv is not None:
         values, labels, contents, lines = read_csv(args.csv, args.column, args.label_column)
         source = os.path.realpath(args.csv)
@@ -224,6 +218,16 @@ def cmd_submit(args) -> None:
         values = [_number(v, f"--values, value {i + 1}") for i, v in enumerate(args.values)]
         labels, contents, lines = None, None, list(range(1, len(values) + 1))
         source = "--values"
+    if not 1 <= args.batch <= 1 << 16:  # dpcdf.service.wire.MAX_BATCH
+        raise CliError(f"--batch must be in [1, 65536], got {args.batch}")
+    from .service.client import UploadIncomplete, submit
+
+    config = load_task(args.task)
+    needs_labels = config.payload in ("label", "calibration")
+    if needs_labels and args.label_column is None:
+        raise CliError(f"this is a {config.payload} task: each value needs its 0/1 label (--label-column NAME)")
+    if not needs_labels and args.label_column is not None:
+        raise CliError("this task counts values only: --label-column belongs to label and calibration tasks")
     spool = args.spool or default_spool(args, config)
     print(f"spool: {spool} (every report is kept there until both servers acknowledge it)", file=sys.stderr)
     args.interrupted = (f"interrupted; every report made so far is kept in the spool {spool}: run the same command "
@@ -238,17 +242,20 @@ def cmd_submit(args) -> None:
     for note in summary.pop("notes", []):
         print(f"note: {note}", file=sys.stderr)
     print(json.dumps(summary))
+    if summary["rejected"]:
+        raise CliError(f"the servers refused {summary['rejected']} reports for good ({summary['first_refusal']}); they "
+                       "are not counted, and a re-run does not send them again")
 
 
 def _analyst(args):
-    from .analyst import Analyst
-
-    config = load_task(args.task)
+    read_text(args.task, "task file")
     token_file = args.token_file or args.task + ".token"
     token = read_text(token_file, "analyst token file").strip()
     if not token:
         raise CliError(f"analyst token file {token_file} is empty")
-    return Analyst(config, token, token_file=token_file)
+    from .analyst import Analyst
+
+    return Analyst(load_task(args.task), token, token_file=token_file)
 
 
 def cmd_close(args) -> None:
@@ -402,7 +409,7 @@ def build_parser() -> Parser:
     u.add_argument("--allow-duplicates", action="store_true",
                    help="send rows equal to rows already sent to this task from another input (other people "
                    "with equal rows); without it such rows are refused, so a copied file is not counted twice")
-    u.add_argument("--batch", type=int, default=500, help="reports per request (1 to 10000)")
+    u.add_argument("--batch", type=int, default=500, help="reports per request (1 to 65536)")
     u.add_argument("--spool", help="where the sealed reports are kept until both servers acknowledge them "
                    "(default: TASK.TASKID.spool, next to the task file, one per task)")
     u.add_argument("--retry-for", type=float, default=30.0, help="seconds to keep retrying an unreachable server")

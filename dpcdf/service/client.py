@@ -215,6 +215,7 @@ def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False,
             store.add(admission, [(r.report_id, r.to_bytes(), digests[i], lines[i]) for r, i in zip(made, idx)])
         _upload(config, store, batch, progress, retry_for)
         status = store.status()
+        refusals = store.rejections()
     finally:
         store.close()
     summary = {"rows": int(values.size), "new": int(new.size), "already_spooled": admission.spooled,
@@ -222,6 +223,8 @@ def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False,
                "pending": status.pending, "rejected": status.rejected,
                "outside": {"below": out["below"], "above": out["above"], "handled": outside},
                "spool": None if spool is None else str(spool), "notes": notes}
+    if refusals:  # why the first refused report was refused (by which server)
+        summary["first_refusal"] = f"server {refusals[0][1]}: {refusals[0][2]}"
     if status.pending:
         raise UploadIncomplete(f"{status.pending} of {status.rows} reports are not yet acknowledged by both servers; "
                                + (f"run the same command again to send them (spool {spool})" if spool else

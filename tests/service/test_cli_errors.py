@@ -54,6 +54,7 @@ def place(servers, tmp_path_factory):
     (d / "text.csv").write_text("income\n12.5\nabc\n")
     (d / "empty.csv").write_text("")
     (d / "wide.csv").write_text("value\n10\n250\n-3\n50\n")
+    (d / "labelled.csv").write_text("value,label\n10,1\n20,0\n")
     (d / "bad.token").write_text("not-the-token-of-this-task-0123456789")
     (d / "notjson.json").write_text("{ this is not a task")
     return d
@@ -88,10 +89,12 @@ def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place):
         (["submit", "--task", task], "give the values"),
         (["submit", "--task", task, "--values", "1", "--csv", f"{d}/people.csv"], "not both"),
         (["submit", "--task", task, "--values", "12", "x"], "'x' is not a number"),
-        (["submit", "--task", task, "--values", "12", "--batch", "0"], "batch must be in"),
+        (["submit", "--task", task, "--values", "12", "--batch", "0"], "--batch must be in [1, 65536]"),
         (["submit", "--task", task, "--csv", f"{d}/wide.csv", "--outside", "refuse"],
          "2 values lie outside the grid: 1 below the grid's first threshold 0 (line 4); 1 above the grid's last threshold 100 (line 3)"),
         (["submit", "--task", task, "--csv", f"{d}/people.csv", "--column", "income", "--label-column", "age"],
+         "line 2, column age: a label is 0 or 1, got '30'"),
+        (["submit", "--task", task, "--csv", f"{d}/labelled.csv", "--column", "value", "--label-column", "label"],
          "--label-column belongs to label and calibration tasks"),
         (["close", "--task", task, "--token-file", f"{d}/bad.token"], "refused the analyst token in"),
         (["close", "--task", task, "--token-file", f"{d}/missing.token"], "missing.token: no such file"),
@@ -173,3 +176,75 @@ def test_ctrl_c_during_submit_says_how_to_resume_and_resuming_counts_each_value_
     config, token = TaskConfig.from_json((tmp_path / "task.json").read_text()), (tmp_path / "task.json.token").read_text()
     for url in config.servers:
         assert http("GET", f"{url}/tasks/{config.task_id}", token=token)["reports"] == n
+
+
+def _submit(task: Path, *args: str) -> dict:
+    res = run(["submit", "--task", str(task), *args])
+    assert res.returncode == 0, res.stderr
+    return {**json.loads(res.stdout.splitlines()[-1]), "stderr": res.stderr}
+
+
+def test_the_spool_knows_rows_by_content_copies_refused_extensions_send_only_new_rows(servers, tmp_path):
+    procs, _ = servers
+    task = tmp_path / "task.json"
+    made = dpcdf_cli("task", "--servers", *urls(procs["exact"]), "--grid", "uniform:0:100:8", "--epsilon", "1",
+                     "--mechanism", "tree", "--min-batch", "5", "--out", str(task))
+    assert made.returncode == 0, made.stderr
+    config, token = TaskConfig.from_json(task.read_text()), (tmp_path / "task.json.token").read_text()
+
+    def stored() -> list[int]:
+        return [http("GET", f"{u}/tasks/{config.task_id}", token=token)["reports"] for u in config.servers]
+
+    rows = [[i, f"{v:.4f}"] for i, v in enumerate(values(60, 12))] + [[60, "150"], [61, "-2"]]  # two outside the grid
+    a = tmp_path / "a.csv"
+    with open(a, "w", newline="") as f:
+        csv.writer(f).writerows([["id", "value"]] + rows)
+    first = _submit(task, "--csv", str(a), "--column", "value")
+    assert (first["rows"], first["new"], first["complete"]) == (62, 62, 62) and stored() == [62, 62]
+    assert first["outside"] == {"below": 1, "above": 1, "handled": "clamp"}
+    assert "2 values outside the grid counted at its nearest end" in first["stderr"] and "(--outside clamp, the default" in first["stderr"]
+
+    again = _submit(task, "--csv", str(a), "--column", "value")  # the same file again: nothing made, nothing sent
+    assert (again["new"], again["already_spooled"], again["reports"]) == (0, 62, 62) and stored() == [62, 62]
+
+    b = tmp_path / "b.csv"
+    b.write_bytes(a.read_bytes())  # the same rows under another name
+    copy = one_line_error(run(["submit", "--task", str(task), "--csv", str(b), "--column", "value"]))
+    assert "all 62 of the 62 rows of" in copy and "lines 2-63 equal lines 2-63 of" in copy and "a.csv" in copy
+    assert "--allow-duplicates" in copy and stored() == [62, 62]
+
+    with open(a, "a", newline="") as f:  # rows appended to the file already sent
+        csv.writer(f).writerows([[62, "10.5"], [63, "20.5"], [64, "30.5"]])
+    grown = _submit(task, "--csv", str(a), "--column", "value")
+    assert (grown["rows"], grown["new"], grown["already_spooled"], grown["complete"]) == (65, 3, 62, 65)
+    assert stored() == [65, 65]
+
+    shared = _submit(task, "--csv", str(b), "--column", "value", "--allow-duplicates")  # the user says: other people
+    assert (shared["new"], shared["duplicates_allowed"]) == (62, 62) and stored() == [127, 127]
+    assert _submit(task, "--csv", str(b), "--column", "value")["new"] == 0  # and re-running that sends nothing
+
+    other = _submit(task, "--values", "1", "2", "3")  # a different input from the same place: its own rows
+    assert other["new"] == 3 and stored() == [130, 130]
+
+
+def test_serve_logs_where_it_is_and_one_line_per_request(servers, tmp_path):
+    from dpcdf.service.processes import start_server, stop
+
+    procs, base = servers
+    url = procs["exact"][0][1]
+    http("GET", f"{url}/health")
+    text = (base / "exact0.log").read_text()
+    assert f"dpcdf server 0 at {url}; data {procs['exact'][0][2]}" in text and "operator token in" in text
+    assert '"GET /health HTTP/1.1" 200' in text
+    log = open(tmp_path / "json.log", "wb")
+    proc, json_url = start_server(1, str(tmp_path / "srv"), log=log, extra_env=TESTING, args=["--log-format", "json"],
+                                  noise=False)
+    try:
+        http("GET", f"{json_url}/hpke")
+    finally:
+        stop(proc)
+        log.close()
+    lines = [json.loads(ln) for ln in (tmp_path / "json.log").read_text().splitlines()]
+    start = next(ln for ln in lines if ln.get("event") == "start")
+    assert start["url"] == json_url and start["party"] == 1 and start["data"] == str((tmp_path / "srv").resolve())
+    assert any(ln.get("event") == "request" and ln["path"] == "/hpke" and ln["status"] == 200 for ln in lines)
