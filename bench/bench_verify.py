@@ -68,7 +68,9 @@ from fss import backend
 
 from bench_fss import best_of, ecb_blocks_per_s  # one AES bound and one timer for every bench (run from bench/)
 
-from dpcdf.service import _sketch, reconcile, round_one, verification
+from dpcdf.service import _sketch, reconcile, round_one
+from dpcdf.service.protocols.channel import CHECK, Channel
+from dpcdf.service.protocols.report_check import CheckHelper, CheckLeader
 from dpcdf.service.analyst import Analyst
 from dpcdf.service.client import create_task, make_reports
 from dpcdf.service.hpke import ServerKeys
@@ -147,7 +149,7 @@ def client_section(batch: int, repeats: int, tmp: str) -> None:
 # --- 2. server verification throughput -----------------------------------------------------------
 def grid_blocks(cfg: TaskConfig) -> int:
     """AES blocks of one key's walk over the whole grid (`fss.portable.eval_grid`)."""
-    p, size = cfg.dcf().params, cfg.make_grid().size
+    p, size = cfg.key_dcf().params, cfg.make_grid().size
     return (size - 1) * p.expand_blocks + (size * p.width if p.width > 1 else 0)
 
 
@@ -163,13 +165,13 @@ def server_section(repeats: int) -> float:
         for bits in (10, 16):
             cfg = TaskConfig(grid(bits), 1.0, "path", "substitution", 1, ("a", "b"), ("00", "01"), "00",
                              payload=payload, verify=True)
-            dcf, check, size = cfg.dcf(), cfg.check(), cfg.make_grid().size
+            dcf, check, size = cfg.key_dcf(), cfg.check(), cfg.make_grid().size  # keys with the MAC's payload
             n = round_one.keys_per_pass(size, dcf.width)  # one batch of `round_one.step`
             rng = np.random.default_rng(bits)
             labels = rng.integers(0, 2, n)
             rows = np.ones((n, 1), np.int64) if payload == "count" else np.stack([labels, 1 - labels], axis=1)
-            k0, _ = dcf.gen_batch(rng.integers(0, size, n), 1 if payload == "count" else rows)
-            x0, _ = check.client_extras(rows)
+            key_betas, x0, _ = check.client_report(rows)
+            k0, _ = dcf.gen_batch(rng.integers(0, size, n), key_betas)
             shares = [join_share(k0[i].to_bytes(), x0[i]) for i in range(n)]
             ch = check.challenges(secrets.token_bytes(32), b"bench")
             state = {}
@@ -183,11 +185,11 @@ def server_section(repeats: int) -> float:
             decode()
             evaluate()
             check.round_one(0, state["y"], state["x"], ch)
-            _sketch.column_sums(state["y"])
+            _sketch.column_sums(round_one.data(check, state["y"]))
             t_dec = best_of(decode, repeats)
             t_eval = best_of(evaluate, repeats)
             t_one = best_of(lambda: check.round_one(0, state["y"], state["x"], ch), repeats)
-            t_sum = best_of(lambda: _sketch.column_sums(state["y"]), repeats)
+            t_sum = best_of(lambda: _sketch.column_sums(round_one.data(check, state["y"])), repeats)
             rate = n / (t_eval + t_one + t_sum)
             blocks = grid_blocks(cfg)
             bound = ecb / blocks
@@ -204,23 +206,24 @@ def server_section(repeats: int) -> float:
 # --- 3. close and queries on real servers ----------------------------------------------------------
 def insert(config: TaskConfig, dirs: list[str], n: int, seed: int) -> None:
     """n honest reports' shares straight into both servers' stores (the servers stopped), same ids."""
-    dcf, size = config.dcf(), config.make_grid().size
+    dcf, size = config.key_dcf(), config.make_grid().size
     check = config.check() if config.verify else None
+    tail = 8 * check.extras if check else 0
     rng = np.random.default_rng(seed)
     stores = [Store(Path(d) / "server.sqlite") for d in dirs]
     body = dcf.params.body_len
     try:
         for start in range(0, n, CHUNK):
             m = min(CHUNK, n - start)
-            k = dcf.gen_batch(rng.integers(0, size, m), 1)
-            extras = check.client_extras(np.ones((m, 1), np.int64)) if check else (None, None)
+            betas, *extras = check.client_report(np.ones((m, 1), np.int64)) if check else (1, None, None)
+            k = dcf.gen_batch(rng.integers(0, size, m), betas)
             ids = [secrets.token_bytes(16) for _ in range(m)]
             for party, store in enumerate(stores):
-                rows = np.empty((m, dcf.key_size + (16 if check else 0)), np.uint8)
+                rows = np.empty((m, dcf.key_size + tail), np.uint8)
                 rows[:, :8] = np.frombuffer(dcf.params.header(party), np.uint8)
                 rows[:, 8:dcf.key_size] = np.frombuffer(k[party].to_bytes(), np.uint8, offset=16).reshape(m, body)
                 if check:
-                    rows[:, dcf.key_size:] = extras[party].astype("<u8").view(np.uint8).reshape(m, 16)
+                    rows[:, dcf.key_size:] = extras[party].astype("<u8").view(np.uint8).reshape(m, tail)
                 if start == 0:  # the bulk layout is exactly what a client would send
                     one = k[party][0].to_bytes()
                     assert rows[0].tobytes() == (join_share(one, extras[party][0]) if check else one)
@@ -403,19 +406,19 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
         db = sqlite3.connect(f"{d}/server.sqlite")
         db.execute("UPDATE tasks SET verified_at = NULL WHERE task_id = ?", (task,))
         db.execute("DELETE FROM check_batches WHERE task_id = ?", (task,))
+        db.execute("DELETE FROM exchanges WHERE task_id = ?", (task,))  # the journals: run every step again
         db.commit()
         db.close()
     stores = [Store(Path(d) / "server.sqlite") for d in dirs]
     keys = [pair_key(config, p, ServerKeys(Path(dirs[p]))) for p in (0, 1)]
     assert keys[0] == keys[1]
-    key, check, rows = keys[0], config.check(), []
+    key, rows = keys[0], []
     try:
         t0 = time.perf_counter()
-        ids = [s.frozen_ids(task) for s in stores]
-        first = reconcile.step(key, fp, 0, ids[0], None)
-        last = reconcile.step(key, fp, 0, ids[0], reconcile.step(key, fp, 1, ids[1], first.replies[0]).replies[0])
-        for chunk, expected in zip(last.replies, last.acks):
-            reconcile.check_ack(key, fp, reconcile.step(key, fp, 1, ids[1], chunk).replies[0], expected)
+        ids = [s.frozen_ids(task) for s in stores]  # the reconciliation's arithmetic, both servers
+        plan = reconcile.drops(key, ids[0], reconcile.differences(key, ids[1], reconcile.bucket_digests(key, ids[0])))
+        for body, expected in zip(plan.bodies, plan.acks):
+            reconcile.check_ack(reconcile.take_drops(key, ids[1], body).ack, expected)
         rows.append(("reconciliation (both servers)", time.perf_counter() - t0))
         for party in (0, 1):
             acc: dict[str, float] = {}
@@ -429,13 +432,12 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
             t, loc = timed(lambda: round_one.prepare(stores[party], config, party, key))
             local.append(loc)
             rows.append((f"prepare, server {party} (batches of R, id order)", t))
-        helper = verification.Helper(local[1])
-        t, verdicts = timed(lambda: verification.lead(local[0], check, key, fp, lambda m: helper.answer(check, key, fp, m)[0]))
-        assert (verdicts == 0).all() and (helper.all_verdicts() == 0).all()
-        rows.append(("messages 5-8 (in process, no HTTP)", t))
-        for party, v in ((0, verdicts), (1, helper.all_verdicts())):
-            t, _ = timed(lambda: verification.finish(stores[party], config, party, key, local[party], v))
-            rows.append((f"finish, server {party}", t))
+        channels = [Channel(key, fp, task, stores[p], role) for p, role in ((0, "leader"), (1, "helper"))]
+        helper = CheckHelper(channels[1], stores[1], config, key, local[1], secrets.token_bytes(32))
+        leader = CheckLeader(channels[0], stores[0], config, key, local[0])
+        t, _ = timed(lambda: leader.run(lambda m: helper.answer(channels[1].open(m, CHECK, helper.context))))
+        assert all(not s.rejections(task) for s in stores)
+        rows.append(("messages 5-12 with both finishes (in process, no HTTP)", t))
     finally:
         for s in stores:
             s.close()
