@@ -169,3 +169,47 @@ def sum_columns(values, mask):
             acc += values[e, k]
         total[e] = acc & mask
     return total
+
+
+@njit(nogil=True)
+def fill_eval_at(s, xs, shift, width, buf):
+    """`fill_eval` with child d[k] = bit `shift` of xs[k] (no separate array of bits)."""
+    n, nb = buf.shape[0], buf.shape[1]
+    sh = np.uint64(shift)
+    for k in range(n):
+        d = (xs[k] >> sh) & _U1
+        lo, hi = s[0, k], s[1, k]
+        buf[k, 0, 0] = lo
+        buf[k, 0, 1] = hi ^ (_LEFT + d)
+        first = (d * np.uint64(width)) >> _U1
+        for q in range(1, nb):
+            buf[k, q, 0] = lo ^ (first + np.uint64(q - 1))
+            buf[k, q, 1] = hi ^ _VALUE
+
+
+@njit(nogil=True)
+def eval_level_at(enc, inp, s, t, acc, cw_seed, cw_t, cw_v, g0, level, v_level, xs, shift, has_v):
+    """`eval_level` for keys GROUP g0 + k of a batch's whole grouped arrays (cw_seed (G, bits, 2,
+    GROUP), cw_t (G, bits, GROUP), cw_v (G, v_levels, width, GROUP), C-contiguous) at `level` (payload
+    row `v_level`), on the ECB output itself: the MMO output is enc ^ inp (no separate xor pass),
+    and d[k] = bit `shift` of xs[k]."""
+    w, n = acc.shape[0], acc.shape[1]
+    sh = np.uint64(shift)
+    for k0 in range(0, n, GROUP):
+        g = g0 + k0 // GROUP
+        for lane in range(min(GROUP, n - k0)):
+            k = k0 + lane
+            d = np.int64((xs[k] >> sh) & _U1)
+            tk = t[k]
+            tm = _U0 - np.uint64(tk)
+            lo = enc[k, 0, 0] ^ inp[k, 0, 0]
+            s[0, k] = (lo & _NOT1) ^ (cw_seed[g, level, 0, lane] & tm)
+            s[1, k] = enc[k, 0, 1] ^ inp[k, 0, 1] ^ (cw_seed[g, level, 1, lane] & tm)
+            t[k] = np.uint8(lo & _U1) ^ ((cw_t[g, level, lane] >> d) & tk)
+            if has_v:
+                base = d * w
+                first = base >> 1
+                for e in range(w):
+                    word = base + e
+                    q, r = 1 + (word >> 1) - first, word & 1
+                    acc[e, k] += (enc[k, q, r] ^ inp[k, q, r]) + (np.uint64(cw_v[g, v_level, e, lane]) & tm)

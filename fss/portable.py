@@ -17,9 +17,9 @@ import numpy as np
 
 from . import _kernels as K
 from . import field as F
-from .keys import KeyBatch, from_groups, to_groups
+from .keys import GROUP, KeyBatch, from_groups, to_groups
 from .params import TreeParams
-from .prg import mmo_blocks
+from .prg import encrypt_blocks, mmo_blocks
 
 _NOT1 = ~np.uint64(1)
 
@@ -53,7 +53,21 @@ def convert(p: TreeParams, s: np.ndarray) -> np.ndarray:
 
 def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray) -> tuple[KeyBatch, KeyBatch]:
     """Key pairs for internal alphas (n,) and payloads (width, n); roots (2, 2, n): both parties'
-    root seeds as (lo, hi) rows. Deterministic: all randomness is in `roots`."""
+    root seeds as (lo, hi) rows. Deterministic: all randomness is in `roots`. Keys are made a chunk
+    of CHUNK_GROUPS * GROUP at a time (each level's blocks stay in the cache)."""
+    n, chunk = alphas.shape[0], CHUNK_GROUPS * GROUP
+    if n <= chunk:
+        cw_seed, cw_t, cw_v = _gen_logical(p, alphas, betas, roots)
+    else:
+        parts = [_gen_logical(p, alphas[c : c + chunk], np.ascontiguousarray(betas[:, c : c + chunk]), roots[:, :, c : c + chunk])
+                 for c in range(0, n, chunk)]
+        cw_seed, cw_t, cw_v = (np.concatenate([q[j] for q in parts], axis=-1) for j in range(3))
+    k0 = KeyBatch.from_logical(p, 0, roots[0], cw_seed, cw_t, cw_v)
+    return k0, dataclasses.replace(k0, party=1, seeds=to_groups(roots[1]))
+
+
+def _gen_logical(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray) -> tuple:
+    """`gen_batch`'s correction words as logical arrays (bits, 2, n), (bits, n), (v_levels, width, n)."""
     n, w = alphas.shape[0], p.width
     s = roots.copy()  # (party, word, key); the walk updates it in place
     t = np.zeros((2, n), np.uint8)
@@ -79,8 +93,7 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
     else:
         K.gen_leaf(convert(p, s[0]), convert(p, s[1]), t[1], v_alpha, equal, cw_v[-1])
         cw_v &= np.uint64(p.mask)
-    k0 = KeyBatch.from_logical(p, 0, roots[0], cw_seed, cw_t, cw_v)
-    return k0, dataclasses.replace(k0, party=1, seeds=to_groups(roots[1]))
+    return cw_seed, cw_t, cw_v
 
 
 def _gen_payload_prime(p, out, t1, v_alpha, a_bits, below, cw_out) -> None:
@@ -122,20 +135,35 @@ def _finish_prime(acc, conv, t, cw_last, party) -> np.ndarray:
     return F.neg(v) if party == 1 else v
 
 
+CHUNK_GROUPS = 256  # keys walk the levels 256 groups (4096 keys) at a time: a level's PRG blocks stay in cache
+
+
 def eval_batch(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
-    """Shares (width, n) of key k at internal point xs[k], reduced mod 2^out_bits."""
+    """Shares (width, n) of key k at internal point xs[k], reduced mod 2^out_bits. The keys go
+    through the levels a chunk of `CHUNK_GROUPS` groups at a time (each level's ECB input and output
+    stay in the cache instead of streaming fresh pages through memory)."""
     p, n = batch.params, len(batch)
     if p.prime:
         return _eval_batch_prime(batch, xs)
-    s = np.moveaxis(batch.seeds, 0, 1).reshape(2, -1)[:, :n].copy()  # a copy: the walk updates it in place
-    t = np.full(n, batch.party, np.uint8)
     acc = np.zeros((p.width, n), np.uint64)
-    for i in range(p.bits):
-        d = _level_bits(xs, p, i)
-        out = _mmo(K.fill_eval, s, d, p.width, shape=(n, p.eval_blocks))
-        level_v = batch.cw_v[:, i] if p.level_payload else batch.cw_v[:, 0]
-        K.eval_level(out, s, t, acc, batch.cw_seed[:, i], batch.cw_t[:, i], level_v, d, p.level_payload)
-    K.finish_eval(acc, convert(p, s), t, batch.cw_v[:, -1], batch.party == 1)
+    G = batch.seeds.shape[0]
+    for g0 in range(0, G, CHUNK_GROUPS):
+        g1 = min(G, g0 + CHUNK_GROUPS)
+        k0, k1 = g0 * GROUP, min(n, g1 * GROUP)
+        m = k1 - k0
+        s = np.moveaxis(batch.seeds[g0:g1], 0, 1).reshape(2, -1)[:, :m].copy()  # a copy: the walk updates it in place
+        t = np.full(m, batch.party, np.uint8)
+        part = np.zeros((p.width, m), np.uint64)
+        x = xs[k0:k1]
+        inp = np.empty((m, p.eval_blocks, 2), np.uint64)
+        out = np.empty_like(inp)
+        for i in range(p.bits):
+            K.fill_eval_at(s, x, p.bits - 1 - i, p.width, inp)
+            encrypt_blocks(inp, out)  # AES only: eval_level_at xors the input back in (MMO)
+            K.eval_level_at(out, inp, s, t, part, batch.cw_seed, batch.cw_t, batch.cw_v, g0, i, i if p.level_payload else 0,
+                            x, p.bits - 1 - i, p.level_payload)
+        K.finish_eval(part, convert(p, s), t, batch.cw_v[g0:g1, -1], batch.party == 1)
+        acc[:, k0:k1] = part
     acc &= np.uint64(p.mask)
     return acc
 

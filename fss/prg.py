@@ -56,6 +56,11 @@ def mmo_blocks(inp: np.ndarray, out: np.ndarray) -> None:
     np.bitwise_xor(out, inp, out=out)
 
 
+def encrypt_blocks(inp: np.ndarray, out: np.ndarray) -> None:
+    """out = AES_K(inp) (no MMO xor: for callers that xor the input back in themselves)."""
+    _ECB.encrypt(memoryview(inp.view(np.uint8).reshape(-1)), output=memoryview(out.view(np.uint8).reshape(-1)))
+
+
 def tweak(role: int, j: int) -> int:
     """The tweak T(role, j) as a 128-bit int (lo word = j, hi word = role)."""
     return j | (role << 64)
