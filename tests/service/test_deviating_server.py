@@ -250,7 +250,8 @@ def _verified_task(servers, interceptor, seed):
 
 
 def _kinds(interceptor, path):
-    return [body[0] for p, body, _, _ in interceptor.log if p.endswith(path)]
+    """The kinds of the messages to `path` that server 1 answered (not the 503s while it prepares)."""
+    return [body[0] for p, body, status, _ in interceptor.log if p.endswith(path) and status != 503]
 
 
 def test_a_deviating_server_1_gets_server_0s_check_values_once_whatever_it_answers(servers, interceptor):
@@ -337,3 +338,57 @@ def test_a_malformed_or_foreign_answer_from_server_1_is_not_taken_and_the_close_
     assert [_kinds(interceptor, "/verify").count(k) for k in (7, 9)] == [1, 1]
     counts, _ = analyst.prefix_counts(range(64))
     np.testing.assert_array_equal(counts, prefix_counts(vals, config.make_grid()))
+
+
+@pytest.mark.parametrize("kind", [Kind.DIGESTS, Kind.DROPS, Kind.CHECK_MAC, Kind.CHECK_VALUES])
+def test_an_altered_answer_from_server_1_is_refused_and_the_close_recovers(servers, interceptor, kind):
+    """Server 1 answers one step with altered content, correctly sealed (its differences with a bucket
+    flipped, an acknowledgement of other bytes, an opening that is not what it committed to, an ack of
+    other values): server 0 refuses it (502), journals nothing, and sends nothing computed from it; the
+    close run again gets the real answer and ends with the exact counts, each value sent once."""
+    config, token, vals = _verified_task(servers, interceptor, 40 + int(kind))
+    ch1 = deviant_channel(config, 1, servers.base / "s1")
+    left = {"once": True}
+
+    def rewrite(path, body, status, answer):
+        if status != 200 or body[:1] != bytes([kind]) or not left.pop("once", False):
+            return None
+        ctx = ch1_context(config, servers) if kind >= Kind.CHECK_OPEN else b""
+        m = ch1.open(answer, (Kind(kind + 1),), ctx)
+        at = {Kind.DIGESTS: 0, Kind.DROPS: 8, Kind.CHECK_MAC: 4 + 32, Kind.CHECK_VALUES: 8}[kind]
+        altered = m.payload[:at] + bytes([m.payload[at] ^ 1]) + m.payload[at + 1:]
+        return 200, ch1.seal(Kind(kind + 1), m.chunk, altered, ctx)
+
+    interceptor.rewrite = rewrite
+    analyst = Analyst(config, token)
+    with pytest.raises(ServerError, match="502"):
+        analyst.close()
+    assert not left
+    assert analyst.close() == N
+    kinds = _kinds(interceptor, "/verify")
+    assert [kinds.count(k) for k in (5, 11)] == [1, 1]  # message 5 and the finish: once each
+    counts, _ = analyst.prefix_counts(range(64))
+    np.testing.assert_array_equal(counts, prefix_counts(vals, config.make_grid()))
+
+
+def test_a_wrong_final_hash_from_server_1_leaves_the_task_unverified_for_good(servers, interceptor):
+    """Server 1 answers message 11 with another set hash: server 0 is not verified, and closing again
+    replays the journalled answer (the check is never run again on new inputs): still 502, no answer."""
+    config, token, _ = _verified_task(servers, interceptor, 47)
+    ch1 = deviant_channel(config, 1, servers.base / "s1")
+
+    def rewrite(path, body, status, answer):
+        if status == 200 and body[:1] == bytes([Kind.CHECK_FINISH]):
+            ctx = ch1_context(config, servers)
+            ch1.open(answer, (Kind.CHECK_FINAL,), ctx)  # the real answer, replaced by another hash
+            return 200, ch1.seal(Kind.CHECK_FINAL, 0, secrets.token_bytes(32), ctx)
+        return None
+
+    interceptor.rewrite = rewrite
+    analyst = Analyst(config, token)
+    for _ in range(2):
+        with pytest.raises(ServerError, match="502 .*cannot be verified"):
+            analyst.close()
+    assert _kinds(interceptor, "/verify").count(Kind.CHECK_FINISH) == 1
+    with pytest.raises(ServerError, match="409"):
+        http("POST", f"{servers.url0}/tasks/{config.task_id}/query", b'{"kind": "prefix", "indices": [3]}', token)
