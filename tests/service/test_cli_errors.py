@@ -248,3 +248,45 @@ def test_serve_logs_where_it_is_and_one_line_per_request(servers, tmp_path):
     start = next(ln for ln in lines if ln.get("event") == "start")
     assert start["url"] == json_url and start["party"] == 1 and start["data"] == str((tmp_path / "srv").resolve())
     assert any(ln.get("event") == "request" and ln["path"] == "/hpke" and ln["status"] == 200 for ln in lines)
+
+
+def test_label_and_calibration_tasks_from_the_command_line(servers, tmp_path):
+    import numpy as np
+
+    procs, _ = servers
+    rng = np.random.default_rng(5)  # the simulated data only
+    y = rng.integers(0, 2, 200)
+    score = np.clip(rng.normal(40 + 30 * y, 10), 0, 100)
+    (tmp_path / "scores.csv").write_text("id,score,label\n" + "".join(f"{i},{s:.3f},{t}\n" for i, (s, t) in enumerate(zip(score, y))))
+    p = rng.uniform(0, 1, 200)
+    (tmp_path / "probs.csv").write_text("p,y\n" + "".join(f"{a:.4f},{int(b)}\n" for a, b in zip(p, rng.random(200) < p)))
+    for payload, grid, csv_name, column, label, query in (
+            ("label", "uniform:0:100:6", "scores.csv", "score", "label", ["--roc"]),
+            ("calibration", "uniform:0:1:6", "probs.csv", "p", "y", ["--hosmer-lemeshow", "5"])):
+        task = str(tmp_path / f"{payload}.json")
+        made = dpcdf_cli("task", "--servers", *urls(procs["exact"]), "--grid", grid, "--epsilon", "1", "--payload", payload,
+                         "--min-batch", "5", "--out", task)
+        assert made.returncode == 0 and f"payload {payload}" in made.stdout, made.stderr
+        missing = one_line_error(run(["submit", "--task", task, "--csv", str(tmp_path / csv_name), "--column", column]))
+        assert f"this is a {payload} task" in missing and "--label-column" in missing
+        sent = _submit(Path(task), "--csv", str(tmp_path / csv_name), "--column", column, "--label-column", label)
+        assert sent["complete"] == 200 and sent["rejected"] == 0
+        plain = one_line_error(run(["query", "--task", task, "--roc" if payload == "calibration" else "--hosmer-lemeshow"]))
+        assert "needs a" in plain and f"payload is {payload}" in plain
+        answered = run(["query", "--task", task, *query])
+        assert answered.returncode == 0, answered.stderr
+        if payload == "label":
+            auc = float(answered.stdout.split("AUC = ")[1].split()[0])
+            assert 0.85 < auc <= 1.0  # the true AUC of these scores is about 0.98; no noise on these servers
+        else:
+            assert "Hosmer-Lemeshow H = " in answered.stdout
+
+
+def test_warm_up_says_what_it_compiles_and_finishes():
+    """Last in this module: the servers above have compiled most kernels into the shared cache."""
+    res = run(["warm-up"])
+    assert res.returncode == 0, res.stderr
+    steps = [ln for ln in res.stderr.splitlines() if ln.startswith("warm-up ")]
+    assert [ln.split(":")[0] for ln in steps if ln.endswith("...")] == ["warm-up 1/3", "warm-up 2/3", "warm-up 3/3"]
+    assert "warm-up: done in" in res.stderr and "cached for every later command" in res.stderr
+
