@@ -34,6 +34,7 @@ def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "adapti
     with tempfile.TemporaryDirectory(prefix="dpcdf-demo-") as tmp:
         procs = []
         try:
+            print("starting two servers on loopback (each loads its kernels) ...", flush=True)
             for party in (0, 1):
                 procs.append(start_server(party, f"{tmp}/server{party}"))
             urls = [url for _, url in procs]
