@@ -60,10 +60,12 @@ def place(servers, tmp_path_factory):
     return d
 
 
-def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place):
+def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, servers):
     d = str(place)
     task = f"{d}/task.json"
+    busy = servers[0]["exact"][0][1].rsplit(":", 1)[1]  # a test server listens there
     cases = [
+        (["serve", "--party", "0", "--port", busy, "--data", f"{d}/srv"], f"cannot listen on 127.0.0.1:{busy}"),
         ([], "required: COMMAND"),
         (["frobnicate"], "invalid choice"),
         (["serve", "--party", "2", "--port", "1", "--data", d], "--party"),

@@ -93,6 +93,7 @@ def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: 
         raise DpcdfError("TLS needs both --tls-cert and --tls-key")
     if log_format not in ("text", "json"):
         raise DpcdfError(f"log_format must be text or json, got {log_format!r}")
+    _check_listen(host, port)
     app = create_app(party, data_dir, noise, admin_token_file=admin_token_file, dask=dask)
     if admin_token_file is not None:
         token_at = admin_token_file
@@ -114,6 +115,25 @@ def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: 
     server = uvicorn.Server(config)
     logging.getLogger("dpcdf.serve").info(_start_line)
     server.run()
+
+
+def _check_listen(host: str, port: int) -> None:
+    """A DpcdfError (one line on the command line) if this process cannot listen on host:port, rather
+    than uvicorn's log line and exit status 1 after the app was built."""
+    import socket
+
+    try:
+        infos = socket.getaddrinfo(host, port, type=socket.SOCK_STREAM)
+    except socket.gaierror as exc:
+        raise DpcdfError(f"cannot listen on {host}:{port}: {exc.strerror}") from None
+    family, kind, proto, _, address = infos[0]
+    with socket.socket(family, kind, proto) as probe:
+        probe.setsockopt(socket.SOL_SOCKET, socket.SO_REUSEADDR, 1)  # as uvicorn does
+        try:
+            probe.bind(address)
+        except OSError as exc:
+            raise DpcdfError(f"cannot listen on {host}:{port}: {exc.strerror} (another server there? choose "
+                             "another --port)") from None
 
 
 def _log_config(log_format: str, party: int) -> dict:
