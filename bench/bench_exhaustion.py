@@ -12,8 +12,10 @@ Phases, against server 0 (the attacker's source address is 127.0.0.2, the honest
   garbage       --attackers threads send batches of random reports (right framing, the task's
                 fingerprint, random sealed shares of the right lengths: each costs an HPKE open that
                 fails) as fast as they are answered, for --window s: the server's CPU (cores) and RSS;
-  honest        one thread uploads fresh valid batches (--batch reports) as fast as they are answered,
-                alone and then while the garbage runs: reports/s.
+                then --flood threads send one such report per request (from 127.0.0.3);
+  honest        one thread uploads valid batches (--batch reports) as fast as they are answered,
+                in --rounds alternating windows of --window/2 s: alone, then while both attacks run
+                (the attackers' addresses are refused by then: the steady state): reports/s.
 """
 from __future__ import annotations
 
@@ -36,7 +38,7 @@ from dpcdf.service.processes import start_server, stop
 from dpcdf.service.wire import encode_batch
 
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 10}
-ATTACKER, HONEST = "127.0.0.2", "127.0.0.1"
+ATTACKER, ATTACKER2, HONEST = "127.0.0.2", "127.0.0.3", "127.0.0.1"
 MIB = 1 << 20
 
 
@@ -179,16 +181,34 @@ def honest_uploads(port: int, task: str, batches: list[bytes], per_batch: int, w
     return done / (time.monotonic() - t0)
 
 
-def attack(port: int, task: str, body: bytes, threads: int, until: threading.Event, statuses: dict) -> list[threading.Thread]:
-    def loop() -> None:
-        while not until.is_set():
-            code = post((port, ATTACKER), f"/tasks/{task}/reports/batch", body)
-            statuses[code] = statuses.get(code, 0) + 1
+class Attack:
+    """`threads` threads sending `body` to `path` from `source`, each as fast as it is answered, while
+    `running` is set; `statuses` counts the answers (0: the connection closed without one)."""
 
-    out = [threading.Thread(target=loop, daemon=True) for _ in range(threads)]
-    for t in out:
-        t.start()
-    return out
+    def __init__(self, port: int, source: str, path: str, body: bytes, threads: int):
+        self.running, self.stopped, self.statuses = threading.Event(), threading.Event(), {}
+        self.threads = [threading.Thread(target=self._loop, args=(port, source, path, body), daemon=True)
+                        for _ in range(threads)]
+        for t in self.threads:
+            t.start()
+
+    def _loop(self, port: int, source: str, path: str, body: bytes) -> None:
+        while not self.stopped.is_set():
+            if not self.running.wait(0.1):
+                continue
+            code = post((port, source), path, body)
+            self.statuses[code] = self.statuses.get(code, 0) + 1
+
+    def stop(self) -> None:
+        self.stopped.set()
+        for t in self.threads:
+            t.join(60)
+
+
+def busy_cores(pid: int, seconds: float, idle: float) -> float:
+    c0, t0 = cpu_seconds(pid), time.monotonic()
+    time.sleep(seconds)
+    return (cpu_seconds(pid) - c0) / (time.monotonic() - t0) - idle
 
 
 def main() -> None:
@@ -197,7 +217,9 @@ def main() -> None:
     ap.add_argument("--stall-mib", type=int, default=60)
     ap.add_argument("--hold-limit", type=float, default=30.0)
     ap.add_argument("--window", type=float, default=8.0)
-    ap.add_argument("--attackers", type=int, default=4)
+    ap.add_argument("--attackers", type=int, default=4, help="connections sending garbage batches")
+    ap.add_argument("--flood", type=int, default=16, help="connections sending garbage single reports")
+    ap.add_argument("--rounds", type=int, default=3, help="honest windows alone and under attack, alternating")
     ap.add_argument("--garbage-mib", type=float, default=10.0, help="size of each garbage batch")
     ap.add_argument("--batch", type=int, default=500, help="reports per honest batch")
     ap.add_argument("--honest-reports", type=int, default=20_000)
@@ -242,27 +264,33 @@ def main() -> None:
             idle0, t0 = cpu_seconds(pid), time.monotonic()
             time.sleep(3)
             idle = (cpu_seconds(pid) - idle0) / (time.monotonic() - t0)
-            alone = honest_uploads(port, task, batches[: len(batches) // 2], args.batch, args.window)
+            path = f"/tasks/{task}/reports"
+            junk = garbage_batch(config, report_bytes, 1, rng)[8:]  # one report of the batch
+            attacks = [(f"garbage batches, 1 address ({args.attackers} conns)", Attack(port, ATTACKER, path + "/batch", garbage, args.attackers)),
+                       (f"garbage reports, 1 address ({args.flood} conns)", Attack(port, ATTACKER2, path, junk, args.flood))]
+            for name, attack in attacks:
+                rss0 = rss_mib(pid)
+                attack.running.set()
+                busy = busy_cores(pid, args.window, idle)
+                attack.running.clear()
+                rows.append((name, f"{busy:.2f} cores, +{rss_mib(pid) - rss0:.0f} MiB",
+                             "answers " + ", ".join(f"{k}: {v}" for k, v in sorted(attack.statuses.items()))))
+                print(rows[-1], flush=True)
             time.sleep(1)
-
-            statuses: dict = {}
-            until = threading.Event()
-            rss0 = rss_mib(pid)
-            c0, t0 = cpu_seconds(pid), time.monotonic()
-            threads = attack(port, task, garbage, args.attackers, until, statuses)
-            time.sleep(args.window)
-            busy = (cpu_seconds(pid) - c0) / (time.monotonic() - t0) - idle
-            rss_attack = rss_mib(pid) - rss0
-            sent_alone = dict(statuses)
-            # the attack goes on while the honest client uploads
-            during = honest_uploads(port, task, batches[len(batches) // 2 :], args.batch, args.window)
-            until.set()
-            for th in threads:
-                th.join(60)
-            rows.append((f"garbage from 1 address ({args.attackers} conns)", f"{busy:.2f} cores, +{rss_attack:.0f} MiB",
-                         "answers " + ", ".join(f"{k}: {v}" for k, v in sorted(sent_alone.items()))))
-            rows.append(("honest uploads (127.0.0.1)", f"{alone:,.0f} reports/s alone",
-                         f"{during:,.0f} reports/s under garbage ({during / alone:.0%})"))
+            alone, during = [], []  # alternating windows: the honest client alone, then with both attacks
+            for r in range(args.rounds):
+                alone.append(honest_uploads(port, task, batches, args.batch, args.window / 2))
+                for _, attack in attacks:
+                    attack.running.set()
+                during.append(honest_uploads(port, task, batches, args.batch, args.window / 2))
+                for _, attack in attacks:
+                    attack.running.clear()
+                print(f"honest round {r}: {alone[-1]:,.0f} alone, {during[-1]:,.0f} under both attacks", flush=True)
+            for _, attack in attacks:
+                attack.stop()
+            a, d = float(np.median(alone)), float(np.median(during))
+            rows.append(("honest uploads (127.0.0.1)", f"{a:,.0f} reports/s alone",
+                         f"{d:,.0f} under both attacks ({d / a:.0%}; medians of {args.rounds} windows)"))
         finally:
             for proc, _ in procs:
                 stop(proc)

@@ -37,7 +37,8 @@ def refs(node) -> list[str]:
 
 
 def test_every_route_is_there(schema):
-    assert set(operations(schema)) == {("get", "/health"), ("get", "/hpke"), ("post", "/tasks")} | PEERS | BINARY | ANALYST
+    assert set(operations(schema)) == {("get", "/health"), ("get", "/health/operator"), ("get", "/hpke"),
+                                       ("post", "/tasks")} | PEERS | BINARY | ANALYST
 
 
 def test_every_answer_and_json_body_has_a_model(schema):
@@ -76,6 +77,8 @@ def test_refusals_are_documented_with_the_error_model(schema):
             assert op["responses"][code]["content"]["application/json"]["schema"] == {"$ref": REF + "Error"}
         if key in ANALYST:
             assert "401" in refused and op["security"] == [{"HTTPBearer": []}], key
+        elif key[1] == "/health/operator":  # no input but the operator's token
+            assert {"401", "403"} <= refused and op["security"] == [{"OperatorBearer": []}], key
         elif key[1] != "/health" and key[1] != "/hpke":
             assert "400" in refused, key
     assert "HTTPValidationError" not in schema["components"]["schemas"]

@@ -2,29 +2,36 @@
 
 Anyone may open a connection and upload reports (clients are unauthenticated), and the servers' own
 messages (/sync, /verify) are authenticated only by the key they are sealed under, which is checked
-once the body has arrived. So every connection is bounded before anything is known about its sender:
+once the body has arrived. So every connection is bounded before anything is known about its sender
+(the numbers are `Limits`' defaults; docs/service.md has them as a table):
 
 headers     a request's headers (at most `header_bytes`, 32 KiB) must arrive within `header_seconds`
             (5 s) of the connection opening or of the previous answer; else the connection is closed
-            (`GuardedHttpTools`, the uvicorn protocol `app.serve` runs);
+            (`protocol`, the uvicorn protocol `app.serve` runs);
 connections at most `connections_per_address` (32) open per client address and `connections` (1,024)
             in all; more are closed at once;
 bodies      refused by their Content-Length before a byte is read when over the endpoint's limit
             (413; `BODY_LIMITS`); a body without Content-Length (chunked) is cut at `chunked_bytes`
             (64 KiB, 411). A body must keep coming (no pause over `idle_seconds`, 5 s) and be whole
             within `body_seconds` (10 s) of its headers, else 408 and the connection is closed. Past
-            `memory_bytes` (1 MiB) a body waits in an unlinked 0600 file, not in memory (`deps.raw_body`);
-uploads     reports, batches, /sync and /verify: at most `uploads_per_address` (8) in flight per client
-            address and `uploads` (64) in all; more get 429 with Retry-After, unread;
-failures    every report that fails to open with this server's key, and every upload refused as junk,
-            adds one to its address's level, which drains `drain_per_second` (0.5) per second. From
-            `slow_level` (8) the address's uploads are held back before they are read (up to
-            `max_delay` s, 2); at `refuse_level` (32) they are refused (429, Retry-After) until the level
-            is back at `slow_level`, each refused one adding one more. A batch stops opening reports
-            once its address reaches `refuse_level` (429; nothing of it is stored).
+            `memory_bytes` (256 KiB) a body waits in an unlinked 0600 file, not in memory
+            (`deps.raw_body`);
+uploads     reports, batches, /sync and /verify: at most `uploads_per_address` (8) and
+            `upload_bytes_per_address` (128 MiB of declared bodies) in flight per client address,
+            `uploads` (64) and `upload_bytes` (1 GiB) in all; more get 429 (Retry-After: 1) after
+            `refused_seconds` (1 s), unread;
+failures    every report refused at upload (junk, foreign, or a share that does not open with this
+            server's key) adds one to its address's level (`Failures`), which drains
+            `drain_per_second` (0.5) per second. From `slow_level` (8) the address's uploads are held
+            back before they are read (up to `max_delay`, 1 s); from `refuse_level` (32) they are
+            refused (429 with Retry-After) until the level is back at `slow_level`, each refused one
+            adding one more, and its new connections are held `refused_seconds` unread, then answered
+            429 and closed. A batch stops opening shares once its address reaches `refuse_level`
+            (429; nothing of it is stored).
 
 Every refusal from here closes the connection (`Connection: close`), so the unread rest of a body is
-never read. A client's address is the TCP peer's: behind a proxy every client shares the proxy's.
+never read. A client's address is the TCP peer's: behind a proxy every client shares the proxy's,
+and an attacker with many addresses needs a firewall in front.
 """
 from __future__ import annotations
 
