@@ -21,12 +21,12 @@ from dpcdf.release.ecdf import prefix_counts
 from dpcdf.service import round_one, verification
 from dpcdf.service.analyst import Analyst
 from dpcdf.service.client import create_task, submit
-from dpcdf.service.http import ServerError, fetch, http
+from dpcdf.service.http import ServerError, http
 from dpcdf.service.processes import free_port, start_server, stop
 from dpcdf.service.protocols.channel import CHECK, Kind
 from dpcdf.service.store import Store
 from fss import field as F
-from deviating import OCTETS, Deviant0, Interceptor, deviant_channel, recover_alphas
+from deviating import Deviant0, Interceptor, deviant_channel, recover_alphas
 from helpers import TESTING, values
 
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 64.0, "bits": 6}
@@ -63,7 +63,7 @@ class Servers:
                 stop(p)
 
 
-@pytest.fixture(scope="module")
+@pytest.fixture(scope="session")
 def servers(tmp_path_factory):
     s = Servers(tmp_path_factory.mktemp("deviating"))
     yield s

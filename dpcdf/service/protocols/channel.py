@@ -63,11 +63,22 @@ ANSWER = {Kind.DIGESTS: Kind.DIFFERENCES, Kind.DROPS: Kind.DROPS_ACK, Kind.CHECK
 RECONCILIATION = (Kind.DIGESTS, Kind.DROPS)
 CHECK = (Kind.CHECK_OPEN, Kind.CHECK_MAC, Kind.CHECK_VALUES, Kind.CHECK_FINISH)
 _BOUND = frozenset(k for k in Kind if Kind.CHECK_OPEN <= k <= Kind.CHECK_FINAL)  # carry H_R in their AAD
+# steps of one message (chunk 0 only): another chunk number would be a new step, answered afresh
+SINGLE = frozenset((Kind.DIGESTS, Kind.DIFFERENCES, Kind.CHECK_FINISH, Kind.CHECK_FINAL, Kind.DONE, Kind.DONE_ACK))
 
 
 class Refused(SyncError):
     """A message this server will not answer (HTTP 409): a step already answered for other content,
     a step out of phase, or any message once the task's exchange is finished."""
+
+
+class Unopened(SyncError):
+    """A message that does not open under the servers' key for this task, kind, chunk and report set
+    (HTTP 400, one answer whatever the reason: no probing)."""
+
+
+class NotReady(SyncError):
+    """Server 1 is still evaluating its reports for the check (HTTP 503: send it again shortly)."""
 
 
 @dataclass(frozen=True)
@@ -107,6 +118,8 @@ class Channel:
         if kind not in {int(k) for k in expected}:
             raise SyncError(f"this server takes messages of kind {', '.join(str(int(k)) for k in expected)} here, not {kind}")
         kind, head = Kind(kind), data[:_HEAD]
+        if kind in SINGLE and head[1:] != bytes(4):
+            raise SyncError(f"message {int(kind)} has one chunk, 0")
         try:
             payload = self._aead.decrypt(data[_HEAD:_HEAD + _NONCE], data[_HEAD + _NONCE:],
                                          self._aad(head, self._context(kind, context)))

@@ -103,14 +103,15 @@ class CheckLeader:
             nonce, sigma_1 = reply[4:4 + NONCE], verification.rows(reply[4 + NONCE:4 + NONCE + width], rows, "MAC values")
             if not hmac.compare_digest(commitment(nonce, sigma_1), commit):
                 raise SyncError("server 1's MAC values are not the ones it committed to")
-            return sigma_1, verification.rows(reply[4 + NONCE + width:], rows, "values")
+            v_1 = verification.rows(reply[4 + NONCE + width:], rows, "values")
+            if v_1.shape[1] != check.check_values:  # refused before it is journalled: a retry can still succeed
+                raise SyncError("server 1's check values do not fit its reports")
+            return sigma_1, v_1
 
         reply = self.channel.exchange(Kind.CHECK_MAC, c, index + _le(sigma_0), send, lambda r: opening(r) and None, ctx)
         sigma_1, v_1 = opening(reply)
         ok = mac_ok(sigma_0, sigma_1)
         v_0 = check.round_two(0, state, opened, extras).reshape(rows, -1)
-        if v_0.shape != v_1.shape:
-            raise SyncError("server 1's check values do not fit its reports")
         v_0[~ok] = 0  # no value leaves this server for an opening that is not authenticated
         body = index + _le(v_0)
         self.channel.exchange(Kind.CHECK_VALUES, c, body, send, lambda ack: _acknowledged(ack, body), ctx)

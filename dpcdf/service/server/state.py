@@ -14,7 +14,7 @@ import secrets
 import threading
 from contextlib import contextmanager
 from pathlib import Path
-from typing import Iterator
+from typing import Callable, Iterator
 
 from fss import KeyBatch, backend
 
@@ -25,9 +25,11 @@ from ..aggregate import Aggregator, Histogram
 from .. import segments
 from ..files import write_secret
 from ..hpke import ServerKeys
-from ..protocols.channel import Channel
-from ..protocols.reconciliation import ReconcileHelper, ReconcileLeader
-from ..protocols.report_check import CheckHelper, CheckLeader
+from ..protocols.channel import CHECK, RECONCILIATION, Channel, Kind, Message, NotReady, Refused, Unopened
+from ..protocols.reconciliation import ReconcileHelper, ReconcileLeader, finish, say_done
+from ..protocols.report_check import CheckHelper, CheckLeader, ready_mark
+from ..reconcile import SyncError
+from ..store import Mark
 from ..store import Store
 from ..task import TaskConfig, token_hash
 from ...errors import DpcdfError
@@ -59,6 +61,50 @@ class TaskState:
         self._checking: CheckHelper | None = None  # server 1's side of a verified close
         self._preparing = threading.Lock()
         self._histogram: Histogram | None = None
+
+    # --- the server-to-server protocols, as the routers call them ---------------------------------
+    def close_as_leader(self, post: Callable[[str, bytes], bytes]) -> None:
+        """Server 0's part of a close, after the freeze: the reconciliation, the report check of a
+        verified task (else the segments), DONE. `post(path, message)` sends one message to server 1's
+        "sync" or "verify" and returns its answer. Raises SyncError (server 1 deviated or failed) or
+        Refused (server 1 refused a step)."""
+        store, task_id = self.store, self.config.task_id
+        self.reconciliation().run(lambda m: post("sync", m))
+        if self.config.verify:
+            if not store.marked(task_id, Mark.VERIFIED):
+                self.check_leader().run(lambda m: post("verify", m))
+        else:
+            self.refresh(store, store.frozen(task_id).seq)  # the key shares into their segments, once, now
+        say_done(self.channel, lambda m: post("sync", m))
+
+    def answer_sync(self, raw: bytes) -> bytes:
+        """Server 1's answer to a reconciliation message or DONE (Unopened, Refused, SyncError)."""
+        message = self._open(raw, (*RECONCILIATION, Kind.DONE))
+        with self.answering:
+            if message.kind == Kind.DONE:
+                return finish(self.channel, self.store, self.config.task_id, message, ready_mark(self.config))
+            return self.reconciliation().answer(message)
+
+    def answer_check(self, raw: bytes) -> bytes:
+        """Server 1's answer to a report-check message (Unopened, Refused, NotReady, SyncError)."""
+        store, task_id = self.store, self.config.task_id
+        if not self.config.verify or not store.marked(task_id, Mark.RECONCILED):
+            if store.frozen(task_id) is None:
+                raise Unopened("no report set to check")
+            self._open(raw, CHECK, self.check_context())  # Unopened unless the other server's, for this set
+            raise Refused("the report check starts once the task is verified and reconciled")
+        helper = self.helper_if_ready()
+        if helper is None:
+            raise NotReady("server 1 is still evaluating its reports for the check; send again shortly")
+        message = self._open(raw, CHECK, helper.context)
+        with self.answering:
+            return helper.answer(message)
+
+    def _open(self, raw: bytes, kinds: tuple, context: bytes = b"") -> Message:
+        try:
+            return self.channel.open(raw, kinds, context)
+        except SyncError as exc:
+            raise Unopened(str(exc)) from None
 
     def reconciliation(self) -> ReconcileLeader | ReconcileHelper:
         """This server's side of the reconciliation."""

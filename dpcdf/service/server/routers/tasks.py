@@ -11,12 +11,10 @@ import time
 from fastapi import APIRouter, Response
 
 from ....errors import DpcdfError
-from ... import reconcile
 from ...hpke import public_key
 from ...http import ServerError, fetch
-from ...protocols.channel import CHECK, RECONCILIATION, Kind, Message, Refused
-from ...protocols.reconciliation import finish, say_done
-from ...protocols.report_check import ready_mark
+from ...protocols.channel import NotReady, Refused, Unopened
+from ...reconcile import SyncError
 from ...task import TaskConfig
 from ..deps import THROTTLED, AnalystTaskDep, OperatorDep, RawBody, ServerDep
 from ..errors import HttpError
@@ -89,16 +87,10 @@ def close(srv: ServerDep, st: AnalystTaskDep) -> CloseResponse:
         store.freeze(task_id, st.set_hash)
         base = f"{st.config.servers[1]}/tasks/{task_id}"
         try:
-            st.reconciliation().run(lambda m: _peer(f"{base}/sync", m))
-            if st.config.verify:
-                if not store.marked(task_id, "verified"):
-                    st.check_leader().run(lambda m: _peer(f"{base}/verify", m, patient=True))
-            else:
-                st.refresh(store, store.frozen(task_id).seq)  # the key shares into their segments, once, now
-            say_done(st.channel, lambda m: _peer(f"{base}/sync", m))
+            st.close_as_leader(lambda path, m: _peer(f"{base}/{path}", m, patient=path == "verify"))
         except Refused as exc:
             raise HttpError(409, f"the close cannot go on: {exc}") from None
-        except reconcile.SyncError as exc:  # an answer that is not server 1's, or that does not fit
+        except SyncError as exc:  # an answer that is not server 1's, or that does not fit
             raise HttpError(502, f"server 1 did not take part in the close as the protocol says ({exc})") from None
         return CloseResponse(party=0, **reconciled_view(srv, st))
 
@@ -110,25 +102,7 @@ def verify_reports(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
     tasks once both servers are reconciled. No token: like /sync, a message counts only
     if it opens under the servers' shared key, for this task, step and report set. Each step is
     answered once (409 for other content at an answered step, or for anything once the task is done)."""
-    st = _peer_task(srv, task_id, "report-check")
-    store = srv.store
-    if not st.config.verify or not store.marked(task_id, "reconciled"):
-        if store.frozen(task_id) is None:
-            raise HttpError(400, FORGED)
-        _open(st, raw, CHECK, st.check_context())  # 400 unless it is the other server's, for this report set
-        raise HttpError(409, "the report check starts once the task is verified and reconciled")
-    helper = st.helper_if_ready()
-    if helper is None:
-        raise HttpError(503, "server 1 is still evaluating its reports for the check; send again shortly",
-                        {"Retry-After": "1"})
-    message = _open(st, raw, CHECK, helper.context)
-    with st.answering:
-        try:
-            return Response(helper.answer(message), media_type=OCTETS)
-        except Refused as exc:
-            raise HttpError(409, str(exc)) from None
-        except reconcile.SyncError as exc:
-            raise HttpError(400, str(exc)) from None
+    return _from_peer(lambda: _peer_task(srv, task_id, "report-check").answer_check(raw))
 
 
 @router.post("/{task_id}/sync", response_class=Response, responses={**errors(400, 409), 200: _OCTET_ANSWER},
@@ -140,17 +114,24 @@ def sync(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
     or analyst can compute. The first message closes the collection here. Each step is answered once
     (409 for other content at an answered step, for a new step once reconciled, or for anything once
     the task is done)."""
-    st = _peer_task(srv, task_id, "reconciliation")
-    message = _open(st, raw, (*RECONCILIATION, Kind.DONE))
-    with st.answering:
-        try:
-            if message.kind == Kind.DONE:
-                return Response(finish(st.channel, srv.store, task_id, message, ready_mark(st.config)), media_type=OCTETS)
-            return Response(st.reconciliation().answer(message), media_type=OCTETS)
-        except Refused as exc:
-            raise HttpError(409, str(exc)) from None
-        except reconcile.SyncError as exc:
-            raise HttpError(400, str(exc)) from None
+    return _from_peer(lambda: _peer_task(srv, task_id, "reconciliation").answer_sync(raw))
+
+
+FORGED = "the message is not the other server's for this task"
+
+
+def _from_peer(answer) -> Response:
+    """Server 1's answer to one message from server 0, its refusals as HTTP statuses."""
+    try:
+        return Response(answer(), media_type=OCTETS)
+    except Unopened:
+        raise HttpError(400, FORGED) from None
+    except NotReady as exc:
+        raise HttpError(503, str(exc), {"Retry-After": "1"}) from None
+    except Refused as exc:
+        raise HttpError(409, str(exc)) from None
+    except SyncError as exc:
+        raise HttpError(400, str(exc)) from None
 
 
 def _peer_task(srv: Server, task_id: str, what: str) -> TaskState:
@@ -162,17 +143,6 @@ def _peer_task(srv: Server, task_id: str, what: str) -> TaskState:
         return srv.task(task_id)
     except HttpError:
         raise HttpError(400, FORGED) from None
-
-
-def _open(st: TaskState, raw: bytes, kinds: tuple, context: bytes = b"") -> Message:
-    """The message, if it opens under the servers' key for this task (400 otherwise, one answer)."""
-    try:
-        return st.channel.open(raw, kinds, context)
-    except reconcile.SyncError:
-        raise HttpError(400, FORGED) from None
-
-
-FORGED = "the message is not the other server's for this task"
 
 
 def _peer(url: str, message: bytes, patient: bool = False) -> bytes:
