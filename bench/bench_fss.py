@@ -291,7 +291,7 @@ def eval_grid_section(quick: bool) -> None:
     ecb = ecb_blocks_per_s()
     peaks = {name: (ecb if name == "portable" else peak_blocks_per_s(name)) for name in backend.available()}
     print(f"\neval_grid, one core (ECB {ecb / 1e6:.0f} M blocks/s): every key's shares at every point")
-    head = f"{'function':<36} {'keys':>6} {'points':>6} {'blocks/pt':>9} | {'tier':<8} {'M pts/s':>8} {'x ECB':>6} {'of peak':>7}"
+    head = f"{'function':<42} {'keys':>6} {'points':>6} {'blocks/pt':>9} | {'tier':<8} {'M pts/s':>8} {'x ECB':>6} {'of peak':>7}"
     print(head)
     print("-" * len(head))
     rng = np.random.default_rng(3)
@@ -309,7 +309,7 @@ def eval_grid_section(quick: bool) -> None:
                 t = best_of(lambda: fn.eval_grid(k0, size), 1 if name == "portable" else 3)
             rate = n * size / t
             label = repr(fn).replace("out_bits=61, ", "") if i == 0 else ""
-            print(f"{label:<36} {n:>6} {size:>6} {per:>9.2f} | {name:<8} {rate / 1e6:>8.1f} {rate * per / ecb:>6.2f} "
+            print(f"{label:<42} {n:>6} {size:>6} {per:>9.2f} | {name:<8} {rate / 1e6:>8.1f} {rate * per / ecb:>6.2f} "
                   f"{rate * per / peaks[name]:>7.0%}")
     backend.set_threads(before)
 
