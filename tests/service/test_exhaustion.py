@@ -263,3 +263,28 @@ def test_create_task_refuses_two_urls_of_one_server(task):
     _, port, _, pair = task
     with pytest.raises(SameServerError, match="same HPKE key"):
         create_task([pair[0], f"http://localhost:{port}"], GRID, 1.0, "tree", "substitution", min_batch=1)
+
+
+def test_failure_levels_drain_hold_back_and_refuse_with_hysteresis():
+    """`Failures` on a clock the test moves: refused from 32 failures until drained back to 8 (48 s
+    at 0.5 per second), each refused attempt adding one; held back in between; other addresses
+    untouched; at most `addresses` remembered."""
+    from dpcdf.service.server.limits import Failures
+
+    now = [0.0]
+    f = Failures(Limits(addresses=4), clock=lambda: now[0])
+    assert f.delay("a") == 0 and f.allowance("a") == 32 and f.refused_for("a") == 0
+    f.charge("a", 31)
+    assert f.refused_for("a") == 0 and f.allowance("a") == 1 and 0.9 < f.delay("a") <= 1.0
+    f.charge("a")
+    assert f.allowance("a") == 0 and f.refused_for("a") == pytest.approx((32 - 8) / 0.5)
+    now[0] = 40.0  # level 12: still refused (hysteresis), not just held back
+    assert f.refused_for("a") == pytest.approx(8.0) and f.allowance("a") == 0
+    now[0] = 48.0
+    assert f.refused_for("a") == 0 and f.allowance("a") == 24 and f.delay("a") == 0
+    assert f.level("b") == 0 and f.refused_for("b") == 0
+    f.charge("a", 1000)
+    assert f.level("a") == 64  # a refused address's wait is bounded: (64 - 8) / 0.5 = 112 s
+    for address in "bcdefg":
+        f.charge(address)
+    assert len(f._state) <= 4

@@ -94,14 +94,6 @@ def body_rule(path: str) -> tuple[int, str]:
     return DEFAULT_BODY, "other"
 
 
-class Refused(DpcdfError):
-    """An upload refused because its address failed too often (429 with Retry-After)."""
-
-    def __init__(self, message: str, retry_after: float):
-        super().__init__(message)
-        self.retry_after = max(1, math.ceil(retry_after))
-
-
 class Failures:
     """Per client address, a leaky bucket of failures (reports that did not open, junk uploads), with
     the refusal's hysteresis. Thread-safe: the middleware reads it on the event loop, the upload
