@@ -85,7 +85,7 @@ def main() -> None:
             stored = [http("GET", f"{u}/tasks/{config.task_id}", token=token)["reports"] for u in urls]
             acked_before = 0
             for path, vals in made:
-                s = Spool.open(path, config.fingerprint, vals)
+                s = Spool.open(path, config.fingerprint)
                 acked_before += s.status().complete
                 s.close()
             for path, vals in made:  # every client resumes from its spool, as `dpcdf submit` re-run does

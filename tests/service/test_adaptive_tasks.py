@@ -178,4 +178,4 @@ def test_the_cli_makes_an_adaptive_task_by_default_and_answers_it_again_after_an
     again = dpcdf("query", "--task", str(task), "--quantiles", "0.5")
     assert again.returncode == 0 and again.stdout == first.stdout
     bisect = dpcdf("query", "--task", str(task), "--bisect")
-    assert bisect.returncode != 0 and "release()" in bisect.stderr + bisect.stdout
+    assert bisect.returncode == 2 and "adaptive mechanism" in bisect.stderr and "without --bisect" in bisect.stderr  # names the mechanism and what to do

@@ -24,7 +24,7 @@ def _config():
 def test_shares_open_for_their_server_and_add_up_to_the_comparison():
     config, keys = _config()
     reports = make_reports(config, [0.3, 0.9])
-    dcf = config.dcf()
+    dcf = config.key_dcf()  # a verified task's keys: (1, kappa), the report and the check's MAC
     for r, v in zip(reports, (0.3, 0.9)):
         back = Report.from_bytes(r.to_bytes())
         extras = config.extras_bytes // 8
@@ -32,7 +32,8 @@ def test_shares_open_for_their_server_and_add_up_to_the_comparison():
         k1 = dcf.key_from_bytes(split_share(open_share(back, 1, keys[1], config.fingerprint), dcf.key_size, extras)[0], party=1)
         a = config.make_grid().index([v])[0]
         for t in (a - 1, a, a + 1):
-            assert dcf.reconstruct(dcf.eval(k0, t), dcf.eval(k1, t)) == int(t >= a)
+            value, tag = dcf.reconstruct(dcf.eval(k0, t), dcf.eval(k1, t))
+            assert value == int(t >= a) and (tag != 0) == (t >= a)
         with pytest.raises(ReportError, match="does not open"):
             open_share(back, 0, keys[1], config.fingerprint)  # server 1's key cannot open server 0's share
     other, _ = _config()
@@ -52,7 +53,7 @@ def test_hybrid_kem_shares_open_and_x25519_keys_do_not_fit(tmp_path):
     assert len(report.sealed[0][0]) == 1120  # ML-KEM-768 ciphertext + X25519 share
     for party in (0, 1):
         share = open_share(report, party, servers[party].private("mlkem768-x25519"), config.fingerprint, "mlkem768-x25519")
-        config.dcf().key_from_bytes(split_share(share, config.dcf().key_size, config.extras_bytes // 8)[0], party=party)
+        config.key_dcf().key_from_bytes(split_share(share, config.key_dcf().key_size, config.extras_bytes // 8)[0], party=party)
     with pytest.raises(ReportError, match="must be 32 bytes"):
         open_share(report, 0, servers[0].private("x25519"), config.fingerprint, "x25519")
     again = ServerKeys(tmp_path / "s0")  # the keys persist across restarts

@@ -231,8 +231,8 @@ def test_challenges_are_equal_on_both_servers_and_bound_to_the_servers_key_and_t
     k0, k1 = pair_key(config, 0, keys[0]), pair_key(config, 1, keys[1])
     assert k0 == k1
     c0, c1 = round_one.challenges(check, k0, config.task_id), round_one.challenges(check, k1, config.task_id)
-    z = np.zeros((1, 50, 1), np.uint64)
-    z[0, 7:] = 1
+    z = np.zeros((1, 50, check.key_width), np.uint64)  # the value and its MAC tag (kappa = 0 here)
+    z[0, 7:, 0] = 1
     m0 = check.round_one(0, z, np.zeros((1, check.extras), np.uint64), c0)[0]
     assert np.array_equal(m0, check.round_one(0, z, np.zeros((1, check.extras), np.uint64), c1)[0])
     for key, task in ((pair_key(other, 0, keys[0]), other.task_id), (k0, other.task_id),
@@ -246,9 +246,9 @@ def test_challenges_are_equal_on_both_servers_and_bound_to_the_servers_key_and_t
 
 def _shares(config, n, party, seed):
     rng = np.random.default_rng(seed)
-    dcf, check = config.dcf(), config.check()
-    keys = dcf.gen_batch(rng.integers(0, 50, n))
-    x = check.client_extras(np.ones((n, 1), np.int64))
+    dcf, check = config.key_dcf(), config.check()
+    betas, *x = check.client_report(np.ones((n, 1), np.int64))
+    keys = dcf.gen_batch(rng.integers(0, 50, n), betas)
     return [(secrets.token_bytes(16), join_share(keys[party][i].to_bytes(), x[party][i])) for i in range(n)]
 
 

@@ -28,9 +28,10 @@ from dpcdf.service.analyst import Analyst
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.task import TaskConfig
-from dpcdf.service.wire import encode_batch, join_share
+from dpcdf.service.wire import encode_batch
 from fss import field as F
 from helpers import GRID, OPERATOR, urls, values
+from test_malicious_clients import forged, honest_extras
 from test_malicious_clients import seal
 
 P = F.P
@@ -467,12 +468,13 @@ def test_the_coordinates_are_r_x_plus_both_servers_noise_and_nothing_noiseless(s
 
 
 def _forged(config: TaskConfig, alpha: int, beta=1, lie: bool = False) -> tuple[bytes, bytes]:
-    k0, k1 = config.dcf().gen(alpha, beta)
-    x0, x1 = config.check().client_extras(np.ones((1, config.width), np.int64))
-    x0, x1 = x0[0].copy(), x1[0].copy()
+    """A malicious client's report with a consistent MAC (`test_malicious_clients.forged`); `lie`:
+    its pair (a, A) has A != a^2."""
+    x0, x1 = honest_extras(config)
+    x0, x1 = x0.copy(), x1.copy()
     if lie:
         x1[1] = (int(x1[1]) + 1) % P
-    return join_share(k0.to_bytes(), x0), join_share(k1.to_bytes(), x1)
+    return forged(config, alpha, beta, (x0, x1))
 
 
 @pytest.mark.parametrize("relation", RELATIONS)

@@ -179,7 +179,7 @@ def test_the_cli_makes_and_answers_a_zcdp_task(servers, tmp_path):
     assert asked.returncode == 0, asked.stderr
     assert "zCDP under substitution" in asked.stdout and "q(0.5) = " in asked.stdout
     bisect = dpcdf("query", "--task", str(task), "--bisect")
-    assert bisect.returncode == 2 and "use release()" in bisect.stderr
+    assert bisect.returncode == 2 and "sqrt-factorization mechanism" in bisect.stderr and "without --bisect" in bisect.stderr
     both = dpcdf("task", "--servers", *urls(procs["exact"]), "--grid", "uniform:0:100:6", "--rho", "0.5",
                  "--epsilon", "1", "--out", str(tmp_path / "bad.json"))
     assert both.returncode != 0 and "not allowed with" in both.stderr
