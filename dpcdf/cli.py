@@ -229,6 +229,8 @@ def cmd_submit(args) -> None:
     if not needs_labels and args.label_column is not None:
         raise CliError("this task counts values only: --label-column belongs to label and calibration tasks")
     spool = args.spool or default_spool(args, config)
+    for party, (url, key) in enumerate(zip(config.servers, config.hpke_keys)):  # check these are the two you trust
+        print(f"server {party}: {url} (HPKE key {config.kem} {key[:16]}...{key[-8:]})", file=sys.stderr)
     print(f"spool: {spool} (every report is kept there until both servers acknowledge it)", file=sys.stderr)
     args.interrupted = (f"interrupted; every report made so far is kept in the spool {spool}: run the same command "
                         "again to resume (nothing is sent twice)")

@@ -118,6 +118,9 @@ def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, server
     # and the right commands work after the mistakes
     ok = run(["submit", "--task", str(place / "task.json"), "--csv", str(place / "people.csv"), "--column", "income"])
     assert ok.returncode == 0 and json.loads(ok.stdout.splitlines()[-1])["complete"] == 40, ok.stderr
+    for party in (0, 1):  # the two servers it sends to, with their keys, before anything is sent
+        key = config.hpke_keys[party]
+        assert f"server {party}: {config.servers[party]} (HPKE key {config.kem} {key[:16]}...{key[-8:]})" in ok.stderr
     # --bisect on this (adaptive) task: refused before anything closes, naming the mechanism and what to do
     bisect = one_line_error(run(["query", "--task", str(place / "task.json"), "--bisect"]))
     assert "adaptive mechanism" in bisect and "without --bisect" in bisect
