@@ -156,7 +156,7 @@ def test_ctrl_c_during_submit_says_how_to_resume_and_resuming_counts_each_value_
     made = dpcdf_cli("task", "--servers", *urls(procs["exact"]), "--grid", "uniform:0:100:8", "--epsilon", "1",
                      "--mechanism", "tree", "--min-batch", "5", "--out", str(tmp_path / "task.json"))
     assert made.returncode == 0, made.stderr
-    n = 3000
+    n = 6000  # making and sending them takes seconds even on a fast, quiet machine (3,000 once finished in 0.3 s)
     data = tmp_path / "values.csv"
     data.write_text("value\n" + "".join(f"{float(v)!r}\n" for v in values(n, 9)))
     command = ["submit", "--task", str(tmp_path / "task.json"), "--csv", str(data), "--batch", "50"]
@@ -166,7 +166,7 @@ def test_ctrl_c_during_submit_says_how_to_resume_and_resuming_counts_each_value_
     deadline = time.monotonic() + 120
     while not spool.exists() and time.monotonic() < deadline:
         time.sleep(0.01)
-    time.sleep(0.3)  # into the making of reports or the upload
+    time.sleep(0.05)  # into the making of reports or the upload
     proc.send_signal(signal.SIGINT)
     out, err = proc.communicate(timeout=120)
     res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
