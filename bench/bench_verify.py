@@ -404,7 +404,7 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
     task, fp = config.task_id, config.fingerprint
     for d in dirs:  # the close is done: let round one and `finish` run again on these throwaway stores
         db = sqlite3.connect(f"{d}/server.sqlite")
-        db.execute("UPDATE tasks SET verified_at = NULL WHERE task_id = ?", (task,))
+        db.execute("UPDATE tasks SET verified_at = NULL, answered_at = NULL WHERE task_id = ?", (task,))  # run again
         db.execute("DELETE FROM check_batches WHERE task_id = ?", (task,))
         db.execute("DELETE FROM exchanges WHERE task_id = ?", (task,))  # the journals: run every step again
         db.commit()
