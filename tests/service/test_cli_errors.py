@@ -9,7 +9,7 @@ import os
 import signal
 import subprocess
 import sys
-import time
+import threading
 from concurrent.futures import ThreadPoolExecutor
 from pathlib import Path
 
@@ -161,15 +161,24 @@ def test_ctrl_c_during_submit_says_how_to_resume_and_resuming_counts_each_value_
     data.write_text("value\n" + "".join(f"{float(v)!r}\n" for v in values(n, 9)))
     command = ["submit", "--task", str(tmp_path / "task.json"), "--csv", str(data), "--batch", "50"]
     proc = subprocess.Popen([sys.executable, "-m", "dpcdf", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            text=True, env=ENV)
+                            env=ENV)
     spool = Path(str(tmp_path / "task.json") + f".{TaskConfig.from_json((tmp_path / 'task.json').read_text()).task_id[:12]}.spool")
-    deadline = time.monotonic() + 120
-    while not spool.exists() and time.monotonic() < deadline:
-        time.sleep(0.01)
-    time.sleep(0.05)  # into the making of reports or the upload
-    proc.send_signal(signal.SIGINT)
-    out, err = proc.communicate(timeout=120)
-    res = subprocess.CompletedProcess(proc.args, proc.returncode, out, err)
+    err, uploading = [], threading.Event()
+
+    def watch() -> None:  # the progress line (written with \r) says the upload is under way
+        while chunk := os.read(proc.stderr.fileno(), 4096):
+            err.append(chunk)
+            if b"reports on both servers" in b"".join(err[-3:]):
+                uploading.set()
+
+    watcher = threading.Thread(target=watch, daemon=True)
+    watcher.start()
+    assert uploading.wait(120), b"".join(err).decode()
+    proc.send_signal(signal.SIGINT)  # mid-upload: the first batch is acknowledged, about 100 more to go
+    proc.wait(120)
+    watcher.join(10)
+    out = proc.stdout.read().decode()
+    res = subprocess.CompletedProcess(proc.args, proc.returncode, out, b"".join(err).decode())
     if proc.returncode == 0:
         pytest.fail("the upload ended before Ctrl-C: the test proved nothing")
     line = one_line_error(res)
