@@ -160,8 +160,10 @@ def test_ctrl_c_during_submit_says_how_to_resume_and_resuming_counts_each_value_
     data = tmp_path / "values.csv"
     data.write_text("value\n" + "".join(f"{float(v)!r}\n" for v in values(n, 9)))
     command = ["submit", "--task", str(tmp_path / "task.json"), "--csv", str(data), "--batch", "50"]
+    # SIGINT as a terminal delivers it: an earlier test in the same run may leave it ignored, and a child
+    # inherits an ignored signal (then Python installs no KeyboardInterrupt handler)
     proc = subprocess.Popen([sys.executable, "-m", "dpcdf", *command], stdout=subprocess.PIPE, stderr=subprocess.PIPE,
-                            env=ENV)
+                            env=ENV, preexec_fn=lambda: signal.signal(signal.SIGINT, signal.SIG_DFL))
     spool = Path(str(tmp_path / "task.json") + f".{TaskConfig.from_json((tmp_path / 'task.json').read_text()).task_id[:12]}.spool")
     err, uploading = [], threading.Event()
 
