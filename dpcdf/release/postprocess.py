@@ -5,12 +5,12 @@
 - `smooth_eq3`: the paper's eq. 3: the smallest node adjustments (sum of |nu|^p, p = 1 or 2) that
   make the released prefixes monotone within [0, n]. p = 1 is an LP (HiGHS), p = 2 a QP (OSQP).
 scipy and OSQP are well-kept solvers of exactly these problems; writing our own would only add risk.
+They are imported where they are used: a server and the CLI never smooth, and importing scipy costs
+them about half a second per process.
 """
 from __future__ import annotations
 
 import numpy as np
-import scipy.sparse as sp
-from scipy.optimize import isotonic_regression, linprog
 
 from ..errors import DpcdfError, ParameterError
 
@@ -28,6 +28,8 @@ def monotone(y: np.ndarray, lo: float = 0.0, hi: float = np.inf, p: int = 2, las
         if last is not None:
             weights = np.ones(y.size)
             weights[-1] = 1e12 * y.size  # pools ending at the fixed point take its value
+        from scipy.optimize import isotonic_regression
+
         x = isotonic_regression(y, weights=weights, increasing=True).x
     elif p == 1:
         x = np.maximum.accumulate(_isotonic_l1(y, fixed_last=last is not None))  # exact where the LP is within tolerance
@@ -43,6 +45,9 @@ def monotone(y: np.ndarray, lo: float = 0.0, hi: float = np.inf, p: int = 2, las
 def _isotonic_l1(y: np.ndarray, fixed_last: bool = False) -> np.ndarray:
     """min sum |x - y| s.t. x non-decreasing (and x[-1] = y[-1] if fixed_last), as an LP in (x, r)
     with r >= |x - y|."""
+    import scipy.sparse as sp
+    from scipy.optimize import linprog
+
     n = y.size
     if n == 1:
         return y.copy()
@@ -65,6 +70,9 @@ def smooth_eq3(noisy: np.ndarray, node_sets: np.ndarray, total: float, p: int = 
     node_sets[k] are the node ids whose noise entered noisy[k]. Finds node adjustments nu minimising
     sum |nu|^p such that noisy + A nu is non-decreasing, >= 0 at the first point and <= total at the
     last; returns noisy + A nu."""
+    import scipy.sparse as sp
+    from scipy.optimize import linprog
+
     noisy = np.asarray(noisy, dtype=np.float64)
     m = noisy.size
     unique, inverse = np.unique(node_sets, return_inverse=True)
