@@ -24,7 +24,7 @@ from dpcdf.release.ecdf import prefix_counts
 from dpcdf.service.client import UploadIncomplete, create_task, submit
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.processes import free_port, start_server, stop
-from dpcdf.service.spool import Spool
+from dpcdf.service.client.spool import Spool
 
 TESTING = {"DPCDF_TESTING": "1"}
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 100.0, "bits": 10}

@@ -19,7 +19,7 @@ count other programs' turns on our core):
   sum      `eval_sum` at one point, one thread: keys/s (64 blocks each)
   grid     `eval_grid` of DCF(10, F_p, x >= alpha) over all 2^10 points: points/s (4 blocks each)
   sketch   the verified close's work per report at 2^10 (count): eval_grid + `Check.round_one` +
-           `_sketch.column_sums` (bench_verify.py, part 2): reports/s
+           `sketch.column_sums` (bench_verify.py, part 2): reports/s
   % peak   AES blocks/s the operation drives divided by the tier's peak
 """
 from __future__ import annotations
@@ -152,7 +152,7 @@ class SketchWork:
     the task's own key width (the check's payload, and whatever else `TaskConfig.dcf` puts in a key)."""
 
     def __init__(self, n: int):
-        from dpcdf.service import round_one
+        from dpcdf.service.protocols.check import round_one
         from dpcdf.service.task import TaskConfig
 
         cfg = TaskConfig({"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 10}, 1.0, "path", "substitution", 1, ("a", "b"),
@@ -170,11 +170,11 @@ class SketchWork:
         self.grid_values = round_one.grid_values
 
     def __call__(self) -> None:
-        from dpcdf.service import _sketch
+        from dpcdf.service.protocols.check import sketch
 
         y = self.grid_values(self.dcf, self.keys, self.size)
         self.check.round_one(0, y, self.extras, self.ch)
-        _sketch.column_sums(y)
+        sketch.column_sums(y)
 
 
 def tier_section(quick: bool, reps: int) -> dict:

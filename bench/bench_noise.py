@@ -15,7 +15,7 @@ import time
 import numpy as np
 
 from dpcdf.release.mechanisms import PathMechanism, TreeMechanism
-from dpcdf.service.aggregate import Aggregator
+from dpcdf.service.server.aggregate import Aggregator
 from fss import DCF
 
 

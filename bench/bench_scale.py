@@ -42,8 +42,8 @@ def _dcf():
 
 def prepare(data_dir: str, n: int) -> tuple[float, float]:
     """A reconciled task of n reports in data_dir's store, its party-0 key shares in segments; (gen s, write s)."""
-    from dpcdf.service import segments
-    from dpcdf.service.store import Store
+    from dpcdf.service.storage import segments
+    from dpcdf.service.storage.store import Store
 
     store = Store(os.path.join(data_dir, "server.sqlite"))
     store.add_task(TASK, "{}", b"bench", b"\0" * 32)
@@ -74,15 +74,15 @@ def prepare(data_dir: str, n: int) -> tuple[float, float]:
 def child(data_dir: str, mode: str) -> dict:
     """One server process's first load and full-grid queries in `mode`."""
     from dpcdf.release.mechanisms import PathMechanism
-    from dpcdf.service import segments
-    from dpcdf.service.aggregate import Aggregator
-    from dpcdf.service.store import Store
+    from dpcdf.service.storage import segments
+    from dpcdf.service.server.aggregate import Aggregator
+    from dpcdf.service.storage.store import Store
 
     dcf = _dcf()
     store = Store(os.path.join(data_dir, "server.sqlite"))
     evaluator = None
     if mode != "in-process":
-        from dpcdf.service.dask_eval import DaskEvaluator
+        from dpcdf.service.server.dask_eval import DaskEvaluator
 
         address, _, transport = mode.partition("+")
         evaluator = DaskEvaluator(address, transport or "path")

@@ -8,7 +8,7 @@
    F_p with two field elements of check randomness after each; "x" columns are verified / unverified.
 2. Server, one core (`fss.backend.set_threads(1)`, `numba.set_num_threads(1)`): reports/s of the close's
    work per report on in-memory key batches: "eval" = `DCF.eval_grid` over the whole grid, "sketch" =
-   `Check.round_one`, "sum" = `_sketch.column_sums` (the histogram share), "verify" = the three
+   `Check.round_one`, "sum" = `sketch.column_sums` (the histogram share), "verify" = the three
    together (the inner loop of `round_one.step`, which the servers run while reports arrive);
    "decode" (`round_one.decode_shares`, the stored shares into a key batch) is shown apart. "AES bound" = pycryptodome AES-128-ECB blocks/s on a 32 MiB buffer (one core)
    divided by the blocks one key's grid walk needs: (N - 1) internal nodes x `expand_blocks` (2 seeds
@@ -68,17 +68,18 @@ from fss import backend
 
 from bench_fss import best_of, ecb_blocks_per_s  # one AES bound and one timer for every bench (run from bench/)
 
-from dpcdf.service import _sketch, reconcile, round_one
+from dpcdf.service.protocols.check import sketch, round_one
+from dpcdf.service.protocols.reconciliation import maths as reconcile
 from dpcdf.service.protocols.channel import CHECK, Channel
-from dpcdf.service.protocols.report_check import CheckHelper, CheckLeader
-from dpcdf.service.analyst import Analyst
+from dpcdf.service.protocols.check.exchange import CheckHelper, CheckLeader
+from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, make_reports
 from dpcdf.service.hpke import ServerKeys
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.processes import free_port, start_server, stop
-from dpcdf.service.store import Store
+from dpcdf.service.storage.store import Store
 from dpcdf.service.task import TaskConfig, token_hash
-from dpcdf.service.verify import Check
+from dpcdf.service.protocols.check.maths import Check
 from dpcdf.service.wire import join_share, split_share
 
 E2E_BITS = 10
@@ -185,11 +186,11 @@ def server_section(repeats: int) -> float:
             decode()
             evaluate()
             check.round_one(0, state["y"], state["x"], ch)
-            _sketch.column_sums(round_one.data(check, state["y"]))
+            sketch.column_sums(round_one.data(check, state["y"]))
             t_dec = best_of(decode, repeats)
             t_eval = best_of(evaluate, repeats)
             t_one = best_of(lambda: check.round_one(0, state["y"], state["x"], ch), repeats)
-            t_sum = best_of(lambda: _sketch.column_sums(round_one.data(check, state["y"])), repeats)
+            t_sum = best_of(lambda: sketch.column_sums(round_one.data(check, state["y"])), repeats)
             rate = n / (t_eval + t_one + t_sum)
             blocks = grid_blocks(cfg)
             bound = ecb / blocks
@@ -375,7 +376,7 @@ def e2e_section(sizes: list[int], repeats: int, max_seconds: float, profile: boo
 @contextmanager
 def timers(acc: dict):
     """Times decoding, eval_grid, Check.round_one and column_sums inside `round_one.step` (patched here)."""
-    decode, grid_values, one, column_sums = round_one.decode_shares, round_one.grid_values, Check.round_one, _sketch.column_sums
+    decode, grid_values, one, column_sums = round_one.decode_shares, round_one.grid_values, Check.round_one, sketch.column_sums
 
     def wrap(name, fn):
         def run(*a, **k):
@@ -389,11 +390,11 @@ def timers(acc: dict):
     round_one.decode_shares = wrap("decode", decode)
     round_one.grid_values = wrap("eval_grid", grid_values)
     Check.round_one = wrap("round_one", one)
-    _sketch.column_sums = wrap("column_sums", column_sums)
+    sketch.column_sums = wrap("column_sums", column_sums)
     try:
         yield
     finally:
-        round_one.decode_shares, round_one.grid_values, Check.round_one, _sketch.column_sums = decode, grid_values, one, column_sums
+        round_one.decode_shares, round_one.grid_values, Check.round_one, sketch.column_sums = decode, grid_values, one, column_sums
 
 
 def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str, float]]:

@@ -33,7 +33,7 @@ _LAZY = {
     "GaussianTreeMechanism": ".release.zcdp", "gaussian_tree": ".release.zcdp",
     "Analyst": ".analyst",
 }
-_SUBMODULES = {"metrics": ".release.metrics", "reconcile": ".service.reconcile", "release": ".release",
+_SUBMODULES = {"metrics": ".release.metrics", "reconcile": ".service.protocols.reconciliation.maths", "release": ".release",
                "service": ".service", "apps": ".apps", "errors": ".errors"}
 
 __all__ = sorted(["DomainError", "DpcdfError", "ParameterError", "metrics", *(n for n in _LAZY if n != "Analyst")])

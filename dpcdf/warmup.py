@@ -30,7 +30,7 @@ def _fss_count() -> None:
 
 
 def _verified() -> None:
-    from .service import round_one
+    from .service.protocols.check import round_one
 
     round_one.warm_up()
 

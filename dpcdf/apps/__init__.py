@@ -2,5 +2,5 @@
 Algorithm 2 and the direct variant), and plots. Each has a central function; the two-server variants
 (`roc_from_servers`, `hosmer_lemeshow_from_servers`) take the service's analyst.
 
-May import: `dpcdf.release`, `dpcdf.errors`, and `dpcdf.service.analyst` (for type hints only).
+May import: `dpcdf.release`, `dpcdf.errors`, and `dpcdf.service.client.analyst` (for type hints only).
 """

@@ -30,7 +30,7 @@ from ..release.calibration import FRACTION_BITS, fixed_point, group_scales
 from ..release.ecdf import release_ecdf, secure_node_noise
 
 if TYPE_CHECKING:
-    from ..service.analyst import Analyst
+    from ..service.client.analyst import Analyst
 
 
 @dataclass(frozen=True)

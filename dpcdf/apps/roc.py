@@ -25,7 +25,7 @@ from ..release.ecdf import Release, release_ecdf, secure_node_noise
 from ..release.mechanisms import TreeMechanism
 
 if TYPE_CHECKING:
-    from ..service.analyst import Analyst
+    from ..service.client.analyst import Analyst
 
 
 @dataclass(frozen=True)

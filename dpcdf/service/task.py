@@ -15,14 +15,14 @@ import numpy as np
 from fss import DCF
 
 from ..errors import ParameterError
-from ..release.grid import Grid
-from ..release.calibration import group_scales
-from . import verify
-from .hpke import check_kem
 from ..release.adaptive import MIN_ADAPTIVE_EPSILON, MIN_ADAPTIVE_GRID, AdaptiveMechanism
+from ..release.calibration import group_scales
 from ..release.factorization import sqrt_factorization
+from ..release.grid import Grid
 from ..release.mechanisms import ROOT_SHARE, Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
 from ..release.zcdp import check_rho, gaussian_tree
+from .hpke import check_kem
+from .protocols.check.maths import CHECKED, Check
 
 FORMAT = "dpcdf-task/v1"
 OUT_BITS = 64
@@ -79,7 +79,7 @@ class TaskConfig:
     group sums, as in `dpcdf.hosmer_lemeshow`).
 
     verify: the servers check every report at the close and count only well-formed ones (keys over
-    F_p plus the client's check randomness; `dpcdf.service.verify`, docs/verification.md) and answer
+    F_p plus the client's check randomness; `dpcdf.service.protocols.check.maths`, docs/verification.md) and answer
     every query from a histogram share made once then. None (the default) means: verified when the
     payload can be and the grid has at most MAX_VERIFIED_GRID points. A config without the field
     (written before verification existed) is unverified, and an unverified task's JSON leaves the
@@ -141,7 +141,7 @@ class TaskConfig:
         self.make_mechanism()  # validates the grid, the noise scales and that the mechanism can be built
         size = self.make_grid().size
         if self.verify is None:
-            object.__setattr__(self, "verify", size <= MAX_VERIFIED_GRID and self.payload in verify.CHECKED)
+            object.__setattr__(self, "verify", size <= MAX_VERIFIED_GRID and self.payload in CHECKED)
         if not isinstance(self.verify, bool):
             raise ParameterError(f"verify must be true or false, got {self.verify!r}")
         if self.verify:
@@ -243,15 +243,15 @@ class TaskConfig:
 
     def key_dcf(self) -> DCF:
         """The DCF the clients' keys are made with: `dcf`, except that a verified task's keys also carry
-        kappa * beta, the report check's MAC (`verify.Check.key_width`)."""
+        kappa * beta, the report check's MAC (`protocols.check.maths.Check.key_width`)."""
         if self.verify:
             return DCF(self.make_grid().bits, width=self.check().key_width, cmp="ge", group="p61")
         return self.dcf()
 
-    def check(self) -> "verify.Check":
+    def check(self) -> "Check":
         """The report check of a verified task, with its MAC against a deviating server
         (ParameterError for a payload that has none)."""
-        return verify.Check(self.payload, self.make_grid().size, mac=True)
+        return Check(self.payload, self.make_grid().size, mac=True)
 
     @property
     def extras_bytes(self) -> int:

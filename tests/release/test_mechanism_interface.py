@@ -13,10 +13,11 @@ import pytest
 
 from dpcdf import DpcdfError, Grid, ParameterError, PathMechanism, TreeMechanism, release_ecdf
 from dpcdf.release.ecdf import finish_release, prefix_counts
-from dpcdf.release.mechanisms import Mechanism, _round_up
+from dpcdf.release.mechanisms import Mechanism
+from dpcdf.release.mechanisms.accounting import round_up as _round_up
 from dpcdf.release.noise import EPSILON_ROUNDING, prf_key, prf_noise
-from dpcdf.service.aggregate import Aggregator
-from dpcdf.service.analyst import Analyst
+from dpcdf.service.server.aggregate import Aggregator
+from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.task import TaskConfig
 
 EPSILONS = (0.1, 0.5, 1.0, 7.77)

@@ -16,7 +16,7 @@ import pytest
 
 from dpcdf.release.mechanisms import Mechanism, PathMechanism, TreeMechanism
 from dpcdf.release.noise import prf_noise
-from dpcdf.service.aggregate import Aggregator
+from dpcdf.service.server.aggregate import Aggregator
 from fss import DCF
 
 VECTORS = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "mechanism_noise_v2.json").read_text())

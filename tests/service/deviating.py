@@ -22,7 +22,8 @@ from urllib.parse import urlsplit
 import numpy as np
 from fastapi.testclient import TestClient
 
-from dpcdf.service import round_one, verify as V
+from dpcdf.service.protocols.check import round_one
+from dpcdf.service.protocols.check import randomness as RND
 from dpcdf.service.client import make_reports
 from dpcdf.service.hpke import ServerKeys
 from dpcdf.service.http import fetch, http
@@ -87,12 +88,12 @@ class Deviant0:
 
     def message_5(self, config: TaskConfig, local: round_one.Local, delta: int = 0, chunk: int = 0) -> bytes:
         """Server 0's message 5 for a chunk, its e_0 moved by `delta` (0: the honest one)."""
-        from dpcdf.service import verification
+        from dpcdf.service.protocols.check import outcome
 
         part = local.chunks()[chunk]
         ours = local.message[part].copy()
         ours[:, 0] = F.add(ours[:, 0], np.full(ours.shape[0], delta, np.uint64))
-        head = verification.head(chunk, len(local.chunks()), len(local.ids), local.context)
+        head = outcome.head(chunk, len(local.chunks()), len(local.ids), local.context)
         return self.state(config).channel.seal(Kind.CHECK_OPEN, chunk, head + ours.astype("<u8").tobytes(), local.context)
 
     def message_7(self, config: TaskConfig, local: round_one.Local, opened: np.ndarray, chunk: int = 0) -> bytes:
@@ -124,7 +125,7 @@ def recover_alphas(config: TaskConfig, key: bytes, local0: round_one.Local, e_1:
     a_1 = F.mul(F.add(v_1_shifted, v_0), inverse)
     z = F.add(F.add(local0.message[:, 0], local0.extras[:, 0]), F.add(e_1, a_1))  # z_0 = e_0 + a_0
     size = config.make_grid().size
-    r, _ = V.challenges(round_one.verification_key(key), b"dpcdf round one/" + config.task_id.encode(), size)
+    r, _ = RND.challenges(round_one.verification_key(key), b"dpcdf round one/" + config.task_id.encode(), size)
     where = {int(x): i for i, x in enumerate(r)}
     return np.array([where.get(int(x), -1) for x in z])
 

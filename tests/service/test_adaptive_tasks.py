@@ -15,7 +15,7 @@ from dpcdf.analyst import Analyst
 from dpcdf.release.adaptive import ROUND_ONE_BINS, AdaptiveMechanism
 from dpcdf.release.ecdf import finish_release, prefix_counts
 from dpcdf.release.noise import prf_noise
-from dpcdf.service.aggregate import Aggregator
+from dpcdf.service.server.aggregate import Aggregator
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError
 from dpcdf.service.task import TaskConfig

@@ -1,10 +1,10 @@
-"""The report check's MAC (verify.Check with mac=True; protocols.report_check has why): the servers'
+"""The report check's MAC (verify.Check with mac=True; protocols.check.exchange has why): the servers'
 sigmas add up to 0 for an honest opening, and to kappa times the shift for any other, for every
 payload and every opened element; the MAC takes nothing from the sketch's own verdicts."""
 import numpy as np
 from hypothesis import given, settings, strategies as st
 
-from dpcdf.service import verify as V
+from dpcdf.service.protocols.check import maths as V, randomness as RND
 from fss import DCF
 from fss import field as F
 
@@ -38,8 +38,8 @@ def sigmas(check, states, extras, opened):
 
 
 @settings(max_examples=30, deadline=None)
-@given(payload=st.sampled_from(V.CHECKED), column=st.integers(0, V.CALIBRATION_OPENED - 1),
-       shift=st.integers(1, V.P - 1), row=st.integers(0, 4))
+@given(payload=st.sampled_from(V.CHECKED), column=st.integers(0, RND.CALIBRATION_OPENED - 1),
+       shift=st.integers(1, RND.P - 1), row=st.integers(0, 4))
 def test_an_honest_opening_passes_and_any_shift_of_any_element_fails(payload, column, shift, row):
     check, states, extras, opened, _ = two_servers(payload)
     assert V.mac_ok(*sigmas(check, states, extras, opened)).all()

@@ -7,10 +7,10 @@ from dpcdf.analyst import Analyst
 from dpcdf.release.calibration import group_scales
 from dpcdf.release.ecdf import prefix_counts
 from dpcdf.release.mechanisms import PathMechanism, TreeMechanism
-from dpcdf.service import segments
-from dpcdf.service.aggregate import Aggregator
+from dpcdf.service.storage import segments
+from dpcdf.service.server.aggregate import Aggregator
 from dpcdf.service.client import create_task, submit
-from dpcdf.service.dask_eval import DaskError, DaskEvaluator
+from dpcdf.service.server.dask_eval import DaskError, DaskEvaluator
 from dpcdf.service.processes import start_server, stop
 from fss import DCF
 from helpers import GRID, TESTING, values
@@ -104,7 +104,8 @@ def test_two_servers_one_on_a_local_cluster_answer_the_exact_counts(tmp_path):
 def test_a_worker_never_maps_a_segment_other_than_the_recorded_one(tmp_path):
     """A segment file swapped or changed on disk after the server checked it (another task's, say) is
     refused by the worker that maps it, not evaluated (found by a review: workers used it unchecked)."""
-    from dpcdf.service import dask_eval, segments
+    from dpcdf.service.server import dask_eval
+    from dpcdf.service.storage import segments
 
     path = tmp_path / "00000.seeds.npy"
     np.save(path, np.arange(32, dtype=np.uint64))

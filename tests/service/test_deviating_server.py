@@ -18,13 +18,13 @@ import numpy as np
 import pytest
 
 from dpcdf.release.ecdf import prefix_counts
-from dpcdf.service import round_one, verification
-from dpcdf.service.analyst import Analyst
+from dpcdf.service.protocols.check import round_one, outcome
+from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.processes import free_port, start_server, stop
 from dpcdf.service.protocols.channel import CHECK, Kind
-from dpcdf.service.store import Store
+from dpcdf.service.storage.store import Store
 from fss import field as F
 from deviating import Deviant0, Interceptor, deviant_channel, recover_alphas
 from helpers import TESTING, values
@@ -163,7 +163,7 @@ def test_an_honest_check_between_a_real_and_an_in_process_server_passes_every_re
     deviant0.reconcile(config)
     st = deviant0.state(config)
     st.check_leader().run(lambda m: patiently(deviant0.send_to(config, "verify"), m))
-    from dpcdf.service.protocols.reconciliation import say_done
+    from dpcdf.service.protocols.reconciliation.exchange import say_done
     say_done(st.channel, deviant0.send_to(config, "sync"))
     view = http("POST", f"{servers.url1}/tasks/{config.task_id}/close", b"", token)
     assert view["reconciled"] and view["rejected"] == {} and view["n"] == N
@@ -201,13 +201,13 @@ def test_every_check_step_is_answered_once_in_order_and_nothing_after_the_close(
     assert deviant0.server.store.marked(config.task_id, "verified")
     sent = [st.channel.open(m, CHECK, ctx) for m in captured["verify"]]
     assert [int(m.kind) for m in sent] == [5, 7, 9, 11]
-    for m, at in zip(sent, (verification.HEAD, 4, 4, None)):  # e_0, sigma_0, V_0, the final hash: each changed
+    for m, at in zip(sent, (outcome.HEAD, 4, 4, None)):  # e_0, sigma_0, V_0, the final hash: each changed
         altered = m.payload[:36] + secrets.token_bytes(32) if at is None else bump(m.payload, at)
         refused(verify, st.channel.seal(m.kind, m.chunk, altered, ctx), 409, f"step {int(m.kind)}/0 was answered")
     for raw in captured["verify"]:  # replays before DONE: the journalled answers, nothing new
         assert patiently(verify, raw)[:5] == bytes([int(raw[0]) + 1]) + raw[1:5]
 
-    from dpcdf.service.protocols.reconciliation import say_done
+    from dpcdf.service.protocols.reconciliation.exchange import say_done
     say_done(st.channel, deviant0.send_to(config, "sync"))
     for path, messages in captured.items():
         for raw in messages:
@@ -219,7 +219,7 @@ def test_server_1_takes_no_reconciliation_step_once_reconciled(servers, deviant0
     """The way around the check's one-shot rule would be a new report set: after server 1 is
     reconciled, a new chunk of message 3 (dropping a report), other digests, and a chunk altered
     are refused; the honest chunk again gets the same acknowledgement; server 1's set is unchanged."""
-    from dpcdf.service import reconcile
+    from dpcdf.service.protocols.reconciliation import maths as reconcile
 
     config, token = deviant0.task(GRID, values(N, 33) % 64, verify=False)
     st = deviant0.state(config)
@@ -293,7 +293,7 @@ def test_a_deviating_server_1_gets_server_0s_check_values_once_whatever_it_answe
 def ch1_context(config, servers) -> bytes:
     store = Store(servers.base / "s1" / "server.sqlite")
     try:
-        from dpcdf.service import reconcile
+        from dpcdf.service.protocols.reconciliation import maths as reconcile
         from dpcdf.service.hpke import ServerKeys
         from dpcdf.service.server.state import pair_key
 

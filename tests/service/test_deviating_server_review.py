@@ -24,16 +24,17 @@ import threading
 
 import numpy as np
 
-from dpcdf.service import reconcile, round_one, verification
-from dpcdf.service import verify as V
-from dpcdf.service.analyst import Analyst
+from dpcdf.service.protocols.reconciliation import maths as reconcile
+from dpcdf.service.protocols.check import round_one, outcome
+from dpcdf.service.protocols.check import randomness as RND
+from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, make_reports, submit
 from dpcdf.service.hpke import ServerKeys
 from dpcdf.service.http import ServerError, fetch, http
 from dpcdf.service.protocols.channel import Kind
-from dpcdf.service.protocols.report_check import NONCE, commitment
+from dpcdf.service.protocols.check.exchange import NONCE, commitment
 from dpcdf.service.server.state import pair_key
-from dpcdf.service.store import Store
+from dpcdf.service.storage.store import Store
 from dpcdf.service.task import TaskConfig, token_hash
 from dpcdf.service.wire import encode_batch
 from fss import field as F
@@ -113,7 +114,7 @@ def test_a_shifted_answer_from_server_1_gets_no_check_value_from_server_0(server
         if body[0] == Kind.CHECK_OPEN:
             local1 = seen["local1"] = server_local(servers, config, 1)
             ctx, rows = local1.context, len(local1.ids)
-            e_0 = elements(ch1.open(body, (Kind.CHECK_OPEN,), ctx).payload[verification.HEAD:], rows)
+            e_0 = elements(ch1.open(body, (Kind.CHECK_OPEN,), ctx).payload[outcome.HEAD:], rows)
             m = ch1.open(answer, (Kind.CHECK_ANSWER,), ctx).payload
             mine = elements(m[4:-32], rows).copy()
             mine[:, 0] = F.add(mine[:, 0], np.full(rows, delta, np.uint64))
@@ -146,7 +147,7 @@ def test_a_shifted_answer_from_server_1_gets_no_check_value_from_server_0(server
                                                    np.full(N, delta * delta, np.uint64)))
         a_0 = F.mul(num, np.full(N, inverse(2 * delta), np.uint64))
         z = F.add(F.add(seen["e_0"][:, 0], a_0), F.add(local1.message[:, 0], local1.extras[:, 0]))
-        r, _ = V.challenges(round_one.verification_key(key1), b"dpcdf round one/" + config.task_id.encode(),
+        r, _ = RND.challenges(round_one.verification_key(key1), b"dpcdf round one/" + config.task_id.encode(),
                             config.make_grid().size)
         where = {int(x): i for i, x in enumerate(r)}
         return np.array([where.get(int(x), -1) for x in z])
@@ -177,7 +178,7 @@ def test_a_shifted_score_opening_of_a_calibration_report_gets_no_check_value(ser
     mask = np.arange(rows) % 2 == 0
     ours = local.message.copy()
     ours[mask, 2] = F.add(ours[mask, 2], np.full(int(mask.sum()), delta, np.uint64))
-    body = verification.head(0, 1, rows, ctx) + le(ours)
+    body = outcome.head(0, 1, rows, ctx) + le(ours)
     answer = st.channel.open(patiently(send, st.channel.seal(Kind.CHECK_OPEN, 0, body, ctx)), (Kind.CHECK_ANSWER,), ctx).payload
     width = 8 * check.opened * rows
     theirs, commit = elements(answer[4:4 + width], rows), answer[-32:]
@@ -275,7 +276,7 @@ def _verified_through_values(deviant0, seed):
     st, local, store = deviant0.state(config), deviant0.local(config), deviant0.server.store
     verify = deviant0.send_to(config, "verify")
     verdicts = st.check_leader()._chunk(0, local.chunks()[0], 1, len(local.ids), lambda m: patiently(verify, m))
-    mine = verification.finish(store, config, 0, st.pair_key, local, verdicts)
+    mine = outcome.finish(store, config, 0, st.pair_key, local, verdicts)
     return config, st, local, (1).to_bytes(4, "big") + local.context + bytes.fromhex(mine)
 
 

@@ -30,7 +30,7 @@ from hypothesis import HealthCheck, given, settings
 from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
-from dpcdf.service import reconcile
+from dpcdf.service.protocols.reconciliation import maths as reconcile
 from dpcdf.service.protocols.channel import CHECK, Kind
 from dpcdf.service.client import make_reports
 from dpcdf.service.server import create_app
@@ -125,7 +125,7 @@ def world(tmp_path_factory) -> World:
 
 
 def _check_reports(apps, config: TaskConfig) -> None:
-    """The close's report check (`protocols.report_check`) between two in-process servers, messages
+    """The close's report check (`protocols.check.exchange`) between two in-process servers, messages
     passed directly."""
     states = [app.state.server.task(config.task_id) for app in apps]
     helper = states[1].helper()

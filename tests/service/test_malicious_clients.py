@@ -12,9 +12,9 @@ import pytest
 
 from dpcdf.release.calibration import fixed_point
 from dpcdf.release.ecdf import prefix_counts
-from dpcdf.service import verify as V
+from dpcdf.service.protocols.check import maths as V, randomness as RND
 from dpcdf.service import hpke
-from dpcdf.service.analyst import Analyst
+from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import http
 from dpcdf.service.task import TaskConfig
@@ -227,7 +227,7 @@ def test_forged_calibration_reports_are_excluded(servers):
     fn = config.key_dcf()
 
     def keys(alpha, beta, bits_of, kappa=None):
-        x0, x1 = V.calibration_extras(np.array([V.range_bits(bits_of)] if isinstance(bits_of, int) else [bits_of], dtype=object))
+        x0, x1 = RND.calibration_extras(np.array([RND.range_bits(bits_of)] if isinstance(bits_of, int) else [bits_of], dtype=object))
         key_beta, e0, e1 = with_mac(config, beta, x0[0], x1[0], kappa)
         return fn.gen(alpha, key_beta), (e0, e1)
 

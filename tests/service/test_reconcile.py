@@ -10,7 +10,7 @@ from dpcdf.service.http import ServerError, fetch, http
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.client import make_reports
 from dpcdf.service.processes import free_port, start_server, stop
-from dpcdf.service.segments import task_dir
+from dpcdf.service.storage.segments import task_dir
 from dpcdf.service.wire import encode_batch
 from dpcdf.release.ecdf import prefix_counts
 from helpers import GRID, OPERATOR, TESTING, urls, values

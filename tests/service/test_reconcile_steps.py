@@ -8,7 +8,7 @@ from dataclasses import dataclass
 import pytest
 from hypothesis import HealthCheck, given, settings, strategies as st
 
-from dpcdf.service import reconcile
+from dpcdf.service.protocols.reconciliation import maths as reconcile
 
 KEY = secrets.token_bytes(32)
 ids = st.sets(st.binary(min_size=16, max_size=16), max_size=12)

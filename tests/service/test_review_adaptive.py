@@ -18,8 +18,8 @@ from dpcdf.errors import DpcdfError
 from dpcdf.release.adaptive import ROUND_ONE_BINS
 from dpcdf.release.ecdf import finish_release, prefix_counts
 from dpcdf.release.mechanisms import node_counts
-from dpcdf.service import analyst as analyst_module
-from dpcdf.service.analyst import Analyst
+from dpcdf.service.client import analyst as analyst_module
+from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError, fetch
 from dpcdf.service.processes import free_port, start_server, stop

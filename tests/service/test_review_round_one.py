@@ -20,14 +20,14 @@ import numpy as np
 import pytest
 
 from dpcdf.release.ecdf import prefix_counts
-from dpcdf.service import round_one
-from dpcdf.service.analyst import Analyst
+from dpcdf.service.protocols.check import round_one
+from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, make_reports, submit
 from dpcdf.service.hpke import ServerKeys
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.processes import free_port, start_server, stop
 from dpcdf.service.server.state import Checker, pair_key
-from dpcdf.service.store import Store
+from dpcdf.service.storage.store import Store
 from dpcdf.service.task import TaskConfig
 from dpcdf.service.wire import encode_batch, join_share
 from helpers import OPERATOR, TESTING, values

@@ -21,7 +21,7 @@ import numpy as np
 import pytest
 
 from dpcdf.release.ecdf import prefix_counts
-from dpcdf.service.analyst import Analyst
+from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError, fetch, http
 from dpcdf.service.processes import free_port, start_server, stop

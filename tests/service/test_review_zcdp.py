@@ -23,8 +23,8 @@ from dpcdf.release.ecdf import prefix_counts
 from dpcdf.release.factorization import column_sensitivities, right_factor, right_factor_times, sqrt_factorization
 from dpcdf.release.noise import prf_key
 from dpcdf.release.zcdp import GaussianVariance, PrfStream, calibrate_sigma2, check_rho, gaussian_tree, prf_dgauss
-from dpcdf.service.aggregate import Aggregator
-from dpcdf.service.analyst import Analyst
+from dpcdf.service.server.aggregate import Aggregator
+from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.task import TaskConfig

@@ -1,4 +1,4 @@
-"""Round one of the report check while reports arrive (`dpcdf.service.round_one`): the servers store
+"""Round one of the report check while reports arrive (`dpcdf.service.protocols.check.round_one`): the servers store
 it batch by batch during the collection, the close reads it back (leaving out what the
 reconciliation dropped), and however the batches are cut or whoever computes them, every report is
 in exactly one batch and the close sees what a computation from scratch gives."""
@@ -11,11 +11,11 @@ import time
 import numpy as np
 
 from dpcdf.release.ecdf import prefix_counts
-from dpcdf.service import _sketch, round_one
-from dpcdf.service.analyst import Analyst
+from dpcdf.service.protocols.check import sketch, round_one
+from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, make_reports, submit
 from dpcdf.service.http import http
-from dpcdf.service.store import Store
+from dpcdf.service.storage.store import Store
 from dpcdf.service.task import TaskConfig
 from dpcdf.service.wire import encode_batch, join_share
 from helpers import OPERATOR, urls, values
@@ -113,6 +113,6 @@ def test_batches_are_stored_once_whoever_computes_them_and_prepare_matches_a_fre
         np.testing.assert_array_equal(local.message, msg)
         np.testing.assert_array_equal(local.state, st)
         np.testing.assert_array_equal(local.extras, x)
-        np.testing.assert_array_equal(local.total, _sketch.column_sums(round_one.data(check, y)))  # without the MAC tags
+        np.testing.assert_array_equal(local.total, sketch.column_sums(round_one.data(check, y)))  # without the MAC tags
     finally:
         store.close()

@@ -7,9 +7,10 @@ import pytest
 
 from fss import DCF, KeyBatch, ParameterError
 from dpcdf.errors import DpcdfError
-from dpcdf.service import segments
-from dpcdf.service.aggregate import partial_sums
-from dpcdf.service.store import CollectionOpen, SegmentFile, Store, StoreError
+from dpcdf.service.storage import segments
+from dpcdf.service.server.aggregate import partial_sums
+from dpcdf.service.storage.records import CollectionOpen, SegmentFile, StoreError
+from dpcdf.service.storage.store import Store
 
 DCF10 = DCF(bits=10, out_bits=64)
 POINTS = np.arange(1024)

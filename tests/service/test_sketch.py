@@ -1,4 +1,4 @@
-"""The check's numba kernels (`dpcdf.service._sketch`) against Python integers: every weighted sum
+"""The check's numba kernels (`dpcdf.service.protocols.check.sketch`) against Python integers: every weighted sum
 mod p, at sizes around the 128-bit accumulator's fold interval and with the largest field elements
 (p - 1 everywhere is the case where an accumulator that took one product too many would wrap)."""
 from __future__ import annotations
@@ -7,11 +7,11 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpcdf.service import _sketch
+from dpcdf.service.protocols.check import sketch
 from fss import field as F
 
 P = F.P
-FOLD = _sketch.FOLD_EVERY
+FOLD = sketch.FOLD_EVERY
 SIZES = st.sampled_from([1, 2, FOLD - 1, FOLD, FOLD + 1, 2 * FOLD, 3 * FOLD + 5, 100])
 
 
@@ -33,7 +33,7 @@ def dot(a: np.ndarray, b: np.ndarray) -> int:
 def test_sketch_is_the_weighted_sums_mod_p(data, size, width, n):
     y, wz, wl = field_array(data, (n, size, width)), field_array(data, (size, width)), field_array(data, (size, width))
     one = np.uint64(data.draw(st.sampled_from([0, 1])))
-    z, l, top = _sketch.sketch(y, wz, wl, one)
+    z, l, top = sketch.sketch(y, wz, wl, one)
     for k in range(n):
         assert int(z[k]) == dot(y[k], wz)
         assert int(l[k]) == dot(y[k], wl)
@@ -44,7 +44,7 @@ def test_sketch_is_the_weighted_sums_mod_p(data, size, width, n):
 @given(data=st.data(), size=SIZES, n=st.integers(1, 3))
 def test_calibration_sketch_is_its_four_sums_mod_p(data, size, n):
     y, w = field_array(data, (n, size, 3)), field_array(data, (size, 5))
-    res = _sketch.sketch_calibration(y, w)
+    res = sketch.sketch_calibration(y, w)
     for k in range(n):
         y0, y1, y2 = (y[k, :, c] for c in range(3))
         assert int(res[k, 0]) == (dot(y0, w[:, 0]) + dot(y1, w[:, 1])) % P
@@ -56,4 +56,4 @@ def test_calibration_sketch_is_its_four_sums_mod_p(data, size, n):
 def test_column_sums_mod_p():
     y = np.full((9, 5, 2), P - 1, np.uint64)
     y[3] = 0
-    np.testing.assert_array_equal(_sketch.column_sums(y), np.full((5, 2), (8 * (P - 1)) % P, np.uint64))
+    np.testing.assert_array_equal(sketch.column_sums(y), np.full((5, 2), (8 * (P - 1)) % P, np.uint64))

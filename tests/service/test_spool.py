@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dpcdf.errors import DpcdfError
-from dpcdf.service.spool import DuplicateRows, Spool, SpoolBusy, SpoolMismatch
+from dpcdf.service.client.spool import DuplicateRows, Spool, SpoolBusy, SpoolMismatch
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import http
 from helpers import GRID, urls, values

@@ -14,7 +14,8 @@ import pytest
 
 from dpcdf.analyst import Analyst
 from dpcdf.errors import DpcdfError
-from dpcdf.release.mechanisms import TreeMechanism, _covering_counts, tree_plan
+from dpcdf.release.mechanisms import TreeMechanism, tree_plan
+from dpcdf.release.mechanisms.accounting import _covering_counts
 from dpcdf.release.tree import TreeShape
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import http

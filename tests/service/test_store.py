@@ -13,8 +13,8 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpcdf.errors import DpcdfError
-from dpcdf.service.store import (AlreadyAnswered, CollectionClosed, CollectionOpen, Frozen, Mark, Store,
-                                 StoreError, UnknownTask)
+from dpcdf.service.storage.records import AlreadyAnswered, CollectionClosed, CollectionOpen, Frozen, Mark, StoreError, UnknownTask
+from dpcdf.service.storage.store import Store
 
 TASK = "t1"
 
@@ -338,7 +338,8 @@ def test_a_store_from_before_verification_gains_its_columns_and_keeps_its_rows(t
     opens: the columns are added, an old exclusion reads as the reconciliation's (reason NULL)."""
     import sqlite3
 
-    from dpcdf.service.store import SCHEMA, SCHEMA_VERSION, Store
+    from dpcdf.service.storage.schema import SCHEMA, SCHEMA_VERSION
+    from dpcdf.service.storage.store import Store
 
     path = tmp_path / "old.sqlite"
     db = sqlite3.connect(str(path))

@@ -79,7 +79,7 @@ def test_the_client_refuses_one_server_before_it_seals_anything(monkeypatch):
     """A config made to name one server twice after its checks (a bug, or a hand-edited object)
     never gets a report: make_reports checks before any key is made or sealed, and create_task
     checks the URLs before any request."""
-    from dpcdf.service import client
+    from dpcdf.service.client import data_holder as client
     from dpcdf.service.task import SameServerError
 
     config = TaskConfig(relation="substitution", **BASE)

@@ -15,7 +15,7 @@ import numpy as np
 from fss import field as F
 import pytest
 
-from dpcdf.service.aggregate import Aggregator
+from dpcdf.service.server.aggregate import Aggregator
 from dpcdf.analyst import Analyst
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.client import create_task, submit

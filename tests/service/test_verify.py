@@ -1,4 +1,4 @@
-"""The report check of docs/verification.md (dpcdf.service.verify): honest reports always pass, every
+"""The report check of docs/verification.md (dpcdf.service.protocols.check.maths): honest reports always pass, every
 malformed class from issue 12 fails, a lying (a, A) pair gains nothing, and over small primes an
 exact count of the challenges shows that no malformed vector passes with probability above 2/p.
 The same for `Check`, the service's two-round interface, with all three payloads (count, label,
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpcdf.errors import ParameterError
-from dpcdf.service import verify as V
+from dpcdf.service.protocols.check import maths as V, randomness as RND, reference as REF
 from fss import field as F
 
 P = F.P
@@ -39,11 +39,11 @@ def _run(ys: list, payload: str = "count", label: str = "run", pairs=None, conte
     """Shares the reconstructed grid values `ys` (n lists of N ints, or of N pairs for labels),
     runs both servers, returns (accepted, e, V0, V1, r, s, pairs)."""
     y = F.from_ints(np.array(ys, dtype=object))
-    y0, y1 = V.share(y, _bytes(label + "/shares", 16 * y.size))
-    pairs = pairs or V.client_pairs(len(ys), _bytes(label + "/pairs", 48 * len(ys)))
+    y0, y1 = RND.share(y, _bytes(label + "/shares", 16 * y.size))
+    pairs = pairs or RND.client_pairs(len(ys), _bytes(label + "/pairs", 48 * len(ys)))
     width = 1 if payload == "count" else 2
-    r, s = V.challenges(KEY, context, y.shape[1] * width)
-    ok, e, (v0, v1) = V.verify(y0, y1, *pairs, r, s, payload)
+    r, s = RND.challenges(KEY, context, y.shape[1] * width)
+    ok, e, (v0, v1) = REF.verify(y0, y1, *pairs, r, s, payload)
     return ok, e, v0, v1, r, s, pairs
 
 
@@ -142,12 +142,12 @@ def test_protocol_opens_exactly_the_check_polynomial():
     so the exhaustive counts below (on `check_value`) are counts of the protocol's own acceptance."""
     ys = list(MALFORMED.values())[:6] + [_step(N_GRID, 5)]
     n = len(ys)
-    (a0, big0), (a1, big1) = V.client_pairs(n, _bytes("lying", 48 * n))
+    (a0, big0), (a1, big1) = RND.client_pairs(n, _bytes("lying", 48 * n))
     deltas = F.from_ints([0, 1, 7, -3, 10**6, 0, 5])
     lying = ((a0, F.add(big0, deltas)), (a1, big1))
     ok, e, v0, v1, r, s, _ = _run(ys, label="poly", pairs=lying)
     for k, y in enumerate(ys):
-        want = V.check_value(_full_vector(y), [int(x) for x in r], int(s), int(deltas[k]))
+        want = REF.check_value(_full_vector(y), [int(x) for x in r], int(s), int(deltas[k]))
         assert int(F.add(v0[k], v1[k])) == want
     assert not ok[-1]  # an honest vector with a lying pair (delta = 5) is rejected: the client's own loss
 
@@ -156,14 +156,14 @@ def test_lying_pair_helps_only_with_known_challenges():
     """A client who knew (r, s) could pick delta = -(Q(r) + s*top) and pass a malformed report; with
     challenges drawn after the upload from the servers' key it cannot."""
     y = MALFORMED["payload 10^6"]
-    guessed_r, guessed_s = V.challenges(b"the client's guess of the key", b"task/frozen-hash", N_GRID)
-    delta = (-V.check_value(_full_vector(y), [int(x) for x in guessed_r], int(guessed_s))) % P
-    (a0, big0), (a1, big1) = V.client_pairs(1, _bytes("cancel", 48))
+    guessed_r, guessed_s = RND.challenges(b"the client's guess of the key", b"task/frozen-hash", N_GRID)
+    delta = (-REF.check_value(_full_vector(y), [int(x) for x in guessed_r], int(guessed_s))) % P
+    (a0, big0), (a1, big1) = RND.client_pairs(1, _bytes("cancel", 48))
     lying = ((a0, F.add(big0, F.from_ints([delta]))), (a1, big1))
     ok, *_ = _run([y], label="cancel", pairs=lying)
     assert not ok[0]
-    y_sh = V.share(F.from_ints(np.array([y], dtype=object)), _bytes("cancel/sh", 16 * N_GRID))
-    ok_if_known, _, _ = V.verify(*y_sh, *lying, guessed_r, guessed_s)
+    y_sh = RND.share(F.from_ints(np.array([y], dtype=object)), _bytes("cancel/sh", 16 * N_GRID))
+    ok_if_known, _, _ = REF.verify(*y_sh, *lying, guessed_r, guessed_s)
     assert ok_if_known[0]  # why r must stay unpredictable to the client
 
 
@@ -191,7 +191,7 @@ def _pass_counts_all_challenges(vectors: np.ndarray, p: int) -> np.ndarray:
     r, s = grid[:, :m], grid[:, m]
     counts = []
     for vec in vectors:
-        vals = V.check_value(np.broadcast_to(vec, (grid.shape[0], m + 1)), r, s, 0, p)
+        vals = REF.check_value(np.broadcast_to(vec, (grid.shape[0], m + 1)), r, s, 0, p)
         counts.append(int(np.count_nonzero(vals == 0)))
     return np.array(counts)
 
@@ -239,7 +239,7 @@ def test_exhaustive_p101_every_vector_every_r():
     r = np.array(list(itertools.product(range(p), repeat=2)), dtype=np.int64)
     worst = 0
     for vec, good in zip(vecs, honest):
-        q = V.check_value(np.broadcast_to(np.append(vec[:2], 0), (len(r), 3)), r, 0, 0, p)  # Q(r): top 0, s 0
+        q = REF.check_value(np.broadcast_to(np.append(vec[:2], 0), (len(r), 3)), r, 0, 0, p)  # Q(r): top 0, s 0
         passes = len(r) if vec[2] else p * int(np.count_nonzero(q == 0))
         if good:
             assert passes == p**3
@@ -257,7 +257,7 @@ def test_exhaustive_lying_pairs():
     for y in range(p):
         vec = np.broadcast_to([y, (1 - y) % p], (len(grid), 2))
         for delta in range(p):
-            passes = int(np.count_nonzero(V.check_value(vec, grid[:, :1], grid[:, 1], delta, p) == 0))
+            passes = int(np.count_nonzero(REF.check_value(vec, grid[:, :1], grid[:, 1], delta, p) == 0))
             if y == 1 and delta == 0:
                 assert passes == p * p
             else:
@@ -265,14 +265,14 @@ def test_exhaustive_lying_pairs():
 
 
 def test_challenges_are_deterministic_and_bound_to_key_and_context():
-    r1, s1 = V.challenges(KEY, b"ctx", 5)
-    r2, s2 = V.challenges(KEY, b"ctx", 5)
+    r1, s1 = RND.challenges(KEY, b"ctx", 5)
+    r2, s2 = RND.challenges(KEY, b"ctx", 5)
     assert (r1 == r2).all() and s1 == s2 and (r1 < P).all()
-    r3, _ = V.challenges(KEY, b"ctx2", 5)
-    r4, _ = V.challenges(hashlib.sha256(b"other").digest(), b"ctx", 5)
+    r3, _ = RND.challenges(KEY, b"ctx2", 5)
+    r4, _ = RND.challenges(hashlib.sha256(b"other").digest(), b"ctx", 5)
     assert not (r1 == r3).any() and not (r1 == r4).any()
     with pytest.raises(ValueError, match="16 bytes"):
-        V.challenges(b"short", b"ctx", 5)
+        RND.challenges(b"short", b"ctx", 5)
 
 
 def test_the_2_over_p_bound_is_nearly_attained():
@@ -281,7 +281,7 @@ def test_the_2_over_p_bound_is_nearly_attained():
     p = 101
     r = np.array(list(itertools.product(range(p), repeat=3)), dtype=np.int64)
     vec = np.broadcast_to([1, 1, p - 1, 0], (len(r), 4))
-    zeros = int(np.count_nonzero(V.check_value(vec, r, 0, 0, p) == 0))
+    zeros = int(np.count_nonzero(REF.check_value(vec, r, 0, 0, p) == 0))
     assert zeros == 2 * p * p - p  # times p values of s (top = 0): probability (2p - 1)/p^2 < 2/p
 
 
@@ -334,8 +334,8 @@ def test_real_prime_field_keys_honest_and_tampered():
     y = F.add(y0, y1)
     steps = np.array([[1 if i >= a else 0 for i in range(n_grid)] for a in range(n_grid)], np.uint64)
     honest = np.array([(steps == row).all(axis=1).any() for row in y])
-    r, s = V.challenges(KEY, b"end-to-end", n_grid)
-    ok, _, _ = V.verify(y0, y1, *V.client_pairs(n), r, s)
+    r, s = RND.challenges(KEY, b"end-to-end", n_grid)
+    ok, _, _ = REF.verify(y0, y1, *RND.client_pairs(n), r, s)
     np.testing.assert_array_equal(ok, honest)
     kinds = np.array(kinds)
     assert honest[kinds == "honest"].all() and not honest[np.isin(kinds, ["payload", "off the grid", "two pairs"])].any()
@@ -363,10 +363,10 @@ def _check_run(check, ys, betas=None, extras=None, label="check", context=b"task
     (reasons, opened (n, E), V = V_0 + V_1, challenges, extras x_0 + x_1, (V_0, V_1))."""
     y = _grid(ys, check.width)
     n = y.shape[0]
-    y0, y1 = V.share(y, _bytes(label + "/shares", 16 * y.size))
+    y0, y1 = RND.share(y, _bytes(label + "/shares", 16 * y.size))
     if extras is None:
         betas = np.ones((n, 3), np.int64) if betas is None else betas
-        size = V.CALIBRATION_RANDOMNESS if check.payload == "calibration" else 48
+        size = RND.CALIBRATION_RANDOMNESS if check.payload == "calibration" else 48
         extras = check.client_extras(betas, _bytes(label + "/extras", size * n))
     x0, x1 = extras
     assert x0.shape == x1.shape == (n, check.extras)
@@ -385,7 +385,7 @@ def test_check_sizes():
     for payload, (x, e, k) in {"count": (2, 2, 1), "label": (2, 2, 1), "calibration": (56, 21, 3)}.items():
         c = V.Check(payload, 8)
         assert (c.extras, c.opened, c.check_values) == (x, e, k)
-    assert V.BITS == 17 and list(V.RANGE_WEIGHTS) == [1 << j for j in range(16)] + [1]
+    assert RND.BITS == 17 and list(RND.RANGE_WEIGHTS) == [1 << j for j in range(16)] + [1]
     with pytest.raises(ParameterError):
         V.Check("histogram", 8)
 
@@ -440,12 +440,12 @@ def test_check_malformed_count_and_label_reasons():
 def _claims(q: int) -> list[list[int]]:
     """Bits a client might claim for a score q outside [0, 2^16]: honest-looking bits of a nearby
     value, bits that add up to q but are not all bits, and the largest sum of bits."""
-    near = [int(b) for b in V.range_bits([min(max(q, 0), Q)])[0]]
-    not_bits = [0] * V.BITS
+    near = [int(b) for b in RND.range_bits([min(max(q, 0), Q)])[0]]
+    not_bits = [0] * RND.BITS
     not_bits[0] = q  # sum_j w_j b_j = q, but b_0 is no bit
     spread = list(near)
-    spread[3] += (q - sum(w * b for w, b in zip(V.RANGE_WEIGHTS.tolist(), near))) * pow(8, -1, P)  # w_3 = 8
-    return [near, not_bits, spread, [1] * V.BITS]
+    spread[3] += (q - sum(w * b for w, b in zip(RND.RANGE_WEIGHTS.tolist(), near))) * pow(8, -1, P)  # w_3 = 8
+    return [near, not_bits, spread, [1] * RND.BITS]
 
 
 def _calibration_cases(n: int) -> tuple[list, list, list, list, list]:
@@ -458,8 +458,8 @@ def _calibration_cases(n: int) -> tuple[list, list, list, list, list]:
     for q in (Q + 1, -1, 1 << 17, H, 10**9):
         for k, bits in enumerate(_claims(q)):
             add(f"q = {q}, claim {k}", _cal(n, 4, 1, q), bits, V.RANGE)
-    honest_bits = [int(b) for b in V.range_bits([300])[0]]
-    add("bits of another q (301)", _cal(n, 4, 1, 300), [int(b) for b in V.range_bits([301])[0]], V.RANGE)
+    honest_bits = [int(b) for b in RND.range_bits([300])[0]]
+    add("bits of another q (301)", _cal(n, 4, 1, 300), [int(b) for b in RND.range_bits([301])[0]], V.RANGE)
     add("q on another alpha", _cal(n, 4, 1, 300, q_alpha=7), honest_bits, V.SHAPE)
     add("q on another alpha, label 0", _cal(n, 4, 0, 300, q_alpha=2), honest_bits, V.SHAPE)
     add("score split over two alphas", list(zip(_step(n, 4), _step(n, 4), [a + b for a, b in zip(_step(n, 4, 100), _step(n, 8, 200))])), honest_bits, V.SHAPE)
@@ -467,7 +467,7 @@ def _calibration_cases(n: int) -> tuple[list, list, list, list, list]:
     add("label -1", _cal(n, 4, -1, 300), honest_bits, V.SHAPE)
     add("label 1/2", _cal(n, 4, H, 300), honest_bits, V.SHAPE)
     add("label on another alpha", list(zip(_step(n, 4), _step(n, 6), _step(n, 4, 300))), honest_bits, V.SHAPE)
-    add("first component 0", [(0, 0, 0)] * n, [0] * V.BITS, V.WEIGHT)
+    add("first component 0", [(0, 0, 0)] * n, [0] * RND.BITS, V.WEIGHT)
     add("first component 2", list(zip(_step(n, 4, 2), _step(n, 4), _step(n, 4, 300))), honest_bits, V.WEIGHT)
     add("two unit steps", list(zip([a + b for a, b in zip(_step(n, 2), _step(n, 6))], _step(n, 2), _step(n, 2, 300))), honest_bits, V.WEIGHT)
     add("step outside the grid", [(0, 0, 0)] * n, honest_bits, V.WEIGHT)
@@ -477,7 +477,7 @@ def _calibration_cases(n: int) -> tuple[list, list, list, list, list]:
     add("lying bit pair", _cal(n, 4, 1, 300), honest_bits, V.RANGE, (0, 0, 3))
     add("lying bit pair cancelling the pair", _cal(n, 4, 1, 300), honest_bits, V.SHAPE, (1, 0, P - 1))
     add("honest", _cal(n, 4, 1, 300), honest_bits, V.OK)
-    add("honest q = 2^16 as (1 .. 1, 1)", _cal(n, 4, 0, Q), [1] * V.BITS, V.OK)
+    add("honest q = 2^16 as (1 .. 1, 1)", _cal(n, 4, 0, Q), [1] * RND.BITS, V.OK)
     add("honest q = 1 as b_16 = 1", _cal(n, 4, 0, 1), [0] * 16 + [1], V.OK)
     return [list(col) for col in zip(*cases)]
 
@@ -485,9 +485,9 @@ def _calibration_cases(n: int) -> tuple[list, list, list, list, list]:
 def _lying_extras(bits, errors, label):
     n = len(bits)
     pair, triple, bit = (F.from_ints([e[k] for e in errors]) for k in range(3))
-    bit_errors = np.zeros((n, V.BITS), np.uint64)
+    bit_errors = np.zeros((n, RND.BITS), np.uint64)
     bit_errors[:, 5] = bit  # the error sits on one bit's pair
-    return V.calibration_extras(np.array(bits, dtype=object), _bytes(label, V.CALIBRATION_RANDOMNESS * n),
+    return RND.calibration_extras(np.array(bits, dtype=object), _bytes(label, RND.CALIBRATION_RANDOMNESS * n),
                                 pair_error=pair, triple_error=triple, bit_pair_errors=bit_errors)
 
 
@@ -511,7 +511,7 @@ def test_check_opens_exactly_the_calibration_polynomial():
     y = _grid(ys, 3)
     args = ([int(t) for t in ch.r], int(ch.s), [int(t) for t in ch.rho], int(ch.sigma), [[int(t) for t in row] for row in ch.rbits])
     for k in range(len(ys)):
-        want = V.calibration_check_values(y[k].astype(object), [int(b) for b in x[k, V.X_BITS]], *args, deltas=errors[k])
+        want = REF.calibration_check_values(y[k].astype(object), [int(b) for b in x[k, RND.X_BITS]], *args, deltas=errors[k])
         assert [int(t) for t in want] == [int(t) for t in v[k]], names[k]
         assert int(opened[k, 1]) == (1 - int(y[k, -1, 0])) % P  # the opened top
 
@@ -522,15 +522,15 @@ def test_lying_range_helps_only_with_known_challenges():
     challenges; against the servers' key it fails."""
     n = N_GRID
     bits = [2] + [1] * 15 + [1]
-    assert sum(w * b for w, b in zip(V.RANGE_WEIGHTS.tolist(), bits)) == Q + 1
+    assert sum(w * b for w, b in zip(RND.RANGE_WEIGHTS.tolist(), bits)) == Q + 1
     check = V.Check("calibration", n)
 
     def cancelling(key):
         rb = V.CalibrationChallenges.derive(key, b"task/frozen-hash", n).rbits
         t = (int(rb[0, 0]) - int(rb[0, 1])) % P
-        errors = np.zeros((1, V.BITS), np.uint64)
+        errors = np.zeros((1, RND.BITS), np.uint64)
         errors[0, 0] = (-2 * t * t) % P
-        return V.calibration_extras([bits], _bytes("cancel-range", V.CALIBRATION_RANDOMNESS), bit_pair_errors=errors)
+        return RND.calibration_extras([bits], _bytes("cancel-range", RND.CALIBRATION_RANDOMNESS), bit_pair_errors=errors)
 
     ys = [_cal(n, 4, 1, Q + 1)]
     reasons, *_ = _check_run(check, ys, extras=cancelling(b"the client's guess of the key....."), label="cancel-range")
@@ -548,12 +548,12 @@ def test_client_extras_refuses_a_probability_outside_the_range():
         check.client_extras([(1, 0)])
     x0, x1 = check.client_extras([(1, 1, 0), (1, 0, Q)])
     x = F.add(x0, x1)
-    assert x[0, V.X_BITS].tolist() == [0] * V.BITS and x[1, V.X_BITS].tolist() == [1] * V.BITS
+    assert x[0, RND.X_BITS].tolist() == [0] * RND.BITS and x[1, RND.X_BITS].tolist() == [1] * RND.BITS
     assert (x[:, 1] == F.mul(x[:, 0], x[:, 0])).all() and (x[:, 4] == F.mul(x[:, 2], x[:, 3])).all()
-    assert (x[:, V.X_BIT_AA] == F.mul(x[:, V.X_BIT_A], x[:, V.X_BIT_A])).all()
+    assert (x[:, RND.X_BIT_AA] == F.mul(x[:, RND.X_BIT_A], x[:, RND.X_BIT_A])).all()
     q = np.arange(Q + 1)
-    assert (F.dot(V.range_bits(q), V.RANGE_WEIGHTS[None, :]) == q).all()  # every q has its bits
-    assert set(np.unique(V.range_bits(q)).tolist()) == {0, 1}
+    assert (F.dot(RND.range_bits(q), RND.RANGE_WEIGHTS[None, :]) == q).all()  # every q has its bits
+    assert set(np.unique(RND.range_bits(q)).tolist()) == {0, 1}
 
 
 def test_calibration_opened_values_look_uniform():
@@ -563,7 +563,7 @@ def test_calibration_opened_values_look_uniform():
     n_grid, n = 16, 4000
     check = V.Check("calibration", n_grid)
     y = np.broadcast_to(_grid([_cal(n_grid, 3, 1, 777)], 3), (n, n_grid, 3))
-    y0, y1 = V.share(np.ascontiguousarray(y))
+    y0, y1 = RND.share(np.ascontiguousarray(y))
     x0, x1 = check.client_extras([(1, 1, 777)] * n)
     ch = check.challenges(KEY, b"uniform")
     m0, st0 = check.round_one(0, y0, x0, ch)
@@ -602,7 +602,7 @@ def test_calibration_end_to_end_with_prime_field_keys():
     y0 = fn.eval_batch(k0.select(idx), xs).reshape(n, n_grid, 3)
     y1 = fn.eval_batch(k1.select(idx), xs).reshape(n, n_grid, 3)
     check = V.Check("calibration", n_grid)
-    x0, x1 = V.calibration_extras(V.range_bits([c for *_, c, _ in rows]))
+    x0, x1 = RND.calibration_extras(RND.range_bits([c for *_, c, _ in rows]))
     ch = check.challenges(KEY, b"end-to-end calibration")
     m0, st0 = check.round_one(0, y0, x0, ch)
     m1, st1 = check.round_one(1, y1, x1, ch)
@@ -619,11 +619,11 @@ def _all(p: int, k: int) -> np.ndarray:
 def _cal_values(p, y, bits, r=None, s=0, rho=None, sigma=0, rbits=None, deltas=(0, 0, 0), bound=1):
     """calibration_check_values over F_p with the unused challenges set to 0."""
     y = np.asarray(y)
-    n_grid, k = y.shape[-2], len(V.range_weights(bound))
+    n_grid, k = y.shape[-2], len(RND.range_weights(bound))
     r = np.zeros(2 * n_grid, np.int64) if r is None else r
     rho = np.zeros(n_grid, np.int64) if rho is None else rho
     rbits = np.zeros((k, 2), np.int64) if rbits is None else rbits
-    return V.calibration_check_values(y, bits, r, s, rho, sigma, rbits, deltas, bound, p)
+    return REF.calibration_check_values(y, bits, r, s, rho, sigma, rbits, deltas, bound, p)
 
 
 def test_exhaustive_calibration_unit_label():
@@ -674,7 +674,7 @@ def test_exhaustive_calibration_range(p, bound):
     bits are bits adding up to q with weights `range_weights(bound)` and delta = 0, so q in
     [0, bound]; every other input passes with probability at most 2/p (attained: a non-bit whose
     (b^2 - b) t^2 + delta = 0 has two roots t)."""
-    w = V.range_weights(bound)
+    w = RND.range_weights(bound)
     k = len(w)
     ch = _all(p, 1 + 2 * k)
     sigma, rbits = ch[:, 0], ch[:, 1:].reshape(-1, k, 2)
@@ -726,7 +726,7 @@ def test_a_hundred_thousand_honest_reports_all_pass_through_the_servers_code_pat
     """Issue 12: 10^5 honest count reports (real p61 keys from the client's code, a 50-point grid on a
     6-bit domain), checked exactly as the servers do at the close (`round_one.decode_shares`,
     `grid_values`, `Check`): none is excluded, and the histogram shares add up to the exact counts."""
-    from dpcdf.service import _sketch, round_one
+    from dpcdf.service.protocols.check import sketch, round_one
     from dpcdf.service.task import TaskConfig
     from dpcdf.service.wire import join_share
 
@@ -748,7 +748,7 @@ def test_a_hundred_thousand_honest_reports_all_pass_through_the_servers_code_pat
         batch, x = round_one.decode_shares(dcf, check.extras, shares, party)
         y = round_one.grid_values(dcf, batch, size)
         parts.append((check.round_one(party, y, x, ch), x))
-        hist.append(_sketch.column_sums(round_one.data(check, y)))
+        hist.append(sketch.column_sums(round_one.data(check, y)))
     opened = F.add(parts[0][0][0], parts[1][0][0])
     v = [check.round_two(b, parts[b][0][1], opened, parts[b][1]) for b in (0, 1)]
     ok = V.mac_ok(*(check.mac_values(b, parts[b][0][1], opened, parts[b][1]) for b in (0, 1)))
@@ -764,8 +764,8 @@ def test_sorting_takes_storage_order_to_the_sorted_ids():
     import random
     import secrets
 
-    from dpcdf.service.reconcile import SyncError
-    from dpcdf.service.round_one import sorting
+    from dpcdf.service.protocols.reconciliation.maths import SyncError
+    from dpcdf.service.protocols.check.round_one import sorting
 
     ids = sorted({secrets.token_bytes(16) for _ in range(200)} | {bytes(16), bytes(15) + b"\x01", b"\x01" + bytes(15),
                                                                    b"\xff" * 16, b"\xff" * 15 + b"\x00"})

@@ -18,7 +18,7 @@ from dpcdf.analyst import Analyst
 from dpcdf.release.ecdf import prefix_counts
 from dpcdf.release.factorization import right_factor_times, sqrt_factorization
 from dpcdf.release.zcdp import PrfStream, dgauss_pmf, dgauss_variance, prf_dgauss
-from dpcdf.service.aggregate import Aggregator
+from dpcdf.service.server.aggregate import Aggregator
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError
 from dpcdf.service.task import TaskConfig

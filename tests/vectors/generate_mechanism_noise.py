@@ -57,7 +57,7 @@ def make(kind: str, size: int, eps: float, relation: str, branching):
 
 
 def old_prefix_noise(mech, idx: np.ndarray) -> np.ndarray:
-    """As the code before issue 10 computed it (dpcdf/service/aggregate.py's per-index loop)."""
+    """As the code before issue 10 computed it (dpcdf/service/server/aggregate.py's per-index loop)."""
     if isinstance(mech, PathMechanism):
         return mech.prefix_noise(idx, noise_fn)
     return np.array([sum(int(mech.node_noise(lv, np.array([j]), noise_fn)[0]) for lv, j in mech.shape.covering(int(i)))
@@ -72,7 +72,7 @@ def digest(values: np.ndarray) -> str:
 def server_noise(mech, idx: np.ndarray) -> tuple[list[int], dict[str, list[int]]]:
     """What an Aggregator without reports returns: its own noise only (int64)."""
     from fss import DCF
-    from dpcdf.service.aggregate import Aggregator
+    from dpcdf.service.server.aggregate import Aggregator
 
     agg = Aggregator(DCF(max(1, int(np.ceil(np.log2(mech.size)))), 64, 1, cmp="ge"), mech, SEED, TASK_ID)
     prefix = agg.prefix_shares([], idx).view(np.int64)

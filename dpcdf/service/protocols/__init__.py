@@ -1,4 +1,5 @@
 """The server-to-server protocols: one `channel.Channel` per task that every message goes through
 (its key, its named message kinds, the one-shot journal), and each protocol's two sides as objects,
-`reconciliation` (ReconcileLeader on server 0, ReconcileHelper on server 1) and `report_check`
-(CheckLeader, CheckHelper). The HTTP routers only parse, authenticate and call them."""
+`reconciliation` (its arithmetic in `maths`; ReconcileLeader on server 0, ReconcileHelper on server 1 in
+`exchange`) and the report check, `check` (its maths, round one and outcome; CheckLeader, CheckHelper in
+`exchange`). The HTTP routers only parse and call the server's state, which calls them."""

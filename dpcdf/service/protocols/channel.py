@@ -2,7 +2,7 @@
 fingerprint, named message kinds, and the one-shot rule.
 
 Wire format of a message: kind (1 byte) || chunk (u32, big-endian) || nonce (12) || AES-GCM(payload),
-under a subkey of the pair key K (`reconcile.pair_key`), with associated data
+under a subkey of the pair key K (`reconciliation.maths.pair_key`), with associated data
 "dpcdf channel v2" || kind || chunk || fingerprint || context, where the context is the report set's
 keyed hash H_R for the report check's messages (both servers hold R by then) and empty for the
 reconciliation's. A message opens only for its task, its kind, its chunk and, in the check, its R.
@@ -31,8 +31,9 @@ from typing import Callable
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
-from ..reconcile import SyncError
-from ..store import Mark, Store
+from ..storage.records import Mark
+from ..storage.store import Store
+from .reconciliation.maths import SyncError
 
 _NONCE = 12
 _HEAD = 1 + 4

@@ -31,7 +31,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bo
     operator's token (needed to register tasks) comes from `admin_token_file`, else the environment's
     DPCDF_ADMIN_TOKEN, else a token made at the first start in DATA/admin.token (0600). `dask`: evaluate
     on a Dask cluster, a scheduler's address ("tcp://host:8786") or "local:N" (a LocalCluster of N
-    worker processes), see `dpcdf.service.dask_eval`; None evaluates in-process. `limits`: what one
+    worker processes), see `dpcdf.service.server.dask_eval`; None evaluates in-process. `limits`: what one
     client may hold (`limits.Limits`; its defaults are the documented ones). The data directory and
     everything the server writes in it are its owner's only (0700 folders, 0600 files)."""
     if party not in (0, 1):

@@ -20,19 +20,20 @@ from fss import KeyBatch, backend
 
 import numpy as np
 
-from .. import reconcile, round_one
-from ..aggregate import Aggregator, Histogram
-from .. import segments
+from ...errors import DpcdfError
 from ..files import write_secret
 from ..hpke import ServerKeys
 from ..protocols.channel import CHECK, RECONCILIATION, Channel, Kind, Message, NotReady, Refused, Unopened
-from ..protocols.reconciliation import ReconcileHelper, ReconcileLeader, finish, say_done
-from ..protocols.report_check import CheckHelper, CheckLeader, ready_mark
-from ..reconcile import SyncError
-from ..store import Mark
-from ..store import Store
+from ..protocols.check import round_one
+from ..protocols.check.exchange import CheckHelper, CheckLeader, ready_mark
+from ..protocols.reconciliation import maths as reconcile
+from ..protocols.reconciliation.exchange import ReconcileHelper, ReconcileLeader, finish, say_done
+from ..protocols.reconciliation.maths import SyncError
+from ..storage import segments
+from ..storage.records import Mark
+from ..storage.store import Store
 from ..task import TaskConfig, token_hash
-from ...errors import DpcdfError
+from .aggregate import Aggregator, Histogram
 from .errors import HttpError
 
 log = logging.getLogger("dpcdf.server")
@@ -196,7 +197,7 @@ class TaskState:
 
 
 class Checker:
-    """Round one of verified tasks' reports while they arrive (`round_one`), in one background
+    """Round one of verified tasks' reports while they arrive (`protocols.check.round_one`), in one background
     thread: an upload wakes it for its task; at start it takes every task whose check is not done
     (reports stored while the server was down, or before this version). A close catches up on what
     is left itself (`round_one.prepare`), so the worker only moves work out of the close; a failure
@@ -244,7 +245,7 @@ class Checker:
 
 
 def pair_key(config: TaskConfig, party: int, keys: ServerKeys) -> bytes:
-    """The key this server shares with the other one for the task (`reconcile`), from the X25519
+    """The key this server shares with the other one for the task (`protocols.reconciliation.maths.pair_key`), from the X25519
     part of the other's key in the config (the last 32 bytes, for either KEM)."""
     return reconcile.pair_key(keys.x25519, bytes.fromhex(config.hpke_keys[1 - party])[-32:], config.fingerprint)
 
@@ -320,7 +321,7 @@ class Server:
         # evaluation on a Dask cluster ("tcp://host:8786" or "local:N"), else in-process; the noise stays here
         self.evaluator = None
         if dask is not None:
-            from ..dask_eval import DaskEvaluator
+            from .dask_eval import DaskEvaluator
 
             self.evaluator = DaskEvaluator(dask)
         self.warm = threading.Event()

@@ -20,7 +20,7 @@ from fastapi import APIRouter, Request
 from fss import FssError
 
 from ... import hpke
-from ...store import CollectionClosed
+from ...storage.records import CollectionClosed
 from ...wire import FOREIGN, Report, ReportError, decode_batch, open_share, split_share
 from ..deps import RawBody, ServerDep
 from ..errors import HttpError

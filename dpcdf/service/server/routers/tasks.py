@@ -14,7 +14,7 @@ from ....errors import DpcdfError
 from ...hpke import public_key
 from ...http import ServerError, fetch
 from ...protocols.channel import NotReady, Refused, Unopened
-from ...reconcile import SyncError
+from ...protocols.reconciliation.maths import SyncError
 from ...task import TaskConfig
 from ..deps import THROTTLED, AnalystTaskDep, OperatorDep, RawBody, ServerDep
 from ..errors import HttpError
@@ -68,7 +68,7 @@ def status(task_id: str, srv: ServerDep, st: AnalystTaskDep) -> TaskStatus:
 
 @router.post("/{task_id}/close", response_model=CloseResponse, responses={**errors(401, 403, 404, 409, 502), **THROTTLED})
 def close(srv: ServerDep, st: AnalystTaskDep) -> CloseResponse:
-    """Closes the collection and reconciles the two servers' report sets (`reconcile`). On server 0
+    """Closes the collection and reconciles the two servers' report sets (`protocols.reconciliation`). On server 0
     (the leader) this runs the whole exchange with server 1 directly; server 1 answers 409 until
     server 0 has done so, then the same view. Idempotent: a close interrupted by a crash of either
     server is finished by calling it again. A task's close and its queries run one at a time; other
@@ -98,7 +98,7 @@ def close(srv: ServerDep, st: AnalystTaskDep) -> CloseResponse:
 @router.post("/{task_id}/verify", response_class=Response, responses={**errors(400, 409, 503), 200: _OCTET_ANSWER},
              openapi_extra=_OCTET_BODY)
 def verify_reports(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
-    """Server 0's report-check messages to server 1 (binary, `protocols.report_check`), for verified
+    """Server 0's report-check messages to server 1 (binary, `protocols.check.exchange`), for verified
     tasks once both servers are reconciled. No token: like /sync, a message counts only
     if it opens under the servers' shared key, for this task, step and report set. Each step is
     answered once (409 for other content at an answered step, or for anything once the task is done)."""
@@ -108,7 +108,7 @@ def verify_reports(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
 @router.post("/{task_id}/sync", response_class=Response, responses={**errors(400, 409), 200: _OCTET_ANSWER},
              openapi_extra=_OCTET_BODY)
 def sync(task_id: str, srv: ServerDep, raw: RawBody) -> Response:
-    """Server 0's reconciliation messages to server 1 (binary, `protocols.reconciliation`), and its
+    """Server 0's reconciliation messages to server 1 (binary, `protocols.reconciliation.exchange`), and its
     DONE at the end of every close. No token: a message counts only if it opens under the key the two
     servers share for this task (AES-GCM, bound to the kind, the chunk and the task), which no client
     or analyst can compute. The first message closes the collection here. Each step is answered once

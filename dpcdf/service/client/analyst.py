@@ -9,10 +9,10 @@ import json
 
 import numpy as np
 
-from ..errors import DpcdfError, ParameterError
-from ..release.ecdf import Release, finish_release
-from .http import ServerError, http
-from .task import MAX_QUERY_POINTS, TaskConfig
+from ...errors import DpcdfError, ParameterError
+from ...release.ecdf import Release, finish_release
+from ..http import ServerError, http
+from ..task import MAX_QUERY_POINTS, TaskConfig
 
 
 class TokenRefused(ServerError):
@@ -31,7 +31,7 @@ class Analyst:
 
     def close(self) -> int | None:
         """Closes the collection: server 0 reconciles the report sets with server 1 directly
-        (`dpcdf.service.reconcile`: any report that reached one server only is dropped, whatever their
+        (`dpcdf.service.protocols.reconciliation.maths`: any report that reached one server only is dropped, whatever their
         number), then both servers show the keyed hash of their set, which must be equal; for a
         verified task they check every report first and `rejected` holds the excluded reports per
         reason class (else None). Idempotent; the first query calls it. Returns the number of reports

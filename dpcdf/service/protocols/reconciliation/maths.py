@@ -29,7 +29,7 @@ The messages (no cap on the number of differences: they never pass through the a
    digest and the hash of its own set. Each server is done only when the two hashes are equal, so a
    lost, replayed or reordered message can delay the close, never end it on two different sets.
 This module is the exchange's arithmetic on plaintext payloads (`differences`, `drops`,
-`take_drops`, `check_ack`); `protocols.reconciliation` plays each server's part through the channel,
+`take_drops`, `check_ack`); `protocols.reconciliation.exchange` plays each server's part through the channel,
 and the servers' HTTP handlers only carry the messages.
 
 What each party learns. Report ids are 16 random bytes, independent of the values, so: server 0 learns
@@ -55,7 +55,7 @@ from cryptography.hazmat.primitives import hashes
 from cryptography.hazmat.primitives.asymmetric import x25519
 from cryptography.hazmat.primitives.kdf.hkdf import HKDF
 
-from ..errors import DpcdfError
+from ....errors import DpcdfError
 
 BUCKET_BYTES = 2
 BUCKETS = 1 << (8 * BUCKET_BYTES)

@@ -4,7 +4,7 @@ of `aggregate.partial_sums`, spread over workers.
     evaluator = DaskEvaluator("tcp://scheduler:8786")   # or "local:N": a LocalCluster of N processes
     Aggregator(dcf, mechanism, seed, task_id, evaluator=evaluator)
 
-Each shard of a task's segments (`segments`) is cut into pieces of whole key groups; a task per
+Each shard of a task's segments (`storage.segments`) is cut into pieces of whole key groups; a task per
 piece evaluates `DCF.eval_sum` on that piece and the server adds the partial sums (mod 2^64, so the
 result is bit-identical to the in-process one whatever the cut). Only public things go to the
 cluster: key shares (the server's own, already stored in the segments), the DCF parameters and the
@@ -32,8 +32,8 @@ import numpy as np
 
 from fss import DCF, KeyBatch
 
-from ..errors import DpcdfError
-from . import segments
+from ...errors import DpcdfError
+from ..storage import segments
 
 GROUPS_PER_PIECE = 1 << 15  # at most 2^19 keys per task
 TRANSPORTS = ("path", "scatter")

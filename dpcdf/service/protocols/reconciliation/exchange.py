@@ -1,4 +1,4 @@
-"""The reconciliation (`reconcile`'s messages 1 to 4) played by each server through its task's
+"""The reconciliation (`maths`' messages 1 to 4) played by each server through its task's
 `Channel`: `ReconcileLeader` on server 0 (at the analyst's close), `ReconcileHelper` on server 1 (at
 POST /tasks/{id}/sync). Both journal every step (the channel's one-shot rule), so a close run again
 after a crash replays the same messages and answers, and server 1 takes no new reconciliation step once
@@ -7,10 +7,11 @@ from __future__ import annotations
 
 from typing import Callable
 
-from .. import reconcile
-from ..reconcile import SyncError
-from ..store import AlreadyAnswered, Mark, Store
-from .channel import Channel, Kind, Message, Refused
+from ...storage.records import AlreadyAnswered, Mark
+from ...storage.store import Store
+from ..channel import Channel, Kind, Message, Refused
+from . import maths as reconcile
+from .maths import SyncError
 
 Send = Callable[[bytes], bytes]
 

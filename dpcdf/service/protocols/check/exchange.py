@@ -1,4 +1,4 @@
-"""The report check at the close (`verification`'s messages 5 to 12) played by each server through
+"""The report check at the close (`outcome`'s messages 5 to 12) played by each server through
 its task's `Channel`: `CheckLeader` on server 0, `CheckHelper` on server 1 (POST /tasks/{id}/verify).
 
 Why the check needs more than the sketch against a deviating server (issue 20). Server b's round-two
@@ -9,12 +9,12 @@ that shifts its round-one share by delta (one message, not even a replay) gets V
 
 So no V is computed on an opened value until it is authenticated: the client also shares kappa * y
 (its keys carry (beta, kappa * beta)) and kappa * x, kappa, for a uniform kappa that neither server
-knows, and each server derives its share of kappa times every opened element (`verify.Check.round_one`).
+knows, and each server derives its share of kappa times every opened element (`maths.Check.round_one`).
 After the opening, sigma_b = kappa_b * opened - [kappa * opened]_b; sigma_0 + sigma_1 = kappa * shift,
 which is 0 for a shift of 0 and uniform otherwise (kappa unknown): a deviating server passes with
 probability 1/p. Server 1 commits to sigma_1 before it sees sigma_0 (message 6: SHA-256 of a nonce only
 it can derive and sigma_1), server 0 sends sigma_0 (7), server 1 opens (8); each decides the MAC of
-every report itself (`verify.mac_ok`), and V is computed and sent (8, 9) only where it holds; elsewhere
+every report itself (`maths.mac_ok`), and V is computed and sent (8, 9) only where it holds; elsewhere
 the report is excluded as "mac" and 0 is sent. One-shot steps (the channel) keep each server from
 being asked twice; the MAC keeps it from being asked once on a wrong input.
 
@@ -38,13 +38,14 @@ import numpy as np
 
 from fss import field as F
 
-from .. import verification
-from ..reconcile import SyncError
-from ..round_one import Local
-from ..store import Mark, Store
-from ..task import TaskConfig
-from ..verify import Check, mac_ok
-from .channel import Channel, Kind, Message, Refused
+from ...storage.records import Mark
+from ...storage.store import Store
+from ...task import TaskConfig
+from ..channel import Channel, Kind, Message, Refused
+from ..reconciliation.maths import SyncError
+from . import outcome
+from .maths import Check, mac_ok
+from .round_one import Local
 
 Send = Callable[[bytes], bytes]
 NONCE = 32
@@ -74,10 +75,10 @@ class CheckLeader:
         verdicts = np.zeros(n, np.uint8)
         for c, part in enumerate(chunks):
             verdicts[part] = self._chunk(c, part, len(chunks), n, send)
-        mine = verification.finish(self.store, self.config, 0, self.key, local, verdicts)
+        mine = outcome.finish(self.store, self.config, 0, self.key, local, verdicts)
         final = len(chunks).to_bytes(4, "big") + ctx + bytes.fromhex(mine)
         theirs = self.channel.exchange(Kind.CHECK_FINISH, 0, final, send, _a_set_hash, ctx)
-        if not verification.mark_if_agreed(self.store, self.config.task_id, mine, theirs.hex()):
+        if not outcome.mark_if_agreed(self.store, self.config.task_id, mine, theirs.hex()):
             raise SyncError("the servers' report sets differ after the report check: the task cannot be verified")
 
     def _chunk(self, c: int, part: slice, count: int, n: int, send: Send) -> np.ndarray:
@@ -88,9 +89,9 @@ class CheckLeader:
         def answered(answer: bytes) -> tuple[np.ndarray, bytes]:
             if answer[:4] != index or len(answer) != 4 + 8 * check.opened * rows + 32:
                 raise SyncError("server 1's answer to the check does not fit the chunk")
-            return verification.rows(answer[4:-32], rows, "messages"), answer[-32:]
+            return outcome.rows(answer[4:-32], rows, "messages"), answer[-32:]
 
-        answer = self.channel.exchange(Kind.CHECK_OPEN, c, verification.head(c, count, n, ctx) + _le(ours), send,
+        answer = self.channel.exchange(Kind.CHECK_OPEN, c, outcome.head(c, count, n, ctx) + _le(ours), send,
                                        lambda a: answered(a) and None, ctx)
         theirs, commit = answered(answer)
         opened = F.add(ours, theirs)
@@ -100,10 +101,10 @@ class CheckLeader:
         def opening(reply: bytes) -> tuple[np.ndarray, np.ndarray]:
             if reply[:4] != index or len(reply) <= 4 + NONCE + width:
                 raise SyncError("server 1's opening does not fit the chunk")
-            nonce, sigma_1 = reply[4:4 + NONCE], verification.rows(reply[4 + NONCE:4 + NONCE + width], rows, "MAC values")
+            nonce, sigma_1 = reply[4:4 + NONCE], outcome.rows(reply[4 + NONCE:4 + NONCE + width], rows, "MAC values")
             if not hmac.compare_digest(commitment(nonce, sigma_1), commit):
                 raise SyncError("server 1's MAC values are not the ones it committed to")
-            v_1 = verification.rows(reply[4 + NONCE + width:], rows, "values")
+            v_1 = outcome.rows(reply[4 + NONCE + width:], rows, "values")
             if v_1.shape[1] != check.check_values:  # refused before it is journalled: a retry can still succeed
                 raise SyncError("server 1's check values do not fit its reports")
             return sigma_1, v_1
@@ -141,7 +142,7 @@ class CheckHelper:
                 raise Refused("server 0 finished the check before every chunk was decided")
             sealed = self.channel.answer_once(message, self._finish, self.context)
             request, mine = self.channel.request(Kind.CHECK_FINISH, 0), self.channel.answered(Kind.CHECK_FINISH, 0)
-            verification.mark_if_agreed(self.store, self.config.task_id, mine.hex(), request[36:].hex())
+            outcome.mark_if_agreed(self.store, self.config.task_id, mine.hex(), request[36:].hex())
             return sealed
         c = message.chunk
         if c >= len(self.chunks):
@@ -166,7 +167,7 @@ class CheckHelper:
         """Chunk c's opened round-one elements (from message 5: `body`, else the journalled one)."""
         local, (part, rows) = self.local, self._part(c)
         body = self.channel.request(Kind.CHECK_OPEN, c) if body is None else body
-        theirs = verification.rows(body[verification.HEAD:], rows, "messages")
+        theirs = outcome.rows(body[outcome.HEAD:], rows, "messages")
         if theirs.shape[1] != self.check.opened:
             raise SyncError("the check message's messages do not fit its reports")
         return F.add(local.message[part], theirs)
@@ -178,7 +179,7 @@ class CheckHelper:
     def _commit(self, c: int, body: bytes) -> bytes:
         """Message 6: server 1's round-one messages and its commitment to sigma_1."""
         local, (part, _) = self.local, self._part(c)
-        if body[:verification.HEAD] != verification.head(c, len(self.chunks), len(local.ids), local.context):
+        if body[:outcome.HEAD] != outcome.head(c, len(self.chunks), len(local.ids), local.context):
             raise SyncError("server 0 checks another report set or chunk than server 1's")
         sigma_1 = self._sigma(c, self._opened(c, body))
         return c.to_bytes(4, "big") + _le(local.message[part]) + commitment(self._nonce(c), sigma_1)
@@ -190,7 +191,7 @@ class CheckHelper:
         body = self.channel.request(Kind.CHECK_MAC, c) if body is None else body
         if body[:4] != c.to_bytes(4, "big"):
             raise SyncError("the check message's chunk index is not its step's")
-        sigma_0 = verification.rows(body[4:], rows, "MAC values")
+        sigma_0 = outcome.rows(body[4:], rows, "MAC values")
         if sigma_0.shape[1] != self.check.opened:
             raise SyncError("the check message's MAC values do not fit its reports")
         opened = self._opened(c)
@@ -210,10 +211,10 @@ class CheckHelper:
         _, rows = self._part(c)
         if body[:4] != c.to_bytes(4, "big"):
             raise SyncError("the check message's chunk index is not its step's")
-        v_0 = verification.rows(body[4:], rows, "values")
+        v_0 = outcome.rows(body[4:], rows, "values")
         if v_0.shape[1] != self.check.check_values:
             raise SyncError("the check message's values do not fit its reports")
-        return verification.digest(body)
+        return outcome.digest(body)
 
     def _verdicts(self) -> np.ndarray:
         out = []
@@ -221,8 +222,8 @@ class CheckHelper:
             _, rows = self._part(c)
             opened, sigma_1, ok = self._mac(c)
             width = 8 * self.check.opened * rows
-            v_1 = verification.rows(self.channel.answered(Kind.CHECK_MAC, c)[4 + NONCE + width:], rows, "values")
-            v_0 = verification.rows(self.channel.request(Kind.CHECK_VALUES, c)[4:], rows, "values")
+            v_1 = outcome.rows(self.channel.answered(Kind.CHECK_MAC, c)[4 + NONCE + width:], rows, "values")
+            v_0 = outcome.rows(self.channel.request(Kind.CHECK_VALUES, c)[4:], rows, "values")
             out.append(self.check.verdicts(opened, _column(F.add(v_0, v_1)), ok))
         return np.concatenate(out) if out else np.zeros(0, np.uint8)
 
@@ -231,7 +232,7 @@ class CheckHelper:
         local = self.local
         if body[:4] != len(self.chunks).to_bytes(4, "big") or len(body) != 4 + 32 + 32 or body[4:36] != local.context:
             raise SyncError("server 0 finished a check of another report set")
-        return bytes.fromhex(verification.finish(self.store, self.config, 1, self.key, local, self._verdicts()))
+        return bytes.fromhex(outcome.finish(self.store, self.config, 1, self.key, local, self._verdicts()))
 
 
 def _column(v: np.ndarray) -> np.ndarray:
@@ -240,7 +241,7 @@ def _column(v: np.ndarray) -> np.ndarray:
 
 
 def _acknowledged(ack: bytes, body: bytes) -> None:
-    if not hmac.compare_digest(ack, verification.digest(body)):
+    if not hmac.compare_digest(ack, outcome.digest(body)):
         raise SyncError("server 1 acknowledged another chunk of the check")
 
 

@@ -25,9 +25,10 @@ import numpy as np
 from fss import DCF, FssError, KeyBatch
 from fss.keys import GROUP
 
-from ..errors import DpcdfError
-from .files import private_dir
-from .store import SegmentFile, Store
+from ...errors import DpcdfError
+from ..files import private_dir
+from .records import SegmentFile
+from .store import Store
 
 log = logging.getLogger("dpcdf.segments")
 
@@ -44,7 +45,7 @@ class SegmentError(DpcdfError):
 class SegmentBatch(KeyBatch):
     """A `KeyBatch` whose arrays are mapped from segment files: `directory`, and `files` (the file
     names of seeds, cw_seed, cw_t and cw_v) and `digests` (their SHA-256), so that a distributed
-    evaluator can send the files' names instead of the keys (`dpcdf.service.dask_eval`)."""
+    evaluator can send the files' names instead of the keys (`dpcdf.service.server.dask_eval`)."""
 
     directory: str = ""
     files: tuple[str, ...] = ()

@@ -40,8 +40,8 @@ from typing import Iterator, Sequence
 
 import numpy as np
 
-from ..errors import DpcdfError
-from .files import create_private
+from ...errors import DpcdfError
+from ..files import create_private
 
 VERSION = "2"
 SCHEMA = """

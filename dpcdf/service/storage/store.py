@@ -13,183 +13,13 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
-from enum import Enum
 from pathlib import Path
-from typing import Callable, Iterator, NamedTuple, Sequence
+from typing import Callable, Iterator, Sequence
 
-from ..errors import DpcdfError
-from .files import create_private
-
-
-class StoreError(DpcdfError):
-    """Base class of the store's errors."""
-
-
-class CollectionClosed(StoreError):
-    """The task's collection is closed: its report set is fixed."""
-
-
-class CollectionOpen(StoreError):
-    """The task's collection is still open: it has no fixed report set yet."""
-
-
-class AlreadyAnswered(StoreError):
-    """The task has answered a query: its report set can no longer shrink."""
-
-
-class UnknownTask(StoreError, KeyError):
-    """No task with this id is stored."""
-
-
-class Mark(str, Enum):
-    """A task's milestones, in the order they are reached. FROZEN is set by `Store.freeze` (it fixes
-    the report set); RECONCILED (both servers hold one set), VERIFIED (verified tasks: the reports'
-    check is done and failures excluded) and ANSWERED (it answered a query) by `Store.mark`."""
-    FROZEN = "frozen"
-    RECONCILED = "reconciled"
-    VERIFIED = "verified"
-    ANSWERED = "answered"
-
-    @classmethod
-    def parse(cls, mark: Mark | str) -> Mark:
-        try:
-            return cls(mark)
-        except ValueError:
-            raise ValueError(f"unknown mark {mark!r}: one of {', '.join(repr(m.value) for m in cls)}") from None
-
-
-class Frozen(NamedTuple):
-    """A closed task's report set: the last report sequence number it includes, how many reports it
-    has (excluded ones left out) and its hash (keyed: see reconcile)."""
-    seq: int
-    count: int
-    digest: str
-
-
-SCHEMA_VERSION = 1
-
-# STRICT tables: SQLite refuses a value of the wrong type instead of storing it as given. A task's
-# closed set is all four of frozen_seq, report_count, set_hash, closed_at or none of them, and it
-# is reconciled or answered only once closed.
-SCHEMA = """
-CREATE TABLE IF NOT EXISTS tasks (
-    task_id TEXT PRIMARY KEY, config TEXT NOT NULL, fingerprint BLOB NOT NULL, noise_seed BLOB NOT NULL,
-    created REAL NOT NULL,
-    frozen_seq INTEGER, report_count INTEGER, set_hash TEXT, closed_at REAL,
-    reconciled_at REAL, answered_at REAL,
-    CHECK ((frozen_seq IS NULL) = (closed_at IS NULL) AND (report_count IS NULL) = (closed_at IS NULL)
-           AND (set_hash IS NULL) = (closed_at IS NULL)),
-    CHECK (frozen_seq IS NULL OR (frozen_seq >= 0 AND report_count >= 0)),
-    CHECK (reconciled_at IS NULL OR closed_at IS NOT NULL),
-    CHECK (answered_at IS NULL OR closed_at IS NOT NULL)
-) STRICT;
-CREATE TABLE IF NOT EXISTS reports (
-    seq INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT NULL REFERENCES tasks (task_id),
-    report_id BLOB NOT NULL, key_share BLOB NOT NULL, received REAL NOT NULL,
-    UNIQUE (task_id, report_id)
-) STRICT;
-CREATE TABLE IF NOT EXISTS excluded (
-    task_id TEXT NOT NULL REFERENCES tasks (task_id), report_id BLOB NOT NULL,
-    PRIMARY KEY (task_id, report_id)
-) STRICT;
-CREATE TABLE IF NOT EXISTS releases (
-    task_id TEXT NOT NULL REFERENCES tasks (task_id), kind TEXT NOT NULL, params TEXT NOT NULL,
-    fixed_at REAL NOT NULL,
-    PRIMARY KEY (task_id, kind)
-) STRICT;
-CREATE TABLE IF NOT EXISTS queries (
-    task_id TEXT NOT NULL REFERENCES tasks (task_id), at REAL NOT NULL, kind TEXT NOT NULL,
-    points INTEGER NOT NULL
-) STRICT;
-"""
-
-# Added without a schema version change (created when missing, at every open): where a reconciled
-# task's key shares are kept for evaluation, one row per array file of each shard, with the file's
-# SHA-256 and the hash of the report set it was written from (`dpcdf.service.segments`).
-SEGMENTS_SCHEMA = """
-CREATE TABLE IF NOT EXISTS segments (
-    task_id TEXT NOT NULL REFERENCES tasks (task_id), shard INTEGER NOT NULL, array TEXT NOT NULL,
-    n INTEGER NOT NULL, file TEXT NOT NULL, sha256 TEXT NOT NULL, set_hash TEXT NOT NULL, written REAL NOT NULL,
-    PRIMARY KEY (task_id, shard, array),
-    CHECK (shard >= 0 AND n >= 0 AND length(sha256) = 64)
-) STRICT
-"""
-
-
-# Added without a schema version change (at every open, when missing): verified tasks (issue 12).
-# tasks.verified_at: the close's report check is done; excluded.reason: NULL for a report dropped
-# by the reconciliation, else the check's reason class; histograms: the server's share of a
-# verified task's histogram (cumulative counts at every grid point), for the set it names.
-VERIFIED_SCHEMA = (
-    ("tasks", "verified_at", "ALTER TABLE tasks ADD COLUMN verified_at REAL"),
-    ("excluded", "reason", "ALTER TABLE excluded ADD COLUMN reason TEXT"),
-)
-HISTOGRAM_SCHEMA = """
-CREATE TABLE IF NOT EXISTS histograms (
-    task_id TEXT PRIMARY KEY REFERENCES tasks (task_id), set_hash TEXT NOT NULL, shape TEXT NOT NULL,
-    data BLOB NOT NULL, written REAL NOT NULL
-) STRICT
-"""
-
-
-# Added without a schema version change (at every open, when missing): the report check's round one of
-# a verified task, computed while its reports arrive (`dpcdf.service.round_one`), one row per batch of
-# consecutive reports (seq first_seq .. last_seq): their ids, round-one messages, states and check
-# randomness as little-endian field elements, and the sum of their grid values.
-CHECK_SCHEMA = """
-CREATE TABLE IF NOT EXISTS check_batches (
-    task_id TEXT NOT NULL REFERENCES tasks (task_id), first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL,
-    n INTEGER NOT NULL, ids BLOB NOT NULL, message BLOB NOT NULL, state BLOB NOT NULL, extras BLOB NOT NULL,
-    sums BLOB NOT NULL,
-    PRIMARY KEY (task_id, first_seq),
-    CHECK (first_seq <= last_seq AND n > 0)
-) STRICT
-"""
-
-
-# Added without a schema version change (at every open, when missing): the server-to-server exchanges'
-# journal (`dpcdf.service.protocols.channel`). One row per step a server took part in: role 'helper'
-# (it answered: the request it took and the answer it gave) or 'leader' (it asked: what it sent and the
-# answer it accepted). A step is answered once: a retry replays the row, other content is refused.
-EXCHANGES_SCHEMA = """
-CREATE TABLE IF NOT EXISTS exchanges (
-    task_id TEXT NOT NULL REFERENCES tasks (task_id), role TEXT NOT NULL, kind INTEGER NOT NULL,
-    chunk INTEGER NOT NULL, request BLOB NOT NULL, answer BLOB NOT NULL, at REAL NOT NULL,
-    PRIMARY KEY (task_id, role, kind, chunk),
-    CHECK (role IN ('leader', 'helper') AND chunk >= 0)
-) STRICT
-"""
-
-
-class Exchange(NamedTuple):
-    """One journalled step: the request's payload and the answer's payload (plaintext)."""
-    request: bytes
-    answer: bytes
-
-
-class CheckBatch(NamedTuple):
-    """One stored batch of round-one results (see CHECK_SCHEMA): n reports, arrays as bytes."""
-    first_seq: int
-    last_seq: int
-    n: int
-    ids: bytes
-    message: bytes
-    state: bytes
-    extras: bytes
-    sums: bytes
-
-
-class SegmentFile(NamedTuple):
-    """One array file of one shard of a task's segments: its shard number, array name, the shard's
-    key count, its file name (relative to the task's segment directory), the file's SHA-256 (hex),
-    and the hash of the report set the segments hold."""
-    shard: int
-    array: str
-    n: int
-    file: str
-    sha256: str
-    set_hash: str
-
+from ..files import create_private
+from .records import (AlreadyAnswered, CheckBatch, CollectionClosed, CollectionOpen, Exchange, Frozen, Mark, SegmentFile,
+                      StoreError, UnknownTask)
+from .schema import migrate
 
 _MARK_COLUMN = {Mark.FROZEN: "closed_at", Mark.RECONCILED: "reconciled_at", Mark.VERIFIED: "verified_at",
                 Mark.ANSWERED: "answered_at"}
@@ -210,23 +40,7 @@ class Store:
             self.db.execute("PRAGMA synchronous=FULL")
             self.db.execute("PRAGMA foreign_keys=ON")
             with self._transaction():
-                version = self.db.execute("PRAGMA user_version").fetchone()[0]
-                if version == 0:
-                    if self.db.execute("SELECT 1 FROM sqlite_master WHERE name = 'tasks'").fetchone():
-                        raise StoreError(f"{path} was written by an older version of dpcdf (no schema version)")
-                    for statement in SCHEMA.split(";"):
-                        if statement.strip():
-                            self.db.execute(statement)
-                    self.db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-                elif version != SCHEMA_VERSION:
-                    raise StoreError(f"{path} has store schema version {version}; this dpcdf reads {SCHEMA_VERSION}")
-                self.db.execute(SEGMENTS_SCHEMA)
-                for table, column, statement in VERIFIED_SCHEMA:
-                    if column not in {r[1] for r in self.db.execute(f"PRAGMA table_info({table})")}:
-                        self.db.execute(statement)
-                self.db.execute(HISTOGRAM_SCHEMA)
-                self.db.execute(CHECK_SCHEMA)
-                self.db.execute(EXCHANGES_SCHEMA)
+                migrate(self.db, path)
         except BaseException:
             self.db.close()
             raise
@@ -294,7 +108,7 @@ class Store:
         """Closes the task's collection (at the analyst's close): later uploads are refused and every
         answer comes from this set. Fixed per-node noise is only safe on a fixed data set: on a
         growing one, two answers' difference would be a new report's exact contribution.
-        `set_hash(ids)` names the set (keyed: see reconcile). Idempotent: a second call returns the
+        `set_hash(ids)` names the set (keyed: see protocols.reconciliation.maths). Idempotent: a second call returns the
         set fixed by the first (after any exclusions)."""
         with self._transaction():
             done = self.frozen(task_id)

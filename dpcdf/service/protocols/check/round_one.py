@@ -1,4 +1,4 @@
-"""Round one of the report check of a verified task (`verify.Check`), computed while its reports
+"""Round one of the report check of a verified task (`maths.Check`), computed while its reports
 arrive: each server evaluates every key share it stores over the whole grid once, in batches of
 consecutive reports, and keeps per report only its round-one message, state and check randomness
 (a few field elements), plus the sum of the batch's grid values (its share of their histogram).
@@ -8,8 +8,8 @@ no longer evaluates a key (issue 12: a close of 10^6 reports is its messages, no
 
 The challenges: both servers derive them from a subkey of their shared K and the task id only
 (`challenges`), so they are the same for every batch on both servers however the batches are cut.
-Security, next to what `verification` states for the exchange:
-- A malicious client cannot predict them: K comes from the two servers' X25519 keys (`reconcile`)
+Security, next to what `outcome` states for the exchange:
+- A malicious client cannot predict them: K comes from the two servers' X25519 keys (`reconciliation.maths`)
   and no client, and no analyst, holds it; nothing a server sends before the close depends on them
   (the round-one values are opened only in the close's messages), so a client learns nothing about
   them before or after its upload that it could use in this task. Its report is a function of its
@@ -39,11 +39,13 @@ import numpy as np
 from fss import DCF, KeyBatch
 from fss import field as F
 
-from . import _sketch, reconcile
-from .reconcile import SyncError
-from .store import CheckBatch, Store
-from .task import TaskConfig
-from .verify import Check
+from ...storage.records import CheckBatch
+from ...storage.store import Store
+from ...task import TaskConfig
+from ..reconciliation import maths as reconcile
+from ..reconciliation.maths import SyncError
+from . import sketch
+from .maths import Check
 
 MESSAGE_ELEMENTS = 1 << 21  # field elements per message (16 MiB, under the 64 MiB body limit)
 # grid values evaluated at once: 16 MiB. At 32 MiB every pass's fresh arrays came from mmap (glibc's
@@ -89,7 +91,7 @@ def warm_up() -> None:
         keys, _ = dcf.gen_batch(np.arange(2), np.ones((2, check.key_width), np.int64))
         y = grid_values(dcf, keys, 4)
         check.round_one(0, y, np.zeros((2, check.extras), np.uint64), check.challenges(b"k" * 32, b"warm"))
-        _sketch.column_sums(data(check, y))
+        sketch.column_sums(data(check, y))
 
 
 def decode_shares(dcf: DCF, extras: int, shares: list[bytes], party: int) -> tuple[KeyBatch, np.ndarray]:
@@ -139,7 +141,7 @@ def step(store: Store, config: TaskConfig, party: int, pair_key: bytes, limit: i
     msg, st = check.round_one(party, y, x, challenges(check, pair_key, task_id))
     le = lambda a: np.ascontiguousarray(a, dtype="<u8").tobytes()  # noqa: E731
     store.add_check_batch(task_id, CheckBatch(seqs[0], seqs[-1], len(ids), b"".join(ids), le(msg), le(st), le(x),
-                                              le(_sketch.column_sums(data(check, y)))))
+                                              le(sketch.column_sums(data(check, y)))))
     return len(ids)
 
 
@@ -198,7 +200,7 @@ def grid_sum(store: Store, config: TaskConfig, party: int, ids: list[bytes]) -> 
     per = keys_per_pass(size, dcf.width)
     for start in range(0, len(ids), per):
         batch, _ = decode_shares(dcf, check.extras, store.shares_by_id(config.task_id, ids[start:start + per]), party)
-        total = F.add(total, _sketch.column_sums(data(check, grid_values(dcf, batch, size))))
+        total = F.add(total, sketch.column_sums(data(check, grid_values(dcf, batch, size))))
     return total
 
 

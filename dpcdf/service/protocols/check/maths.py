@@ -3,317 +3,43 @@ grid values are shares of an honest step function, without learning anything els
 The construction and its security argument: docs/verification.md. Pure functions over the prime
 field F_p of `fss.field` (p = 2^61 - 1) on numpy arrays; no HTTP, no storage, no keys.
 
-Per report (n reports at once, arrays along axis 0), server b in {0, 1} holds
-    y_b      (n, N) or (n, N, width): its shares of the DCF's values at the N grid points
-    a_b, A_b (n,):  its shares of the client's pair (a, a^2)
-and both servers hold the challenges (r, s) = `challenges(shared_key, context, M)`, drawn after the
-set of reports is frozen. The exchange:
-
-    D_b, top_b = unit_vector_shares(b, y_b, payload)            # local, linear
-    e_b, state_b = first_message(b, D_b, top_b, r, s, a_b)      # b sends e_b
-    e = e_0 + e_1                                               # opened: z - a, uniform
-    V_b = second_message(b, state_b, e, a_b, A_b)               # b sends V_b
-    ok = accepted(V_0, V_1)                                     # V_0 + V_1 == 0
-
-V = V_0 + V_1 = (sum_i r_i D_i)^2 - sum_i r_i^2 D_i + s * top, which is 0 for every honest report and,
-for any other report, a nonzero polynomial of degree 2 in (r, s): accepted with probability <= 2/p.
-`check_value` computes V directly from the reconstructed vector (for the tests' exhaustive count
-over a small prime).
-
-The service runs the same check through `Check` (one per payload kind), which works on the grid
-values y directly (the weights of D folded into y, computed once per close), also opens `top` so that
-a rejection has a reason class ("weight": the report's total is not 1; "shape": total 1 but not a
-single unit step), and moves only arrays between the servers: round one opens (n, E) elements,
-round two one element per report (count, label) or three (calibration).
+The exchange, V and its soundness are in `reference` (the textbook construction, one step per
+function, which the tests hold this module against). The service runs the same check through
+`Check` (one per payload kind), which works on the grid values y directly (the weights of D folded
+into y, computed once per close), also opens `top` so that a rejection has a reason class
+("weight": the report's total is not 1; "shape": total 1 but not a single unit step), and moves
+only arrays between the servers: round one opens (n, E) elements, round two one element per
+report (count, label) or three (calibration).
 
 Against a server that deviates (issue 20), `Check(..., mac=True)` (what the service runs) adds a
 MAC: the client also shares kappa * y (the keys' payload is (beta, kappa * beta)) and kappa * x,
 kappa for a uniform kappa no server knows; each server derives its share of kappa times every opened
 element in round one, and after the opening sigma_b = kappa_b * opened - [kappa * opened]_b
 (`mac_values`) add up to kappa times any shift of the opening (`mac_ok`). No V is computed on an
-opening whose MAC fails (protocols.report_check has the message order and the argument).
+opening whose MAC fails (`exchange` has the message order and the argument).
 
 Calibration reports (payload (1, label, q), q an integer in [0, 2^16]) are checked by three
-sub-checks, each opened as its own V: the sketch above on (D^(1), D^(0) - D^(1)) (unit step, label
+sub-checks, each opened as its own V: the textbook sketch on (D^(1), D^(0) - D^(1)) (unit step, label
 in {0, 1}), the score on the same step (sum_i rho_i (D^(2)_i - q D^(0)_i) = 0, the product through
 a client's Beaver triple) and the range of q (17 claimed bits, each checked as a unit vector
 (b_j, 1 - b_j) with its own pair, and sigma (q - sum_j w_j b_j)). The client supplies 56 elements
 per server (`calibration_extras`), the servers open 21 in round one and 3 in round two;
-`calibration_check_values` is the opened (V1, V2, V3) as a function of the reconstructed report.
+`reference.calibration_check_values` is the opened (V1, V2, V3) as a function of the reconstructed report.
 """
 from __future__ import annotations
 
-import hashlib
 import secrets
 
 import numpy as np
 
 from fss import field as F
 
-from ..errors import ParameterError
-from . import _sketch
+from ....errors import ParameterError
+from . import sketch
+from .randomness import (BITS, CALIBRATION_EXTRAS, CALIBRATION_OPENED, QMAX, RANGE_WEIGHTS, X_BIT_A, X_BIT_AA, X_BITS, _u64,
+                         calibration_extras, challenges, client_pairs, elements_from_bytes, range_bits)
 
-P = F.P
-DOMAIN = b"fss-dpcdf/verify/challenges/v1"
-PAYLOADS = ("count", "label")  # the payloads of the single-sketch functions below
 CHECKED = ("count", "label", "calibration")  # the payloads `Check` verifies
-QMAX = 1 << 16  # a calibration report's q is an integer in [0, QMAX]: a probability in units of 2^-16
-
-
-def _u64(x: object) -> np.ndarray:
-    return np.asarray(x, dtype=np.uint64)
-
-
-def elements_from_bytes(data: bytes, count: int) -> np.ndarray:
-    """`count` field elements from 16 bytes each (an element = the 128-bit little-endian chunk mod p:
-    statistical distance < 2^-122 from uniform per element)."""
-    if len(data) < 16 * count:
-        raise ValueError(f"need {16 * count} bytes for {count} elements, got {len(data)}")
-    words = np.frombuffer(data[: 16 * count], dtype="<u8").astype(np.uint64).reshape(count, 2)
-    return F.reduce128(words[:, 0], words[:, 1])
-
-
-def challenges(shared_key: bytes, context: bytes, length: int) -> tuple[np.ndarray, np.uint64]:
-    """The challenges (r in F_p^length, s in F_p) from the servers' shared verification key and the
-    context (the task id and the hash of the frozen report set): SHAKE-128 over a domain label and
-    the length-prefixed key and context. Deterministic, so both servers derive the same values;
-    unpredictable to clients, who never see `shared_key`."""
-    if len(shared_key) < 16:
-        raise ValueError("the shared verification key must have at least 16 bytes")
-    xof = hashlib.shake_128()
-    for part in (DOMAIN, shared_key, context):
-        xof.update(len(part).to_bytes(8, "little") + part)
-    vals = elements_from_bytes(xof.digest(16 * (length + 1)), length + 1)
-    return vals[:length], vals[length]
-
-
-def client_pairs(n: int, randomness: bytes | None = None) -> tuple[tuple[np.ndarray, np.ndarray], tuple[np.ndarray, np.ndarray]]:
-    """An honest client's correlated randomness for n reports: a uniform, A = a^2, each additively
-    shared; returns ((a_0, A_0), (a_1, A_1)). `randomness`: 48 bytes per report (the OS CSPRNG if None)."""
-    data = secrets.token_bytes(48 * n) if randomness is None else randomness
-    vals = elements_from_bytes(data, 3 * n).reshape(3, n) if n else np.zeros((3, 0), np.uint64)
-    a, a_0, big_0 = vals
-    big = F.mul(a, a)
-    return (a_0, big_0), (F.sub(a, a_0), F.sub(big, big_0))
-
-
-def share(values: np.ndarray, randomness: bytes | None = None) -> tuple[np.ndarray, np.ndarray]:
-    """Additive shares (x_0 uniform, x_1 = x - x_0) of canonical elements `values` (tests and clients)."""
-    values = _u64(values)
-    data = secrets.token_bytes(16 * values.size) if randomness is None else randomness
-    x0 = elements_from_bytes(data, values.size).reshape(values.shape)
-    return x0, F.sub(values, x0)
-
-
-def unit_vector_shares(party: int, y: np.ndarray, payload: str = "count") -> tuple[np.ndarray, np.ndarray]:
-    """Server `party`'s shares of the vector that must be a unit vector, and of its top entry.
-
-    count (y of shape (n, N)): D_i = y_i - y_{i-1} (y_{-1} = 0), so an honest report (y_i = [i >= alpha])
-    gives D = e_alpha; top = 1 - y_{N-1} (0 for an honest report; party 0 holds the constant 1).
-    label (y of shape (n, N, 2), payload (label, 1 - label)): D = (diff of y^(0), diff of y^(1)) in
-    F_p^(2N), a unit vector exactly when the report is honest; top = 1 - y^(0)_{N-1} - y^(1)_{N-1}.
-    Returns (D (n, M), top (n,)) with M = N or 2N."""
-    if payload not in PAYLOADS:
-        raise ValueError(f"payload must be one of {PAYLOADS}, got {payload!r}")
-    y = _u64(y)
-    if payload == "count":
-        if y.ndim != 2:
-            raise ValueError(f"count shares have shape (n, N), got {y.shape}")
-        parts = [y]
-    else:
-        if y.ndim != 3 or y.shape[2] != 2:
-            raise ValueError(f"label shares have shape (n, N, 2), got {y.shape}")
-        parts = [y[:, :, 0], y[:, :, 1]]
-    diffs, top = [], np.full(y.shape[0], 1 if party == 0 else 0, np.uint64)
-    for part in parts:
-        prev = np.zeros_like(part)
-        prev[:, 1:] = part[:, :-1]
-        diffs.append(F.sub(part, prev))
-        top = F.sub(top, part[:, -1])
-    return np.concatenate(diffs, axis=1), top
-
-
-def first_message(
-    party: int, d_share: np.ndarray, top_share: np.ndarray, r: np.ndarray, s: object, a_share: np.ndarray
-) -> tuple[np.ndarray, tuple[np.ndarray, np.ndarray, np.ndarray]]:
-    """Local sketch: z_b = sum_i r_i D_b,i, L_b = sum_i r_i^2 D_b,i, T_b = s * top_b (all linear in
-    the shares), and the message e_b = z_b - a_b. Returns (e_b, state kept for `second_message`)."""
-    del party  # every term is linear: both parties compute the same way
-    r = _u64(r)
-    z = F.dot(d_share, r[None, :])
-    big_l = F.dot(d_share, F.mul(r, r)[None, :])
-    t = F.mul(top_share, np.full_like(top_share, _u64(s)))
-    return F.sub(z, _u64(a_share)), (z, big_l, t)
-
-
-def second_message(party: int, state: tuple, e: np.ndarray, a_share: np.ndarray, big_a_share: np.ndarray) -> np.ndarray:
-    """V_b = [z^2]_b - L_b + T_b with [z^2]_b = [b = 0] e^2 + 2 e a_b + A_b (e = z - a opened, so
-    z^2 = e^2 + 2 e a + a^2 for any a, and exactly z^2 + (A - a^2) if the client's A is off)."""
-    _, big_l, t = state
-    e = _u64(e)
-    sq = F.add(F.mul(F.add(e, e), _u64(a_share)), _u64(big_a_share))
-    if party == 0:
-        sq = F.add(sq, F.mul(e, e))
-    return F.add(F.sub(sq, big_l), t)
-
-
-def accepted(v_0: np.ndarray, v_1: np.ndarray) -> np.ndarray:
-    """A report counts iff its opened check value V_0 + V_1 is 0 (bool array)."""
-    return F.add(v_0, v_1) == 0
-
-
-def verify(
-    y_0: np.ndarray, y_1: np.ndarray, pair_0: tuple, pair_1: tuple, r: np.ndarray, s: object, payload: str = "count"
-) -> tuple[np.ndarray, np.ndarray, tuple[np.ndarray, np.ndarray]]:
-    """Both servers' sides of the exchange in one process (tests, simulations): returns
-    (accepted, opened e, (V_0, V_1)). The protocol runs the same functions on two machines."""
-    d0, t0 = unit_vector_shares(0, y_0, payload)
-    d1, t1 = unit_vector_shares(1, y_1, payload)
-    e0, st0 = first_message(0, d0, t0, r, s, pair_0[0])
-    e1, st1 = first_message(1, d1, t1, r, s, pair_1[0])
-    e = F.add(e0, e1)
-    v0 = second_message(0, st0, e, *pair_0)
-    v1 = second_message(1, st1, e, *pair_1)
-    return accepted(v0, v1), e, (v0, v1)
-
-
-def check_value(d: object, r: object, s: object, delta: object = 0, p: int = P) -> object:
-    """The opened value V as a function of the reconstructed vector: with d = (D_0 .. D_{M-1}, top),
-    V = (sum_i r_i D_i)^2 - sum_i r_i^2 D_i + s * top + delta (mod p), delta = A - a^2 the client's
-    error in its pair. Works on Python ints or int64 numpy arrays broadcast along the last axis of d
-    and r (keep p below 2^31 for arrays so that products fit)."""
-    d, r = np.asarray(d, dtype=object if p > 1 << 31 else np.int64), np.asarray(r, dtype=object if p > 1 << 31 else np.int64)
-    body, top = d[..., :-1], d[..., -1]
-    z = np.sum(r * body, axis=-1) % p
-    big_l = np.sum((r * r % p) * body % p, axis=-1) % p
-    return (z * z - big_l + s * top + delta) % p
-
-
-# --- calibration reports (1, label, q): the pieces of the three sub-checks ----------------------------
-def range_weights(bound: int) -> list[int]:
-    """The weights of the range check of q in [0, bound]: 1, 2, .., 2^(m-1), bound - (2^m - 1) with
-    2^m <= bound < 2^(m+1). The sums sum_j w_j b_j over bits b in {0, 1}^(m+1) are exactly the
-    integers 0 .. bound (the first m weights give 0 .. 2^m - 1, the last one shifts that range up by
-    at most 2^m), so no bound check beyond the bits is needed. bound = 2^16: 1, 2, .., 2^15, 1."""
-    bound = int(bound)
-    if bound < 1:
-        raise ValueError(f"the range bound must be at least 1, got {bound}")
-    m = bound.bit_length() - 1
-    return [1 << j for j in range(m)] + [bound - ((1 << m) - 1)]
-
-
-RANGE_WEIGHTS = np.array(range_weights(QMAX), dtype=np.uint64)  # 1, 2, .., 2^15, 1
-BITS = len(RANGE_WEIGHTS)  # 17
-# The calibration extras, per server and report (columns of `calibration_extras`):
-X_PAIR = slice(0, 2)  # (a, A = a^2): the unit/label sketch's pair
-X_TRIPLE = slice(2, 5)  # (a', b', c' = a' b'): Beaver triple for q * sum_i rho_i D^(0)_i
-X_BITS = slice(5, 5 + BITS)  # b_0 .. b_16 with q = sum_j w_j b_j
-X_BIT_A = slice(5 + BITS, 5 + 2 * BITS)  # a_j: one pair (a_j, a_j^2) per bit, for its unit-vector check
-X_BIT_AA = slice(5 + 2 * BITS, 5 + 3 * BITS)  # A_j = a_j^2
-CALIBRATION_EXTRAS = 5 + 3 * BITS  # 56
-# opened in round one: e = z - a, top, q - a', sum_i rho_i D^(0)_i - b', and e_j = u_j - a_j per bit
-CALIBRATION_OPENED = 4 + BITS  # 21
-_SECRETS = 3 + BITS  # the client's uniform secrets per report: a, a', b', a_0 .. a_16
-CALIBRATION_RANDOMNESS = 16 * (_SECRETS + CALIBRATION_EXTRAS)  # bytes per report: 1216
-
-
-def _elements(x: object) -> np.ndarray:
-    """Integers of any sign and size (or canonical uint64 elements) -> canonical elements."""
-    arr = np.asarray(x)
-    if arr.dtype.kind in "ui" and (arr.size == 0 or (arr.min() >= 0 and arr.max() < P)):
-        return arr.astype(np.uint64)
-    return F.from_ints(np.asarray(x, dtype=object))
-
-
-def range_bits(q: object, bound: int = QMAX) -> np.ndarray:
-    """An honest client's bits of integers q in [0, bound] for `range_weights(bound)`: the last bit is
-    1 iff q >= 2^m, the others are the binary digits of what remains. (n,) -> (n, m + 1) uint64."""
-    q = np.asarray(q, dtype=np.int64)
-    if q.size and (q.min() < 0 or q.max() > bound):
-        raise ValueError(f"q must be in [0, {bound}]")
-    w = range_weights(bound)
-    m = len(w) - 1
-    last = (q >= (1 << m)).astype(np.int64)
-    rest = q - w[-1] * last
-    digits = (rest[..., None] >> np.arange(m, dtype=np.int64)) & 1
-    return np.concatenate([digits, last[..., None]], axis=-1).astype(np.uint64)
-
-
-def calibration_extras(
-    bits: object,
-    randomness: bytes | None = None,
-    *,
-    pair_error: object = 0,
-    triple_error: object = 0,
-    bit_pair_errors: object = 0,
-) -> tuple[np.ndarray, np.ndarray]:
-    """The additive shares ((n, 56), (n, 56)) of a calibration report's extras with the claimed bits
-    given explicitly: bits (n, BITS), any integers (taken mod p). An honest client passes
-    `range_bits(q)` (`Check.client_extras` does); a client crafting a malformed report may claim
-    anything, and may also err in its correlated randomness: `pair_error` = A - a^2,
-    `triple_error` = c' - a' b' (per report) and `bit_pair_errors` = A_j - a_j^2 (per report and bit),
-    all 0 for an honest client. Columns: X_PAIR, X_TRIPLE, X_BITS, X_BIT_A, X_BIT_AA. The secrets a,
-    a', b', a_j are uniform; server 0's shares are uniform, server 1's the difference.
-    `randomness`: CALIBRATION_RANDOMNESS bytes per report (the OS CSPRNG if None)."""
-    bits = _elements(bits)
-    if bits.ndim != 2 or bits.shape[1] != BITS:
-        raise ValueError(f"bits of shape (n, {BITS}) expected, got {bits.shape}")
-    n = bits.shape[0]
-    count = _SECRETS + CALIBRATION_EXTRAS
-    data = secrets.token_bytes(16 * count * n) if randomness is None else randomness
-    vals = elements_from_bytes(data, count * n).reshape(n, count) if n else np.zeros((0, count), np.uint64)
-    a, ta, tb, aj = vals[:, 0], vals[:, 1], vals[:, 2], vals[:, 3:_SECRETS]
-    x0 = vals[:, _SECRETS:]
-    x = np.empty((n, CALIBRATION_EXTRAS), np.uint64)
-    x[:, 0] = a
-    x[:, 1] = F.add(F.mul(a, a), np.broadcast_to(_elements(pair_error), (n,)))
-    x[:, 2], x[:, 3] = ta, tb
-    x[:, 4] = F.add(F.mul(ta, tb), np.broadcast_to(_elements(triple_error), (n,)))
-    x[:, X_BITS] = bits
-    x[:, X_BIT_A] = aj
-    x[:, X_BIT_AA] = F.add(F.mul(aj, aj), np.broadcast_to(_elements(bit_pair_errors), (n, BITS)))
-    return x0, F.sub(x, x0)
-
-
-def calibration_check_values(
-    y: object, bits: object, r: object, s: object, rho: object, sigma: object, rbits: object,
-    deltas: tuple = (0, 0, 0), bound: int = QMAX, p: int = P,
-) -> tuple:
-    """The three values (V1, V2, V3) a calibration check opens, as functions of the reconstructed
-    report: y (..., N, 3) the grid values of (1, label, q), bits (..., k) the claimed bits
-    (k = len(range_weights(bound))); challenges r (..., 2N), s, rho (..., N), sigma, rbits (..., k, 2);
-    the client's errors deltas = (A - a^2, c' - a' b', sum_j (A_j - a_j^2)). With D^(c) the
-    differences of y^(c), top = 1 - y^(0)_{N-1} and q = y^(2)_{N-1}:
-
-        V1 = check_value((D^(1), D^(0) - D^(1), top), r, s) + delta_1          unit and label
-        V2 = sum_i rho_i D^(2)_i - q * sum_i rho_i D^(0)_i - delta_2           score on alpha
-        V3 = sigma (q - sum_j w_j b_j) + sum_j (u_j^2 - L_j) + delta_3         range
-             u_j = r_j1 + (r_j0 - r_j1) b_j,  L_j = r_j1^2 + (r_j0^2 - r_j1^2) b_j
-
-    (u_j^2 - L_j = (b_j^2 - b_j)(r_j0 - r_j1)^2.) Mod p on Python ints (p = P) or int64 arrays
-    broadcast along the leading axes (p < 2^31), for the tests' exhaustive counts over small primes;
-    `Check` opens exactly these values (for bound = QMAX, p = P)."""
-    dt = object if p > 1 << 31 else np.int64
-
-    def arr(v: object) -> np.ndarray:
-        return np.asarray(np.asarray(v, dtype=dt) % p, dtype=dt)  # stays an array when 0-d
-
-    y, bits, r, rho, rbits, s, sigma = (arr(v) for v in (y, bits, r, rho, rbits, s, sigma))
-    d1_err, d2_err, d3_err = (arr(v) for v in deltas)
-    prev = np.zeros_like(y)
-    prev[..., 1:, :] = y[..., :-1, :]
-    d = (y - prev) % p
-    d0, d1, d2 = d[..., 0], d[..., 1], d[..., 2]
-    top, q = arr(1 - y[..., -1, 0]), arr(y[..., -1, 2])
-    v1 = check_value(np.concatenate([d1, (d0 - d1) % p, top[..., None]], axis=-1), r, s, d1_err, p)
-    v2 = (np.sum(rho * ((d2 - q[..., None] * d0 % p) % p) % p, axis=-1) - d2_err) % p
-    w = np.array(range_weights(bound), dtype=dt) % p
-    r0, r1 = rbits[..., 0], rbits[..., 1]
-    u = (r1 + (r0 - r1) % p * bits) % p
-    big_l = (r1 * r1 + (r0 * r0 - r1 * r1) % p * bits) % p
-    lin = (q - np.sum(w * bits % p, axis=-1)) % p
-    v3 = (sigma * lin + np.sum((u * u - big_l) % p, axis=-1) + d3_err) % p
-    return v1, v2, v3
 
 
 # --- the service's interface: one `Check` per payload kind ------------------------------------------
@@ -424,7 +150,7 @@ class Check:
     def _round_one(self, party: int, y: np.ndarray, extras: np.ndarray, ch: "Challenges") -> tuple[np.ndarray, np.ndarray]:
         if self.payload == "calibration":
             return _calibration_round_one(party, y, _u64(extras), ch)
-        z, big_l, top = _sketch.sketch(y, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0))
+        z, big_l, top = sketch.sketch(y, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0))
         a = _u64(extras)[:, 0]
         msg = np.stack([F.sub(z, a), top], axis=1)
         return msg, np.stack([big_l, F.mul(top, np.full_like(top, ch.s))], axis=1)
@@ -552,7 +278,7 @@ def _calibration_round_one(party: int, y: np.ndarray, x: np.ndarray, ch: Calibra
     u = sum_i rho_i D^(2)_i (the numba kernel, six multiplications per grid point), top = 1 - y^(0)_{N-1},
     q = y^(2)_{N-1}, and per bit u_j, L_j. Message (n, 21): z - a, top, q - a', w - b', u_j - a_j.
     State (n, 3): s * top - L, u, and sigma (q - sum_j w_j b_j) - sum_j L_j."""
-    sums = _sketch.sketch_calibration(y, ch.w)
+    sums = sketch.sketch_calibration(y, ch.w)
     z, big_l, w, u = sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3]
     n = y.shape[0]
     top = F.sub(np.full(n, 1 if party == 0 else 0, np.uint64), y[:, -1, 0])

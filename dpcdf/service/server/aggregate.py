@@ -16,12 +16,12 @@ import numpy as np
 from fss import DCF, KeyBatch
 from fss import field as F
 
-from ..errors import ParameterError
-from ..release.adaptive import RoundTwo
-from ..release.mechanisms import Mechanism
-from ..release.factorization import right_factor_times
-from ..release.noise import prf_key, prf_noise
-from ..release.zcdp import GaussianVariance, prf_dgauss
+from ...errors import ParameterError
+from ...release.adaptive import RoundTwo
+from ...release.factorization import right_factor_times
+from ...release.mechanisms import Mechanism
+from ...release.noise import prf_key, prf_noise
+from ...release.zcdp import GaussianVariance, prf_dgauss
 
 
 def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.ndarray:
@@ -36,7 +36,7 @@ def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.nda
 class Histogram:
     """A verified task's histogram share: this server's share of the number of passing reports with
     index <= i, for every grid index i (width elements each), in F_p. Made once at the close
-    (`verification.finish`); a query reads it in O(points), whatever the number of reports."""
+    (`protocols.check.outcome.finish`); a query reads it in O(points), whatever the number of reports."""
 
     def __init__(self, values: np.ndarray, set_hash: str):
         self.values, self.set_hash = np.asarray(values, np.uint64), set_hash

@@ -19,13 +19,13 @@ import numpy as np
 
 from fss.params import BATCH_HEADER_LEN, HEADER_LEN
 
-from . import hpke
-from ..errors import DomainError, DpcdfError, ParameterError
-from ..release.calibration import fixed_point
-from .http import ServerError, http
+from ...errors import DomainError, DpcdfError, ParameterError
+from ...release.calibration import fixed_point
+from .. import hpke
+from ..http import ServerError, http
+from ..task import TaskConfig, check_distinct_servers, token_hash
+from ..wire import ID_BYTES, MAX_BATCH, Report, encode_batch, hpke_info, join_share
 from .spool import Spool, SpoolStatus, ranges, shown
-from .task import TaskConfig, check_distinct_servers, token_hash
-from .wire import ID_BYTES, MAX_BATCH, Report, encode_batch, hpke_info, join_share
 
 
 def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
@@ -154,7 +154,7 @@ def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False,
     Resumable and idempotent: with a spool file, a re-run (after any crash of a server, the network or
     this process) makes no new report for a spooled row and sends each server only what it has not
     acknowledged; a report a server already stored comes back as a duplicate, which acknowledges it.
-    The spool knows rows by content (`dpcdf.service.spool`): the same input again sends nothing new, an
+    The spool knows rows by content (`dpcdf.service.client.spool`): the same input again sends nothing new, an
     input from `source` that extends what was spooled from it makes only the new rows, and rows equal
     to rows spooled from another source raise `DuplicateRows` unless `allow_duplicates` (`contents`:
     each row's bytes, e.g. its CSV fields, so that two people with equal values and different rows differ;

@@ -1,4 +1,4 @@
-"""The report check at the close of a verified task (issue 12): the two servers run `verify.Check`
+"""The report check at the close of a verified task (issue 12): the two servers run `maths.Check`
 on every reconciled report, exclude each failure (counted per reason class) identically, and keep
 their share of the histogram of the reports that passed, from which every query is answered.
 
@@ -7,7 +7,7 @@ Each server has evaluated every key share once over the whole grid while the rep
 (`round_one`: the check's round one under challenges from a key only the two servers hold, and the
 sum of the grid values, its share of the histogram) and reads that back for R (`round_one.prepare`).
 The messages (through the task's `protocols.channel.Channel`, bound to H_R; reports in the order of
-their ids, in chunks of about MESSAGE_ELEMENTS elements; `protocols.report_check` plays each side):
+their ids, in chunks of about MESSAGE_ELEMENTS elements; `protocols.check.exchange` plays each side):
 5. server 0 -> 1: chunk c of its round-one messages (e_0, top_0), with H_R;
 6. server 1 -> 0 (the answer): chunk c of its round-one messages and a commitment to its MAC values;
 7. server 0 -> 1: chunk c of its MAC values sigma_0; answered by 8, the commitment's opening (sigma_1)
@@ -16,7 +16,7 @@ their ids, in chunks of about MESSAGE_ELEMENTS elements; `protocols.report_check
 11. server 0 -> 1: the keyed hash of server 0's set after the exclusions; answered by 12, server 1's.
 Each server decides every report itself from the opened values (`Check.verdicts`, MAC first), so
 neither has to trust the other's verdict, and each is done (Mark.VERIFIED) only when the two final
-hashes are equal. Why the MAC: `protocols.report_check`.
+hashes are equal. Why the MAC: `protocols.check.exchange`.
 
 Security (docs/verification.md has the proofs):
 - A malicious client: a report counts only if its grid values are shares of one unit step (count),
@@ -32,7 +32,7 @@ Security (docs/verification.md has the proofs):
   malicious clients only) and the release over the passing set.
 - A server that deviates from the protocol learns nothing more: every opened element is checked
   against a MAC under the client's kappa before any V is computed on it, and every step is answered
-  once (`protocols.report_check`, `protocols.channel`); it can drop reports at the reconciliation
+  once (`protocols.check.exchange`, `protocols.channel`); it can drop reports at the reconciliation
   (before any value is opened), exclude reports (as "mac") or make the close fail, not learn a value.
 - Re-running is safe: every step is replayed from the journals, so a close interrupted anywhere and
   run again opens the same values and reaches the same verdicts; exclusions are idempotent. Not
@@ -47,12 +47,13 @@ import numpy as np
 
 from fss import field as F
 
-from . import reconcile
-from .reconcile import SyncError
+from ...storage.records import Mark
+from ...storage.store import Store
+from ...task import TaskConfig
+from ..reconciliation import maths as reconcile
+from ..reconciliation.maths import SyncError
+from .maths import OK, REASONS
 from .round_one import Local, grid_sum
-from .store import Mark, Store
-from .task import TaskConfig
-from .verify import OK, REASONS, Check
 
 HEAD = 4 + 4 + 8 + 32  # chunk index, chunk count, report count, H_R
 

@@ -1,5 +1,5 @@
 """The verification's hot loop (numba): per report, the weighted sums of its grid values that the
-check needs (and, for count/label, its top entry), in F_p (p = 2^61 - 1). See `verify.Check.round_one`.
+check needs (and, for count/label, its top entry), in F_p (p = 2^61 - 1). See `maths.Check.round_one`.
 
 Single-threaded on purpose: the servers run them in their round-one worker thread while other
 threads serve requests, and numba's "workqueue" threading layer (where neither TBB nor OpenMP is
@@ -113,7 +113,7 @@ def column_sums(y):
 
 @njit(cache=True)
 def sketch_calibration(y, w):
-    """The four weighted sums of a calibration report's check (`verify.Check`, payload
+    """The four weighted sums of a calibration report's check (`maths.Check`, payload
     "calibration"): y (n, N, 3) canonical grid values of the components (1, label, q), w (N, 5)
     folded weights (columns: unit/label sketch z on components 0 and 1, its L on components 0 and
     1, the score check's rho). Per report: z = y0.w0 + y1.w1, l = y0.w2 + y1.w3, a = y0.w4 and

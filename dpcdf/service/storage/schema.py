@@ -1,0 +1,125 @@
+"""The store's SQLite tables (STRICT) and how an existing file is brought up to them: a schema version
+for the tables every store has had, plus tables and columns added later without a version change
+(created when missing, at every open, by `migrate`)."""
+from __future__ import annotations
+
+import sqlite3
+from pathlib import Path
+
+from .records import StoreError
+
+SCHEMA_VERSION = 1
+
+# STRICT tables: SQLite refuses a value of the wrong type instead of storing it as given. A task's
+# closed set is all four of frozen_seq, report_count, set_hash, closed_at or none of them, and it
+# is reconciled or answered only once closed.
+SCHEMA = """
+CREATE TABLE IF NOT EXISTS tasks (
+    task_id TEXT PRIMARY KEY, config TEXT NOT NULL, fingerprint BLOB NOT NULL, noise_seed BLOB NOT NULL,
+    created REAL NOT NULL,
+    frozen_seq INTEGER, report_count INTEGER, set_hash TEXT, closed_at REAL,
+    reconciled_at REAL, answered_at REAL,
+    CHECK ((frozen_seq IS NULL) = (closed_at IS NULL) AND (report_count IS NULL) = (closed_at IS NULL)
+           AND (set_hash IS NULL) = (closed_at IS NULL)),
+    CHECK (frozen_seq IS NULL OR (frozen_seq >= 0 AND report_count >= 0)),
+    CHECK (reconciled_at IS NULL OR closed_at IS NOT NULL),
+    CHECK (answered_at IS NULL OR closed_at IS NOT NULL)
+) STRICT;
+CREATE TABLE IF NOT EXISTS reports (
+    seq INTEGER PRIMARY KEY AUTOINCREMENT, task_id TEXT NOT NULL REFERENCES tasks (task_id),
+    report_id BLOB NOT NULL, key_share BLOB NOT NULL, received REAL NOT NULL,
+    UNIQUE (task_id, report_id)
+) STRICT;
+CREATE TABLE IF NOT EXISTS excluded (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), report_id BLOB NOT NULL,
+    PRIMARY KEY (task_id, report_id)
+) STRICT;
+CREATE TABLE IF NOT EXISTS releases (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), kind TEXT NOT NULL, params TEXT NOT NULL,
+    fixed_at REAL NOT NULL,
+    PRIMARY KEY (task_id, kind)
+) STRICT;
+CREATE TABLE IF NOT EXISTS queries (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), at REAL NOT NULL, kind TEXT NOT NULL,
+    points INTEGER NOT NULL
+) STRICT;
+"""
+
+# Added without a schema version change (created when missing, at every open): where a reconciled
+# task's key shares are kept for evaluation, one row per array file of each shard, with the file's
+# SHA-256 and the hash of the report set it was written from (`dpcdf.service.storage.segments`).
+SEGMENTS_SCHEMA = """
+CREATE TABLE IF NOT EXISTS segments (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), shard INTEGER NOT NULL, array TEXT NOT NULL,
+    n INTEGER NOT NULL, file TEXT NOT NULL, sha256 TEXT NOT NULL, set_hash TEXT NOT NULL, written REAL NOT NULL,
+    PRIMARY KEY (task_id, shard, array),
+    CHECK (shard >= 0 AND n >= 0 AND length(sha256) = 64)
+) STRICT
+"""
+
+
+# Added without a schema version change (at every open, when missing): verified tasks (issue 12).
+# tasks.verified_at: the close's report check is done; excluded.reason: NULL for a report dropped
+# by the reconciliation, else the check's reason class; histograms: the server's share of a
+# verified task's histogram (cumulative counts at every grid point), for the set it names.
+VERIFIED_SCHEMA = (
+    ("tasks", "verified_at", "ALTER TABLE tasks ADD COLUMN verified_at REAL"),
+    ("excluded", "reason", "ALTER TABLE excluded ADD COLUMN reason TEXT"),
+)
+HISTOGRAM_SCHEMA = """
+CREATE TABLE IF NOT EXISTS histograms (
+    task_id TEXT PRIMARY KEY REFERENCES tasks (task_id), set_hash TEXT NOT NULL, shape TEXT NOT NULL,
+    data BLOB NOT NULL, written REAL NOT NULL
+) STRICT
+"""
+
+
+# Added without a schema version change (at every open, when missing): the report check's round one of
+# a verified task, computed while its reports arrive (`dpcdf.service.protocols.check.round_one`), one row per batch of
+# consecutive reports (seq first_seq .. last_seq): their ids, round-one messages, states and check
+# randomness as little-endian field elements, and the sum of their grid values.
+CHECK_SCHEMA = """
+CREATE TABLE IF NOT EXISTS check_batches (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL,
+    n INTEGER NOT NULL, ids BLOB NOT NULL, message BLOB NOT NULL, state BLOB NOT NULL, extras BLOB NOT NULL,
+    sums BLOB NOT NULL,
+    PRIMARY KEY (task_id, first_seq),
+    CHECK (first_seq <= last_seq AND n > 0)
+) STRICT
+"""
+
+
+# Added without a schema version change (at every open, when missing): the server-to-server exchanges'
+# journal (`dpcdf.service.protocols.channel`). One row per step a server took part in: role 'helper'
+# (it answered: the request it took and the answer it gave) or 'leader' (it asked: what it sent and the
+# answer it accepted). A step is answered once: a retry replays the row, other content is refused.
+EXCHANGES_SCHEMA = """
+CREATE TABLE IF NOT EXISTS exchanges (
+    task_id TEXT NOT NULL REFERENCES tasks (task_id), role TEXT NOT NULL, kind INTEGER NOT NULL,
+    chunk INTEGER NOT NULL, request BLOB NOT NULL, answer BLOB NOT NULL, at REAL NOT NULL,
+    PRIMARY KEY (task_id, role, kind, chunk),
+    CHECK (role IN ('leader', 'helper') AND chunk >= 0)
+) STRICT
+"""
+
+
+def migrate(db: sqlite3.Connection, path: Path) -> None:
+    """Inside the caller's transaction: creates a new store's tables, or checks an existing store's
+    schema version (StoreError for a file of another version), then adds what is missing."""
+    version = db.execute("PRAGMA user_version").fetchone()[0]
+    if version == 0:
+        if db.execute("SELECT 1 FROM sqlite_master WHERE name = 'tasks'").fetchone():
+            raise StoreError(f"{path} was written by an older version of dpcdf (no schema version)")
+        for statement in SCHEMA.split(";"):
+            if statement.strip():
+                db.execute(statement)
+        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
+    elif version != SCHEMA_VERSION:
+        raise StoreError(f"{path} has store schema version {version}; this dpcdf reads {SCHEMA_VERSION}")
+    db.execute(SEGMENTS_SCHEMA)
+    for table, column, statement in VERIFIED_SCHEMA:
+        if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
+            db.execute(statement)
+    db.execute(HISTOGRAM_SCHEMA)
+    db.execute(CHECK_SCHEMA)
+    db.execute(EXCHANGES_SCHEMA)
