@@ -1,6 +1,12 @@
 """The fast backend: the fused kernels of `_fused` and `_grid` on one of the CPU's AES tiers
-("aesni": 128-bit AES-NI, "vaes256": 256-bit VAES on AVX2, "vaes": 512-bit VAES on AVX-512; every
-function here takes the tier's name), spread over all cores.
+("aesni": 128-bit AES-NI, "vaes256": 256-bit VAES on AVX2, "vaes": 512-bit VAES on AVX-512,
+"aarch64": the ARMv8 crypto extension; every function here takes the tier's name), spread over all cores.
+
+Every kernel is a serial `nogil` numba function over a range of key groups; `_spread` splits the groups
+over a small thread pool when there are enough of them, and runs a small batch in the caller's thread.
+Not numba's `parallel=True`: a prange kernel compiles in about twice as long (once per width, DCF or
+DPF, payload dtype and tier), and every call of one wakes numba's OpenMP pool, whose spin-wait cost
+about 8 ms per call on a loaded two-core machine (a single `eval` of one key took 8 ms instead of 0.07).
 
 Same contract as the portable `fss.portable` (internal points, (width, n) outputs reduced mod
 2^out_bits) and bit-identical results. Works group by group on `KeyBatch`'s grouped layout; the
@@ -10,10 +16,11 @@ on its own with the step of `_grid` (also over F_p), and splits the keys over a 
 from __future__ import annotations
 
 import functools
+import threading
 
 import numba
 import numpy as np
-from numba import njit, prange
+from numba import njit
 
 from . import _cache
 from ._aes import require, round_keys
@@ -34,9 +41,9 @@ def _tag(width: int, has_v: bool, tier: str) -> str:
 def _batch_kernel(width: int, has_v: bool, tier: str):
     group = eval_group(width, has_v, False, tier)
 
-    @njit(nogil=True, parallel=True)
-    def kernel(seeds, cw_seed, cw_t, cw_v, xs, party, bits, mask, rk, out):
-        for g in prange(seeds.shape[0]):
+    @njit(nogil=True)
+    def kernel(seeds, cw_seed, cw_t, cw_v, xs, party, bits, mask, rk, out, g0, g1):
+        for g in range(g0, g1):
             group(seeds, cw_seed, cw_t, cw_v, xs, g, party, bits, mask, rk, out, g * GROUP)
 
     return _cache.cached(kernel, _tag(width, has_v, tier))
@@ -46,29 +53,56 @@ def _batch_kernel(width: int, has_v: bool, tier: str):
 def _sum_kernel(width: int, has_v: bool, tier: str):
     group = eval_group(width, has_v, True, tier)
 
-    @njit(nogil=True, parallel=True)
-    def kernel(seeds, cw_seed, cw_t, cw_v, x, n, party, bits, mask, rk, partial):
-        groups = seeds.shape[0]
-        chunks = partial.shape[0]
-        for c in prange(chunks):
-            scratch = np.empty((width, GROUP), np.uint64)
-            acc = np.zeros(width, np.uint64)
-            for g in range(c * groups // chunks, (c + 1) * groups // chunks):
-                group(seeds, cw_seed, cw_t, cw_v, x, g, party, bits, mask, rk, scratch, 0)
-                lanes = min(GROUP, n - g * GROUP)  # the last group's padding is not counted
-                for e in range(width):
-                    for j in range(lanes):
-                        acc[e] += scratch[e, j]
-            partial[c] = acc
+    @njit(nogil=True)
+    def kernel(seeds, cw_seed, cw_t, cw_v, x, n, party, bits, mask, rk, partial, c, g0, g1):
+        scratch = np.empty((width, GROUP), np.uint64)
+        acc = np.zeros(width, np.uint64)
+        for g in range(g0, g1):
+            group(seeds, cw_seed, cw_t, cw_v, x, g, party, bits, mask, rk, scratch, 0)
+            lanes = min(GROUP, n - g * GROUP)  # the last group's padding is not counted
+            for e in range(width):
+                for j in range(lanes):
+                    acc[e] += scratch[e, j]
+        partial[c] = acc
 
     return _cache.cached(kernel, _tag(width, has_v, tier))
+
+
+# Pool threads are used only when each gets at least this much work (in groups of 16 keys times the
+# relative cost of a group): handing a part to a thread costs tens of microseconds, more on a busy
+# machine, and one group's eval about 2 us.
+MIN_GROUPS_PER_THREAD = 64
+
+
+def _spread(run, groups: int, threads: int | None, weight: float = 1.0) -> int:
+    """Calls run(part, g0, g1) over consecutive ranges of `groups` groups that cover them all, part
+    0 in this thread and the others on the pool; at most `threads` parts, and one part (no pool)
+    unless each gets MIN_GROUPS_PER_THREAD * weight-adjusted groups. Returns the number of parts."""
+    if threads is None:
+        threads = numba.get_num_threads()
+    parts = max(1, min(threads, int(groups * weight) // MIN_GROUPS_PER_THREAD, groups))
+    bounds = [groups * c // parts for c in range(parts + 1)]
+    futures = [_threads_pool().submit(run, c, bounds[c], bounds[c + 1]) for c in range(1, parts)]
+    try:
+        run(0, bounds[0], bounds[1])
+    finally:
+        for f in futures:
+            f.result()
+    return parts
+
+
+def parts_for(groups: int, threads: int | None, weight: float = 1.0) -> int:
+    """The number of parts `_spread` will use (the rows of a partial-sum buffer)."""
+    if threads is None:
+        threads = numba.get_num_threads()
+    return max(1, min(threads, int(groups * weight) // MIN_GROUPS_PER_THREAD, groups))
 
 
 def _keys(batch: KeyBatch) -> tuple:
     return batch.seeds, batch.cw_seed, batch.cw_t, batch.cw_v
 
 
-def eval_batch(batch: KeyBatch, xs: np.ndarray, tier: str) -> np.ndarray:
+def eval_batch(batch: KeyBatch, xs: np.ndarray, tier: str, threads: int | None = None) -> np.ndarray:
     tier = require(tier)  # a name the CPU can run (True / False of older callers: 'vaes' / 'aesni')
     p, n = batch.params, len(batch)
     padded = batch.seeds.shape[0] * GROUP
@@ -77,7 +111,8 @@ def eval_batch(batch: KeyBatch, xs: np.ndarray, tier: str) -> np.ndarray:
         xp = np.zeros(padded, np.uint64)
         xp[:n] = xs
         kernel = _batch_kernel(p.width, p.level_payload, tier)
-        kernel(*_keys(batch), xp, batch.party, p.bits, np.uint64(p.mask), round_keys(), out)
+        args = (*_keys(batch), xp, batch.party, p.bits, np.uint64(p.mask), round_keys(), out)
+        _spread(lambda c, g0, g1: kernel(*args, g0, g1), batch.seeds.shape[0], threads)
     return out[:, :n]
 
 
@@ -136,34 +171,31 @@ def trie_program(points, bits):
 def _trie_kernel(width: int, has_v: bool, tier: str):
     step_one, step_both, last_one, last_both = trie_steps(width, has_v, tier)
 
-    @njit(nogil=True, parallel=True)
-    def kernel(seeds, cw_seed, cw_t, cw_v, prog, n, party, bits, mask, rk, partial):
-        groups = seeds.shape[0]
-        chunks = partial.shape[0]
-        for c in prange(chunks):
-            state = np.zeros((2 * (bits + 1), 3 + width, GROUP), np.uint64)
-            row = partial[c]
-            for g in range(c * groups // chunks, (c + 1) * groups // chunks):
-                lanes = min(GROUP, n - g * GROUP)  # the last group's padding is not counted
-                state[0, 0] = seeds[g, 0]
-                state[0, 1] = seeds[g, 1]
-                state[0, 2] = party
-                state[0, 3:] = 0
-                for r in range(prog.shape[0]):
-                    op, src, a1, a2, level, a3 = prog[r]
-                    if op == 0:  # child a3 of src into slot a1
-                        step_one(state, src, a1, 0, a3, level, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
-                    elif op == 1:  # both children into slots a1, a2
-                        step_both(state, src, a1, a2, 0, level, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
-                    elif op == 2:  # last level: child a1 is the leaf of point a2
-                        last_one(state, src, a2, 0, a1, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
-                    else:  # last level: both children, points a2 and a3
-                        last_both(state, src, a2, a3, 0, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
+    @njit(nogil=True)
+    def kernel(seeds, cw_seed, cw_t, cw_v, prog, n, party, bits, mask, rk, partial, c, g0, g1):
+        state = np.zeros((2 * (bits + 1), 3 + width, GROUP), np.uint64)
+        row = partial[c]
+        for g in range(g0, g1):
+            lanes = min(GROUP, n - g * GROUP)  # the last group's padding is not counted
+            state[0, 0] = seeds[g, 0]
+            state[0, 1] = seeds[g, 1]
+            state[0, 2] = party
+            state[0, 3:] = 0
+            for r in range(prog.shape[0]):
+                op, src, a1, a2, level, a3 = prog[r]
+                if op == 0:  # child a3 of src into slot a1
+                    step_one(state, src, a1, 0, a3, level, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
+                elif op == 1:  # both children into slots a1, a2
+                    step_both(state, src, a1, a2, 0, level, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
+                elif op == 2:  # last level: child a1 is the leaf of point a2
+                    last_one(state, src, a2, 0, a1, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
+                else:  # last level: both children, points a2 and a3
+                    last_both(state, src, a2, a3, 0, lanes, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
 
     return _cache.cached(kernel, _tag(width, has_v, tier))
 
 
-def eval_sum(batch: KeyBatch, points: np.ndarray, tier: str, threads: int) -> np.ndarray:
+def eval_sum(batch: KeyBatch, points: np.ndarray, tier: str, threads: int | None = None) -> np.ndarray:
     """(m, width) sums. One point: one fused pass over the keys. Several: each group of keys walks
     its trees once over the union of the points' paths (a full grid of 2^b points costs about
     2^(b+1) node expansions per key, not b * 2^b)."""
@@ -172,16 +204,19 @@ def eval_sum(batch: KeyBatch, points: np.ndarray, tier: str, threads: int) -> np
     sums = np.zeros((points.shape[0], p.width), np.uint64)
     if not n or not points.shape[0]:
         return sums
-    chunks = max(1, min(batch.seeds.shape[0], 4 * threads))
+    G = batch.seeds.shape[0]
     common = (n, batch.party, p.bits, np.uint64(p.mask), round_keys())
     if points.shape[0] == 1:
-        partial = np.empty((chunks, p.width), np.uint64)
-        _sum_kernel(p.width, p.level_payload, tier)(*_keys(batch), points, *common, partial)
+        partial = np.zeros((parts_for(G, threads), p.width), np.uint64)
+        kernel = _sum_kernel(p.width, p.level_payload, tier)
+        _spread(lambda c, g0, g1: kernel(*_keys(batch), points, *common, partial, c, g0, g1), G, threads)
         return partial.sum(axis=0, dtype=np.uint64, keepdims=True) & np.uint64(p.mask)
     unique, inverse = np.unique(points, return_inverse=True)
-    partial = np.zeros((chunks, unique.shape[0], p.width), np.uint64)
     prog = trie_program(unique, p.bits)
-    _trie_kernel(p.width, p.level_payload, tier)(*_keys(batch), prog, *common, partial)
+    weight = prog.shape[0] / p.bits  # about the number of paths a group walks
+    partial = np.zeros((parts_for(G, threads, weight), unique.shape[0], p.width), np.uint64)
+    kernel = _trie_kernel(p.width, p.level_payload, tier)
+    _spread(lambda c, g0, g1: kernel(*_keys(batch), prog, *common, partial, c, g0, g1), G, threads, weight)
     return partial.sum(axis=0, dtype=np.uint64)[inverse.reshape(-1)] & np.uint64(p.mask)
 
 
@@ -295,14 +330,17 @@ def grid_plan(bits: int, start: int, size: int, reverse: bool) -> tuple[np.ndarr
 
 
 _pool = None
+_pool_lock = threading.Lock()
 
 
 def _threads_pool():
+    """The worker threads of every kernel call (numba.config.NUMBA_NUM_THREADS of them, made once)."""
     global _pool
-    if _pool is None:
-        from concurrent.futures import ThreadPoolExecutor
+    with _pool_lock:
+        if _pool is None:
+            from concurrent.futures import ThreadPoolExecutor
 
-        _pool = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS, thread_name_prefix="fss-grid")
+            _pool = ThreadPoolExecutor(max_workers=numba.config.NUMBA_NUM_THREADS, thread_name_prefix="fss")
     return _pool
 
 
@@ -337,15 +375,16 @@ def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, 
 def _gen_kernel(width: int, has_v: bool, tier: str):
     group = gen_group(width, has_v, tier)
 
-    @njit(nogil=True, parallel=True)
-    def kernel(alphas, betas, roots, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v):
-        for g in prange(cw_seed.shape[0]):
+    @njit(nogil=True)
+    def kernel(alphas, betas, roots, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v, g0, g1):
+        for g in range(g0, g1):
             group(alphas, betas, roots, g, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v)
 
     return _cache.cached(kernel, _tag(width, has_v, tier))
 
 
-def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray, tier: str) -> tuple[KeyBatch, KeyBatch]:
+def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray, tier: str,
+              threads: int | None = None) -> tuple[KeyBatch, KeyBatch]:
     """Same contract as `portable.gen_batch`, writing the grouped arrays directly."""
     tier = require(tier)  # a name the CPU can run (True / False of older callers: 'vaes' / 'aesni')
     n, w = alphas.shape[0], p.width
@@ -359,6 +398,7 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
         below = ones if p.beta_below else np.uint64(0)
         equal = ones if p.beta_equal else np.uint64(0)
         kernel = _gen_kernel(w, p.level_payload, tier)
-        kernel(pad(alphas), pad(betas), pad(roots), p.bits, np.uint64(p.mask), below, equal, round_keys(), cw_seed, cw_t, cw_v)
+        args = (pad(alphas), pad(betas), pad(roots), p.bits, np.uint64(p.mask), below, equal, round_keys(), cw_seed, cw_t, cw_v)
+        _spread(lambda c, g0, g1: kernel(*args, g0, g1), G, threads, 4.0)  # a group's gen: about 4 evals
     k0 = KeyBatch(p, 0, n, to_groups(roots[0]), cw_seed, cw_t, cw_v)
     return k0, KeyBatch(p, 1, n, to_groups(roots[1]), cw_seed, cw_t, cw_v)
