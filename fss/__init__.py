@@ -14,5 +14,19 @@ from .dpf import DPF
 from .errors import FssError, KeyFormatError, KeyIndexError, KeyMismatchError, ParameterError
 from .keys import Key, KeyBatch
 
+# Submodules load on first access (`fss.backend`, `fss.portable`, ...), so that `import fss` imports
+# neither numba nor llvmlite: they come with the first kernel (gen, eval, or `fss.backend.available()`).
+_SUBMODULES = frozenset({"backend", "codec", "dcf", "dpf", "errors", "fast", "field", "function", "inputs", "keys",
+                         "params", "portable", "prg", "reference"})
+
+
+def __getattr__(name: str):
+    if name in _SUBMODULES:
+        import importlib
+
+        return importlib.import_module(f"{__name__}.{name}")
+    raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
+
+
 __all__ = ["DCF", "DPF", "FssError", "Key", "KeyBatch", "KeyFormatError", "KeyIndexError", "KeyMismatchError", "ParameterError"]
 __version__ = "0.1.0"

@@ -4,7 +4,7 @@ portable level-by-level backend. All give bit-identical results (the tests pin t
     fss.backend.available()        # e.g. ('portable', 'aesni', 'vaes256') on AVX2 + VAES
     fss.backend.set_backend("portable")   # or FSS_BACKEND=portable in the environment
     with fss.backend.using("aesni"): ...
-    fss.backend.set_threads(2)     # threads of the fused kernels (numba's thread pool)
+    fss.backend.set_threads(2)     # threads of the fused kernels (numba's count for this thread)
 
 The tiers, one per instruction set (`available()` lists those this CPU has, slowest first):
   "portable"  level by level, one pycryptodome ECB call per level (any CPU);
@@ -26,13 +26,23 @@ import os
 import warnings
 from typing import Iterator
 
-import numba
-import numpy as np
+from ._lazy import numpy as _numpy
 
-from . import _aes, portable
 from .errors import FssError, ParameterError
 from .keys import KeyBatch
 from .params import TreeParams
+
+np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
+
+# Nothing here imports numba, llvmlite or the kernels at module level (nor numpy: `fss._lazy`), so that
+# `import fss` stays cheap; the first call that needs a kernel (gen, eval, `available()`, `current()`,
+# `set_threads`) imports them. `_portable()` imports the portable backend.
+
+
+def _portable():
+    from . import portable
+
+    return portable
 
 NAMES = ("auto", "portable", "aesni", "vaes256", "vaes")
 FUSED = ("aesni", "vaes256", "vaes")  # slowest first
@@ -40,7 +50,9 @@ _chosen = os.environ.get("FSS_BACKEND", "auto")
 
 
 def available() -> tuple[str, ...]:
-    """The backends this CPU can run."""
+    """The backends this CPU can run (asks LLVM for the CPU's features the first time)."""
+    from . import _aes
+
     return ("portable",) + tuple(name for name in FUSED if _aes.supported(name))
 
 
@@ -66,13 +78,18 @@ def using(name: str) -> Iterator[None]:
 
 
 def set_threads(n: int) -> None:
-    """Threads the fused kernels use (1 .. the number of cores numba found)."""
+    """Threads the fused kernels use (1 .. the number of cores numba found). It is numba's count of
+    the calling thread (`numba.set_num_threads`), which the kernels read at each call."""
+    import numba
+
     if not 1 <= n <= numba.config.NUMBA_NUM_THREADS:
         raise ParameterError(f"threads must be in [1, {numba.config.NUMBA_NUM_THREADS}], got {n}")
     numba.set_num_threads(n)
 
 
 def threads() -> int:
+    import numba
+
     return numba.get_num_threads()
 
 
@@ -80,7 +97,7 @@ def threads() -> int:
 def _self_test(name: str) -> bool:
     """The fused kernels agree with the portable backend on a small DCF and DPF batch (gen and eval),
     called directly so that nothing here goes through the backend choice itself."""
-    from . import fast
+    from . import fast, portable
     from .params import KIND_DCF, KIND_DPF
 
     for p in (TreeParams.make(KIND_DCF, 12, 64, 1, "le", False), TreeParams.make(KIND_DPF, 9, 40, 3, "eq", False)):
@@ -129,7 +146,7 @@ def eval_batch(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
     """(width, n) shares of key k at internal point xs[k]."""
     name = _fast_for(batch.params)
     if name is None:
-        return portable.eval_batch(batch, xs)
+        return _portable().eval_batch(batch, xs)
     from . import fast
 
     return fast.eval_batch(batch, xs, name)
@@ -139,7 +156,7 @@ def eval_sum(batch: KeyBatch, points: np.ndarray) -> np.ndarray:
     """(m, width) sums over all keys at each internal point."""
     name = _fast_for(batch.params)
     if name is None:
-        return portable.eval_sum(batch, points)
+        return _portable().eval_sum(batch, points)
     from . import fast
 
     return fast.eval_sum(batch, points, name, threads())
@@ -149,7 +166,7 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
     """Key pairs for internal alphas (n,), payloads (width, n) and root seeds (2, 2, n)."""
     name = _fast_for(p)
     if name is None:
-        return portable.gen_batch(p, alphas, betas, roots)
+        return _portable().gen_batch(p, alphas, betas, roots)
     from . import fast
 
     return fast.gen_batch(p, alphas, betas, roots, name)
@@ -159,7 +176,7 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
 def _grid_self_test(name: str, width: int, has_v: bool, prime: bool) -> bool:
     """The grid kernel of this width, DCF or DPF and group agrees with the portable backend on a
     small batch (both parties, a partial range in both orders, every level of a 7-bit tree)."""
-    from . import fast
+    from . import fast, portable
     from .params import KIND_DCF, KIND_DPF
 
     p = TreeParams.make(KIND_DCF if has_v else KIND_DPF, 7, None if prime else 64, width, "le" if has_v else "eq",
@@ -198,14 +215,14 @@ def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool) -> np.ndarr
     start + size - 1 - j) for j in 0 .. size - 1."""
     name = _grid_for(batch.params)
     if name is None:
-        return portable.eval_grid(batch, start, size, reverse)
+        return _portable().eval_grid(batch, start, size, reverse)
     from . import fast
 
     return fast.eval_grid(batch, start, size, reverse, name, threads())
 
 
 def eval_full(batch: KeyBatch) -> np.ndarray:
-    return portable.eval_full(batch)
+    return _portable().eval_full(batch)
 
 
 def warm_up(width: int = 1, out_bits: int = 64) -> None:

@@ -20,10 +20,12 @@ version, kind, party, parameters, reserved bits or padding.
 """
 from __future__ import annotations
 
-import numpy as np
+from ._lazy import numpy as _numpy
 
 from .errors import KeyFormatError
 from .params import BATCH_FLAG, BATCH_HEADER_LEN, FORMAT_VERSION, HEADER_LEN, LAMBDA_BYTES, TreeParams
+
+np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 _CHUNK = 8192  # keys per chunk in the bit (un)packing, to bound temporary memory
 

@@ -4,13 +4,15 @@ plus an 8-byte header; eval costs one AES block per level, `eval_full` about 2^(
 """
 from __future__ import annotations
 
-import numpy as np
+from ._lazy import numpy as _numpy
 
 from . import backend
 from .errors import ParameterError
 from .function import TreeFunction
 from .keys import Key
 from .params import KIND_DPF, TreeParams
+
+np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 MAX_FULL_BITS = 24
 

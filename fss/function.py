@@ -4,12 +4,14 @@ from __future__ import annotations
 import secrets
 from typing import Sequence, Union
 
-import numpy as np
+from ._lazy import numpy as _numpy
 
 from . import backend, codec, inputs
 from .errors import KeyFormatError, KeyMismatchError, ParameterError
 from .keys import Key, KeyBatch
 from .params import TreeParams, check_int
+
+np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 Payload = Union[int, Sequence[int]]
 Share = Union[int, tuple]

@@ -4,10 +4,12 @@ One place, at the public entry; everything after it trusts the arrays it returns
 """
 from __future__ import annotations
 
-import numpy as np
+from ._lazy import numpy as _numpy
 
 from .errors import ParameterError
 from .params import TreeParams, check_int
+
+np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 _U64 = 1 << 64
 

@@ -4,11 +4,13 @@ from __future__ import annotations
 from dataclasses import dataclass
 from typing import Sequence
 
-import numpy as np
+from ._lazy import numpy as _numpy
 
 from . import codec
 from .errors import KeyIndexError, KeyMismatchError, ParameterError
 from .params import TreeParams
+
+np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 GROUP = 16  # keys per group: the layout's unit, and the fused kernels' (one group's state in vector registers)
 
