@@ -119,3 +119,34 @@ def test_the_checker_sees_cycles_and_lazy_imports():
     assert "dpcdf.service.server" in GRAPH["dpcdf.cli"]  # imported inside main()
     assert "dpcdf.service.client.analyst" not in GRAPH["dpcdf.apps.roc"]  # TYPE_CHECKING only
     assert not any(t.startswith("dpcdf") for m, ts in GRAPH.items() if m.startswith("fss") for t in ts)
+
+
+# --- the service in rooms (issue 23) -----------------------------------------------------------------
+SERVICE = ROOT / "dpcdf" / "service"
+MAX_LINES = 450
+
+
+def test_the_service_is_in_rooms():
+    """Its modules grouped by role: at least 3 subpackages, at most 8 modules left flat (the shared
+    wire: task, wire, HPKE, HTTP, files, processes; `__init__.py` counts)."""
+    subpackages = [d.name for d in SERVICE.iterdir() if (d / "__init__.py").is_file()]
+    flat = [f.name for f in SERVICE.glob("*.py")]
+    assert len(subpackages) >= 3, subpackages
+    assert len(flat) <= 8, flat
+
+
+def test_routers_reach_the_store_and_protocols_only_through_the_state():
+    """A router only parses, calls the server's state and maps errors: it imports no module of the
+    store nor any protocol step (the state and `server.peers` do)."""
+    routers = [m for m in GRAPH if m.startswith("dpcdf.service.server.routers.")]
+    assert len(routers) >= 4
+    banned = ("dpcdf.service.storage", "dpcdf.service.protocols")
+    for m in routers:
+        bad = sorted(t for t in GRAPH[m] if t.startswith(banned))
+        assert not bad, f"{m} imports {bad}"
+
+
+@pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith("dpcdf")))
+def test_no_module_is_longer_than_450_lines(module):
+    lines = len(modules()[module].read_text().splitlines())
+    assert lines <= MAX_LINES, f"{module} has {lines} lines (at most {MAX_LINES}: split it by concept)"

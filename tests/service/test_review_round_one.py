@@ -26,7 +26,8 @@ from dpcdf.service.client import create_task, make_reports, submit
 from dpcdf.service.hpke import ServerKeys
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.processes import free_port, start_server, stop
-from dpcdf.service.server.state import Checker, pair_key
+from dpcdf.service.server.checker import Checker
+from dpcdf.service.server.state import pair_key
 from dpcdf.service.storage.store import Store
 from dpcdf.service.task import TaskConfig
 from dpcdf.service.wire import encode_batch, join_share

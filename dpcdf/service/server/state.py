@@ -8,7 +8,6 @@ from __future__ import annotations
 
 import hashlib
 import hmac
-import logging
 import os
 import secrets
 import threading
@@ -30,13 +29,14 @@ from ..protocols.reconciliation import maths as reconcile
 from ..protocols.reconciliation.exchange import ReconcileHelper, ReconcileLeader, finish, say_done
 from ..protocols.reconciliation.maths import SyncError
 from ..storage import segments
-from ..storage.records import Mark
+from ..storage.records import CollectionClosed, Mark
 from ..storage.store import Store
 from ..task import TaskConfig, token_hash
 from .aggregate import Aggregator, Histogram
+from .checker import Checker
 from .errors import HttpError
 
-log = logging.getLogger("dpcdf.server")
+CLOSED = "collection is closed: the analyst has closed the task"
 
 
 class TaskState:
@@ -106,6 +106,68 @@ class TaskState:
             return self.channel.open(raw, kinds, context)
         except SyncError as exc:
             raise Unopened(str(exc)) from None
+
+    # --- what the routers ask of the store, as one call each -----------------------------------
+    def collecting(self) -> bool:
+        """Whether the collection is still open (no report set fixed yet)."""
+        return self.store.frozen(self.config.task_id) is None
+
+    def status(self) -> tuple[int | None, bool]:
+        """(reports, closed) for GET /tasks/{id}: while collecting, this server's count of stored
+        reports; once closed, the reconciled count, none between the two (a count that changed at the
+        reconciliation would show what it dropped); n only where it is public."""
+        task_id = self.config.task_id
+        closed = self.store.frozen(task_id) is not None
+        n = self.view()["n"] if closed else self.store.count(task_id)
+        return (n if self.config.n_public else None), closed
+
+    def view(self) -> dict:
+        """n (when public) and the report-set hash, once this server is reconciled; before, nothing
+        (an intermediate hash would show whether reconciliation dropped anything)."""
+        task_id, verified = self.config.task_id, self.config.verify
+        if not self.store.marked(task_id, Mark.VERIFIED if verified else Mark.RECONCILED):
+            return {"n": None, "reports_hash": None, "reconciled": False}
+        _, n, digest = self.store.frozen(task_id)
+        return {"n": n if self.config.n_public else None, "reports_hash": digest, "reconciled": True,
+                "rejected": self.store.rejections(task_id) if verified else None}
+
+    def close(self, post: Callable[[str, bytes], bytes]) -> dict:
+        """Server 0's POST /tasks/{id}/close under the task's `answering` lock: 403 below min_batch
+        reports (before anything is frozen), then the freeze and `close_as_leader`; 409 if server 1
+        refused a step, 502 if it deviated or failed. Returns the reconciled `view`."""
+        store, task_id = self.store, self.config.task_id
+        with self.answering:
+            if store.frozen(task_id) is None and store.count(task_id) < self.config.min_batch:
+                raise HttpError(403, f"the task has {store.count(task_id)} reports; queries need at least {self.config.min_batch}")
+            store.freeze(task_id, self.set_hash)
+            try:
+                self.close_as_leader(post)
+            except Refused as exc:
+                raise HttpError(409, f"the close cannot go on: {exc}") from None
+            except SyncError as exc:  # an answer that is not server 1's, or that does not fit
+                raise HttpError(502, f"server 1 did not take part in the close as the protocol says ({exc})") from None
+            return self.view()
+
+    def open_for_query(self, fixes: list[tuple[str, str, str]]) -> tuple["list[KeyBatch] | Histogram", int, str]:
+        """Before a query's answer, under the task's `answering` lock: 409 unless the task is closed
+        (reconciled, or verified), 403 below min_batch reports; each (kind, design, refusal) of
+        `fixes` is fixed at its first query and refused (403 `refusal`) with another design after.
+        Marks the task answered; returns what to evaluate, n and the report-set hash."""
+        store, task_id, config = self.store, self.config.task_id, self.config
+        if not store.marked(task_id, Mark.VERIFIED if config.verify else Mark.RECONCILED):
+            raise HttpError(409, "the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
+        upto, n, digest = store.frozen(task_id)
+        if n < config.min_batch:
+            raise HttpError(403, f"the task has {n} reports after reconciliation; queries need at least {config.min_batch}")
+        for kind, design, refusal in fixes:
+            if store.fix_release(task_id, kind, design) != design:
+                raise HttpError(403, refusal)
+        store.mark(task_id, Mark.ANSWERED)
+        return self.source(store, upto), n, digest
+
+    def log_query(self, kind: str, points: int) -> None:
+        self.store.log_query(self.config.task_id, kind, points)
+
 
     def reconciliation(self) -> ReconcileLeader | ReconcileHelper:
         """This server's side of the reconciliation."""
@@ -194,54 +256,6 @@ class TaskState:
 
     def set_hash(self, ids: list[bytes]) -> str:
         return reconcile.set_hash(self.pair_key, ids)
-
-
-class Checker:
-    """Round one of verified tasks' reports while they arrive (`protocols.check.round_one`), in one background
-    thread: an upload wakes it for its task; at start it takes every task whose check is not done
-    (reports stored while the server was down, or before this version). A close catches up on what
-    is left itself (`round_one.prepare`), so the worker only moves work out of the close; a failure
-    here is logged and retried at the next upload or close, never lost."""
-
-    def __init__(self, server: "Server"):
-        self.server = server
-        self._pending: set[str] = set()
-        self._wake = threading.Condition()
-        self.busy = False
-        threading.Thread(target=self._run, name="round-one", daemon=True).start()
-
-    def wake(self, task_id: str) -> None:
-        with self._wake:
-            self._pending.add(task_id)
-            self._wake.notify()
-
-    def backlog(self) -> bool:
-        """Whether round one has work queued or running (what /health shows as `checking`)."""
-        with self._wake:
-            return bool(self._pending) or self.busy
-
-    def _run(self) -> None:
-        try:
-            for task_id, config in self.server.store.tasks_to_check():
-                if TaskConfig.from_json(config).verify:
-                    self.wake(task_id)
-        except Exception:  # noqa: BLE001 - a store that cannot be read fails the requests, not this thread
-            log.exception("round one: cannot list the tasks to check")
-        while True:
-            with self._wake:
-                while not self._pending:
-                    self._wake.wait()
-                task_id = self._pending.pop()
-                self.busy = True
-            try:
-                st = self.server.task(task_id)
-                if st.config.verify and not self.server.store.marked(task_id, "verified"):
-                    round_one.catch_up(self.server.store, st.config, self.server.party, st.pair_key)
-            except Exception:  # noqa: BLE001 - retried at the next upload or at the close
-                log.exception("round one of task %s failed; the close will do it", task_id)
-            finally:
-                with self._wake:
-                    self.busy = False
 
 
 def pair_key(config: TaskConfig, party: int, keys: ServerKeys) -> bytes:
@@ -380,3 +394,24 @@ class Server:
         """One of the analyst's expensive requests in flight (a context manager): 429 with Retry-After
         beyond `analyst_limit` at once per analyst token (by its hash, across that analyst's tasks)."""
         return self.analyst_limit.slot(st.config.token_hash)
+
+    def register(self, config: TaskConfig) -> None:
+        """Stores a new task with a fresh noise seed; the same config again is a no-op, another one
+        under its id 409."""
+        if self.store.add_task(config.task_id, config.to_json(), config.fingerprint, secrets.token_bytes(32)) is not None:
+            raise HttpError(409, f"task {config.task_id} exists with another configuration")
+
+    def add_reports(self, st: TaskState, items: list[tuple[bytes, bytes]], batch: bool = True) -> int:
+        """Stores checked reports (report id, sealed share) in one transaction; how many were new
+        (duplicates are stored and counted once). 409 (CLOSED) once the collection is closed. Round
+        one of a verified task's new reports starts now, in the background, not at the close."""
+        if not items:
+            return 0
+        task_id = st.config.task_id
+        try:
+            added = self.store.add_many(task_id, items) if batch else sum(self.store.add_reports(task_id, items))
+        except CollectionClosed:
+            raise HttpError(409, CLOSED) from None
+        if added and st.config.verify:
+            self.checker.wake(task_id)
+        return added

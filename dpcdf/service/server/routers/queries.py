@@ -29,22 +29,16 @@ def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, 
     at most 2 closes and queries in flight on a server at once (DPCDF_ANALYST_CONCURRENCY); one more
     is answered 429 {"error": ...} with a Retry-After header (seconds), and can be sent again then."""
     check(st, q)
-    store, config = srv.store, st.config
+    config, fixes = st.config, []
+    if isinstance(q, GroupsQuery):
+        fixes.append(("groups", json.dumps(q.edges),
+                      "this task's groups are already released with other boundaries: the budget is spent"))
+    if config.mechanism == "adaptive" and (isinstance(q, NodesQuery) or q.round == 2):
+        fixes.append(("round-two", json.dumps("tree" if isinstance(q, NodesQuery) else q.ends),
+                      "this task's round two is already released with another design (other bins, or its tree): "
+                      "the budget is spent"))
     with srv.analyst_slot(st), st.answering:
-        if not store.marked(task_id, "verified" if config.verify else "reconciled"):
-            raise HttpError(409, "the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
-        upto, n, digest = store.frozen(task_id)
-        if n < config.min_batch:
-            raise HttpError(403, f"the task has {n} reports after reconciliation; queries need at least {config.min_batch}")
-        if isinstance(q, GroupsQuery) and store.fix_release(task_id, "groups", json.dumps(q.edges)) != json.dumps(q.edges):
-            raise HttpError(403, "this task's groups are already released with other boundaries: the budget is spent")
-        if config.mechanism == "adaptive" and (isinstance(q, NodesQuery) or q.round == 2):
-            design = json.dumps("tree" if isinstance(q, NodesQuery) else q.ends)
-            if store.fix_release(task_id, "round-two", design) != design:
-                raise HttpError(403, "this task's round two is already released with another design (other bins, or "
-                                     "its tree): the budget is spent")
-        store.mark(task_id, "answered")
-        shards = st.source(store, upto)
+        shards, n, digest = st.open_for_query(fixes)
         agg = st.aggregator
         if isinstance(q, GroupsQuery):
             shares = agg.group_shares(shards, np.array(q.edges, np.int64), group_scales(config.epsilon, config.split))
@@ -58,7 +52,7 @@ def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, 
             shares = agg.node_shares(shards, q.level)
         if config.payload == "calibration" and not isinstance(q, GroupsQuery):
             shares = shares[:, 0]  # only the ECDF of the probabilities: the other elements go out as group sums
-        store.log_query(task_id, q.kind, int(shares.size))
+        st.log_query(q.kind, int(shares.size))
     width = 1 if shares.ndim == 1 else shares.shape[1]
     return QueryResponse(party=srv.party, n=n if config.n_public else None, reports_hash=digest, width=width,
                          shares=[str(int(v)) for v in shares.reshape(-1)], modulus=str(st.dcf.modulus))

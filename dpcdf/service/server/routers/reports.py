@@ -20,17 +20,15 @@ from fastapi import APIRouter, Request
 from fss import FssError
 
 from ... import hpke
-from ...storage.records import CollectionClosed
 from ...wire import FOREIGN, Report, ReportError, decode_batch, open_share, split_share
 from ..deps import RawBody, ServerDep
 from ..errors import HttpError
 from ..limits import client_address
 from ..models import Accepted, BatchAccepted, Error, Rejected, errors
-from ..state import Server, TaskState
+from ..state import CLOSED, Server, TaskState
 
 router = APIRouter(prefix="/tasks/{task_id}/reports", tags=["reports"])
 
-CLOSED = "collection is closed: the analyst has closed the task"
 REJECTS_PER_BATCH = 16  # refused reports a batch may hold and still be taken
 TAG_BYTES = 16  # AES-128-GCM's tag after each share
 RETRY_STATUS = {429: {"model": Error, "description": "this address sent too many reports that "
@@ -69,14 +67,8 @@ def upload(task_id: str, request: Request, srv: ServerDep, raw: RawBody) -> Acce
     good, rejected = accept(srv, st, [raw], client_address(request.scope), request.app.state.failures)
     if rejected:
         raise HttpError(400, rejected[0].error)
-    try:
-        added = srv.store.add_reports(task_id, good)[0]
-    except CollectionClosed:
-        raise HttpError(409, CLOSED) from None
-    if not added:
+    if not srv.add_reports(st, good, batch=False):
         raise HttpError(409, "duplicate report id: already stored and counted once")
-    if st.config.verify:
-        srv.checker.wake(task_id)
     return Accepted()
 
 
@@ -93,12 +85,7 @@ def upload_batch(task_id: str, request: Request, srv: ServerDep, raw: RawBody) -
         raise HttpError(400, str(exc)) from None
     st = known_task(task_id, srv)
     good, rejected = accept(srv, st, raws, address, failures)
-    try:
-        added = srv.store.add_many(task_id, good) if good else 0
-    except CollectionClosed:
-        raise HttpError(409, CLOSED) from None
-    if added and st.config.verify:
-        srv.checker.wake(task_id)  # round one of these reports now, not at the close
+    added = srv.add_reports(st, good)  # and round one of a verified task's new reports, now
     return BatchAccepted(accepted=added, duplicates=len(good) - added, rejected=rejected)
 
 
@@ -137,7 +124,7 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
             refuse(i, str(exc))
     if not candidates:
         return [], sorted(rejected, key=lambda r: r.index)
-    if srv.store.frozen(st.config.task_id) is not None:
+    if not st.collecting():
         raise HttpError(409, CLOSED)
     private = srv.keys.private(kem)
     opened = []

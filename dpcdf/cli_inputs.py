@@ -1,0 +1,111 @@
+"""What the command line reads from the user: the --grid spec, task files, and the values (and
+labels) in a CSV column. Every mistake is a `CliError` naming the flag, or the file and line."""
+from __future__ import annotations
+
+import csv
+import math
+from pathlib import Path
+
+from .errors import DpcdfError
+
+
+class CliError(DpcdfError):
+    """A mistake on the command line or in its input files."""
+
+
+def parse_grid(spec: str) -> dict:
+    """uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,..."""
+    usage = f"--grid must be uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,... (e.g. uniform:0:100:10), got {spec!r}"
+    kind, _, rest = spec.partition(":")
+    try:
+        if kind in ("uniform", "log"):
+            lo, hi, bits = rest.split(":")
+            out = {"kind": kind, "lo": float(lo), "hi": float(hi), "bits": int(bits)}
+            if not (math.isfinite(out["lo"]) and math.isfinite(out["hi"]) and out["lo"] < out["hi"]):
+                raise CliError(f"--grid {spec}: LO must be below HI, both finite")
+            if not 1 <= out["bits"] <= 24:
+                raise CliError(f"--grid {spec}: BITS must be in 1..24 (2^BITS thresholds)")
+            return out
+        if kind == "thresholds":
+            values = [float(v) for v in rest.split(",")]
+            if not values or not all(math.isfinite(v) for v in values):
+                raise ValueError
+            return {"kind": kind, "values": values}
+    except ValueError:
+        raise CliError(usage) from None
+    raise CliError(usage)
+
+
+def read_text(path: str, what: str) -> str:
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise CliError(f"{what} {path}: no such file") from None
+    except IsADirectoryError:
+        raise CliError(f"{what} {path} is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise CliError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def load_task(path: str):
+    from .service.task import TaskConfig
+
+    text = read_text(path, "task file")
+    try:
+        return TaskConfig.from_json(text)
+    except DpcdfError as exc:
+        raise CliError(f"task file {path} is not a task config: {exc}") from None
+    except (ValueError, KeyError, TypeError) as exc:
+        raise CliError(f"task file {path} is not a task config ({exc.__class__.__name__}: {exc})") from None
+
+
+def read_number(text: str, where: str) -> float:
+    try:
+        v = float(text)
+    except ValueError:
+        raise CliError(f"{where}: {text.strip()!r} is not a number") from None
+    if not math.isfinite(v):
+        raise CliError(f"{where}: {text.strip()!r} is not a finite number")
+    return v
+
+
+def read_csv(path: str, column: str | None, label_column: str | None = None):
+    """(values, labels or None, row contents, line numbers) from a CSV with a header row. The value
+    column must be named when the file has more than one column; every cell must be a finite number."""
+    text = read_text(path, "input")
+    rows = list(csv.reader(text.splitlines()))
+    if not rows:
+        raise CliError(f"{path} is empty: it needs a header row naming its columns, then one row per value")
+    header = [h.strip() for h in rows[0]]
+    if column is None:
+        if len(header) != 1:
+            raise CliError(f"{path} has {len(header)} columns ({', '.join(header)}): name the values' column "
+                           "with --column")
+        column = header[0]
+    cols = {}
+    for name, flag in ((column, "--column"), (label_column, "--label-column")):
+        if name is None:
+            continue
+        if name not in header:
+            raise CliError(f"{path} has no column {name!r} ({flag}); its columns: {', '.join(header)}")
+        cols[flag] = header.index(name)
+    values, labels, contents, lines = [], [], [], []
+    for line, row in enumerate(rows[1:], start=2):
+        if not row or all(not c.strip() for c in row):
+            continue
+        if len(row) != len(header):
+            raise CliError(f"{path} line {line}: {len(row)} fields, the header has {len(header)}")
+        values.append(read_number(row[cols["--column"]], f"{path} line {line}, column {column}"))
+        if label_column is not None:
+            cell = row[cols["--label-column"]].strip()
+            if cell not in ("0", "1", "0.0", "1.0"):
+                raise CliError(f"{path} line {line}, column {label_column}: a label is 0 or 1, got {cell!r}")
+            labels.append(int(float(cell)))
+        contents.append("\x1f".join(row).encode())
+        lines.append(line)
+    if not values:
+        raise CliError(f"{path} has no rows of values under its header")
+    return values, (labels if label_column is not None else None), contents, lines
+
+
+# --- the commands ---------------------------------------------------------------------------------

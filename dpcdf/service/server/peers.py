@@ -1,0 +1,72 @@
+"""Server to server over HTTP: server 0's messages to server 1 during a close (`poster`), and server
+1's answers to them (`answer`), the protocols' refusals as HTTP statuses. The protocols themselves
+are the task's Leader/Helper objects (`TaskState.close_as_leader`, `answer_sync`, `answer_check`)."""
+from __future__ import annotations
+
+import time
+from typing import TYPE_CHECKING, Callable
+
+from ..http import ServerError, fetch
+from ..protocols.channel import NotReady, Refused, Unopened
+from ..protocols.reconciliation.maths import SyncError
+from .errors import HttpError
+
+if TYPE_CHECKING:
+    from .state import Server, TaskState
+
+OCTETS = "application/octet-stream"
+PEER_TIMEOUT = 60  # seconds per socket operation with server 1 (its part for 10^6 reports: a few seconds)
+CHECK_WAIT = 1800  # seconds server 0 waits for server 1's evaluation of its reports (10^6 at 2^10: about a minute)
+FORGED = "the message is not the other server's for this task"
+
+
+def poster(st: "TaskState") -> Callable[[str, bytes], bytes]:
+    """`post(path, message)`: one message to server 1's POST /tasks/{id}/<path> and its answer."""
+    base = f"{st.config.servers[1]}/tasks/{st.config.task_id}"
+    return lambda path, message: _post(f"{base}/{path}", message, patient=path == "verify")
+
+
+def _post(url: str, message: bytes, patient: bool = False) -> bytes:
+    """One message to server 1 and its answer; 502 if it does not come (PEER_TIMEOUT per socket
+    operation, so a peer that accepts but never answers holds the close for a minute, not forever),
+    `Refused` if server 1 refuses it (409). `patient`: a 503 (server 1 still evaluating its reports
+    for the check) is sent again each second for up to CHECK_WAIT seconds."""
+    deadline = time.monotonic() + CHECK_WAIT
+    while True:
+        try:
+            return fetch("POST", url, message, content_type=OCTETS, timeout=PEER_TIMEOUT)
+        except ServerError as exc:
+            if patient and exc.status == 503 and time.monotonic() < deadline:
+                time.sleep(1)
+                continue
+            if exc.status == 409:
+                raise Refused(f"server 1 refused: {exc}") from None
+            raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
+
+
+def answer(srv: "Server", task_id: str, what: str, raw: bytes) -> bytes:
+    """Server 1's answer to one message of server 0's (`what`: "reconciliation" or "report-check"):
+    400 for a message that does not open (FORGED) or does not fit, 503 with Retry-After while its
+    check's round one is still running, 409 for a refused step."""
+    st = _peer_task(srv, task_id, what)
+    try:
+        return st.answer_sync(raw) if what == "reconciliation" else st.answer_check(raw)
+    except Unopened:
+        raise HttpError(400, FORGED) from None
+    except NotReady as exc:
+        raise HttpError(503, str(exc), {"Retry-After": "1"}) from None
+    except Refused as exc:
+        raise HttpError(409, str(exc)) from None
+    except SyncError as exc:
+        raise HttpError(400, str(exc)) from None
+
+
+def _peer_task(srv: "Server", task_id: str, what: str) -> "TaskState":
+    """The task a server-to-server message names, on server 1 only; an unknown task gets the answer
+    a forged message gets (no probing of task ids here)."""
+    if srv.party != 1:
+        raise HttpError(400, f"only server 1 takes {what} messages")
+    try:
+        return srv.task(task_id)
+    except HttpError:
+        raise HttpError(400, FORGED) from None
