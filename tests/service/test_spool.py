@@ -144,3 +144,11 @@ def test_key_bytes_of_a_batch_are_each_keys_own_bytes():
         k0, k1 = dcf.gen_batch(np.arange(20) % 64, 1 if dcf.width == 1 else np.ones((20, 3), np.int64))
         for batch in (k0, k1):
             assert key_bytes(dcf, batch) == [batch[i].to_bytes() for i in range(batch.n)]
+
+
+def test_the_public_path_of_round_two_still_names_the_spool():
+    """DESIGN.md's public names keep `dpcdf.service.spool.Spool` after the spool moved to client/."""
+    from dpcdf.service import client
+    from dpcdf.service.spool import Spool
+
+    assert Spool is client.Spool
