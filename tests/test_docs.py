@@ -201,8 +201,11 @@ def test_readme_stays_short_and_starts_with_the_two_commands():
     commands = re.findall(r"^    (\S.*)$", text, re.M)
     assert commands[:2] == [
         "python3 -m venv .venv && .venv/bin/pip install -e '.[demo]' && .venv/bin/dpcdf demo",
-        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q",
+        "python3 -m venv .venv && .venv/bin/pip install -e '.[test]' && .venv/bin/python -m pytest -q -n 2 --dist loadscope",
     ]
+    # CI runs exactly the README's test command (quietly installing)
+    ci = (ROOT / ".ci" / "run").read_text()
+    assert commands[1].replace("pip install -e", "pip install -q -e") in ci
     assert text.index(commands[1]) < text.index("```")
     assert re.search(r"^## Architecture$", text, re.M) and "tests/test_layout.py" in text
 
