@@ -28,6 +28,7 @@ from ..release.grid import Grid
 from ..release.mechanisms import check_epsilon
 from ..release.calibration import FRACTION_BITS, fixed_point, group_scales
 from ..release.ecdf import release_ecdf, secure_node_noise
+from ..release.policy import curve_budget
 
 if TYPE_CHECKING:
     from ..service.client.analyst import Analyst
@@ -92,7 +93,8 @@ def hosmer_lemeshow(probabilities, labels, epsilon: float, groups: int = 10, bit
     if not 0 < split < 1:
         raise ParameterError(f"split must lie in (0, 1), got {split!r}")
     grid = Grid.uniform(0.0, 1.0, bits)
-    ecdf = release_ecdf(p, grid, split * epsilon, "tree", postprocess_with="monotone", noise=noise)  # as the two servers' calibration task
+    eps, relation = curve_budget("calibration", epsilon, "substitution", split)  # the policy table's
+    ecdf = release_ecdf(p, grid, eps, "tree", relation, postprocess_with="monotone", noise=noise)  # as the two servers' calibration task
     inner = ecdf.quantile(np.arange(1, groups) / groups)
     group = np.clip(np.searchsorted(inner, p, side="left"), 0, groups - 1)  # p <= edge q -> group q
     sums = np.stack([np.bincount(group, minlength=groups), np.bincount(group, weights=y, minlength=groups),

@@ -23,6 +23,7 @@ from ..errors import ParameterError
 from ..release.grid import Grid
 from ..release.ecdf import Release, release_ecdf, secure_node_noise
 from ..release.mechanisms import TreeMechanism
+from ..release.policy import curve_budget
 
 if TYPE_CHECKING:
     from ..service.client.analyst import Analyst
@@ -70,10 +71,11 @@ def roc(scores, labels, grid: Grid, epsilon: float, mechanism: str = "auto", noi
         raise ParameterError("labels must be 0 or 1")
     if y.min() == y.max():
         raise ParameterError("a ROC curve needs both classes in the data")
+    eps, relation = curve_budget("label", epsilon, "add-remove")  # the policy table's, as a label task's
     if mechanism in ("auto", "tree"):  # the plan its tables were made with (no root share; as a label task's)
-        mechanism = TreeMechanism(grid.size, epsilon / 2, "add-remove", root_share=0)
-    pos = release_ecdf(s[y == 1], grid, epsilon / 2, mechanism, "add-remove", "monotone", noise=_domain(noise, 1))
-    neg = release_ecdf(s[y == 0], grid, epsilon / 2, mechanism, "add-remove", "monotone", noise=_domain(noise, 2))
+        mechanism = TreeMechanism(grid.size, eps, relation, root_share=0)
+    pos = release_ecdf(s[y == 1], grid, eps, mechanism, relation, "monotone", noise=_domain(noise, 1))
+    neg = release_ecdf(s[y == 0], grid, eps, mechanism, relation, "monotone", noise=_domain(noise, 2))
     return RocRelease(np.concatenate([grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg, float(epsilon))
 
 

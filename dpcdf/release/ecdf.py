@@ -11,9 +11,10 @@ from . import postprocess, smoothing
 from ..errors import ParameterError
 from .grid import Grid
 from .mechanisms import Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
-from .adaptive import MIN_ADAPTIVE_EPSILON, MIN_ADAPTIVE_GRID, AdaptiveMechanism
-from .factorization import MAX_FACTOR_GRID, SqrtFactorizationMechanism, sqrt_factorization
+from .adaptive import AdaptiveMechanism
+from .factorization import SqrtFactorizationMechanism, sqrt_factorization
 from .noise import secure_noise
+from .policy import auto_mechanism
 from .zcdp import GaussianTreeMechanism, GaussianVariance, check_rho, gaussian_tree, secure_dgauss
 
 MECHANISMS = ("auto", "path", "tree", "adaptive")
@@ -158,8 +159,9 @@ def release_ecdf(
 ) -> Release:
     """An epsilon-DP ECDF of `values` on `grid` (trusted curator: the caller holds the data).
 
-    mechanism: "path" (the paper's eq. 2 with exact calibration), "tree" / "auto" (the b-ary tree
-    with the least expected error for this grid, made consistent), or a mechanism object.
+    mechanism: "path" (the paper's eq. 2 with exact calibration), "tree" (the b-ary tree with the
+    least expected error for this grid, made consistent), "adaptive", "factorization" (zCDP), "auto"
+    (the policy table's choice, `dpcdf/release/policy.py`), or a mechanism object.
     relation: which neighbouring datasets the guarantee covers ("substitution": one value changes
     and n is public; "add-remove": one person joins or leaves). The returned `Release.statement`
     says the guarantee. Raises ParameterError for bad epsilon, no data, or unknown names.
@@ -245,9 +247,11 @@ def _zcdp_mechanism(mechanism, grid: Grid, rho: float, relation: str):
         return mechanism
     if not isinstance(grid, Grid):
         raise ParameterError(f"grid must be a dpcdf.Grid, got {type(grid).__name__}")
-    if mechanism == "factorization" or (mechanism == "auto" and 2 <= grid.size <= MAX_FACTOR_GRID):
+    if mechanism == "auto":
+        mechanism = auto_mechanism(grid.size, relation, "zcdp")
+    if mechanism == "factorization":
         return sqrt_factorization(grid.size, rho, relation)
-    if mechanism in ("auto", "tree"):
+    if mechanism == "tree":
         return gaussian_tree(grid.size, rho, relation)
     raise ParameterError("privacy='zcdp' needs mechanism 'auto', 'factorization', 'tree', a GaussianTreeMechanism "
                          f"or a SqrtFactorizationMechanism, got {mechanism!r}")
@@ -260,11 +264,12 @@ def _mechanism(mechanism, size: int, epsilon: float, relation: str):
         if mechanism.relation != relation or mechanism.epsilon != epsilon:
             raise ParameterError("the mechanism's epsilon and relation must be the release's")
         return mechanism
+    if mechanism == "auto":
+        mechanism = auto_mechanism(size, relation, "pure", epsilon)
     if mechanism == "path":
         return PathMechanism(size, epsilon, relation)
-    if mechanism == "adaptive" or (mechanism == "auto" and relation == "substitution" and size >= MIN_ADAPTIVE_GRID
-                                   and epsilon >= MIN_ADAPTIVE_EPSILON):
+    if mechanism == "adaptive":
         return AdaptiveMechanism(size, epsilon, relation)
-    if mechanism in ("auto", "tree"):
+    if mechanism == "tree":
         return TreeMechanism(size, epsilon, relation)
     raise ParameterError(f"mechanism must be one of {MECHANISMS} or a mechanism object, got {mechanism!r}")

@@ -15,7 +15,8 @@ import numpy as np
 from fss import DCF
 
 from ..errors import ParameterError
-from ..release.adaptive import MIN_ADAPTIVE_EPSILON, MIN_ADAPTIVE_GRID, AdaptiveMechanism
+from ..release.adaptive import MIN_ADAPTIVE_GRID, AdaptiveMechanism
+from ..release.policy import auto_mechanism, curve_budget
 from ..release.calibration import group_scales
 from ..release.factorization import sqrt_factorization
 from ..release.grid import Grid
@@ -194,14 +195,11 @@ class TaskConfig:
 
     @staticmethod
     def default_mechanism(grid: dict, relation: str, privacy: str = "pure", epsilon: float | None = None) -> str:
-        """What `dpcdf task` picks without --mechanism, as `dpcdf.release_ecdf`'s "auto": the adaptive
-        mechanism for pure substitution tasks on grids of MIN_ADAPTIVE_GRID to MAX_TREE_SIZE points
-        (and epsilon of at least MIN_ADAPTIVE_EPSILON), else the tree (zCDP: the factorization)."""
-        if privacy == "zcdp":
-            return "factorization"
+        """What `dpcdf task` picks without --mechanism: `dpcdf.release_ecdf`'s "auto" (the policy table
+        in `dpcdf/release/policy.py`), with the tree past MAX_TREE_SIZE, where a task takes none."""
         size = grid_from_spec(grid).size
-        small = isinstance(epsilon, (int, float)) and epsilon < MIN_ADAPTIVE_EPSILON
-        return "adaptive" if relation == "substitution" and MIN_ADAPTIVE_GRID <= size <= MAX_TREE_SIZE and not small else "tree"
+        choice = auto_mechanism(size, relation, privacy, epsilon)
+        return "tree" if choice == "adaptive" and size > MAX_TREE_SIZE else choice
 
     @property
     def n_public(self) -> bool:
@@ -224,11 +222,7 @@ class TaskConfig:
             return AdaptiveMechanism(size, self.epsilon, self.relation)
         if self.mechanism == "tree" and self.payload == "count":
             return TreeMechanism(size, self.epsilon, self.relation, root_share=self.root_share)
-        eps, relation = self.epsilon, self.relation
-        if self.payload == "label":
-            eps, relation = self.epsilon / 2, "add-remove"
-        elif self.payload == "calibration":
-            eps = self.epsilon * self.split
+        eps, relation = curve_budget(self.payload, self.epsilon, self.relation, self.split)
         if self.mechanism == "path":
             return PathMechanism(size, eps, relation)
         return TreeMechanism(size, eps, relation, root_share=0)  # label and calibration tasks keep their plan
