@@ -381,3 +381,43 @@ def test_reconciled_ids_follow_every_exclusion_although_kept_in_memory(store):
     store.exclude(TASK, [rid(1)], set_hash, reason="shape")  # the check's: still in it
     assert store.reconciled_ids(TASK) == [rid(i) for i in (0, 1, 2, 4)]
     assert store.frozen_ids(TASK) == [rid(i) for i in (0, 4, 2)]  # upload order
+
+
+def test_numbered_migrations_bring_any_older_store_to_the_latest_version_once(tmp_path):
+    """Version 1 files, with none or some of the later tables (added at every open before the
+    numbering), reach LATEST with every table, column and view; reopening changes nothing; the
+    `counted` view is the rule for which reports count (stored, not excluded for any reason)."""
+    import sqlite3
+
+    from dpcdf.service.storage.schema import CHECK_SCHEMA, LATEST, SCHEMA, SCHEMA_VERSION
+
+    for extra in ("", CHECK_SCHEMA):
+        path = tmp_path / f"v1{len(extra)}.sqlite"
+        db = sqlite3.connect(str(path))
+        db.executescript(SCHEMA + ";" + extra + f";PRAGMA user_version = {SCHEMA_VERSION};")
+        db.commit()
+        db.close()
+        for _ in range(2):
+            Store(path).close()
+            db = sqlite3.connect(str(path))
+            names = {r[0] for r in db.execute("SELECT name FROM sqlite_master")}
+            assert db.execute("PRAGMA user_version").fetchone()[0] == LATEST > SCHEMA_VERSION
+            assert {"segments", "histograms", "check_batches", "exchanges", "counted"} <= names
+            assert "reason" in {r[1] for r in db.execute("PRAGMA table_info(excluded)")}
+            db.close()
+    db = sqlite3.connect(str(path))
+    db.execute(f"PRAGMA user_version = {LATEST + 1}")
+    db.commit()
+    db.close()
+    with pytest.raises(StoreError, match="newer dpcdf"):
+        Store(path)
+
+
+def test_the_counted_view_leaves_out_both_kinds_of_exclusion(store):
+    store.add_many(TASK, [(rid(i), share(i)) for i in range(6)])
+    store.freeze(TASK, set_hash)
+    store.exclude(TASK, [rid(1)], set_hash)  # the reconciliation's drop
+    store.exclude(TASK, [rid(4)], set_hash, reason="shape")  # the check's
+    counted = [bytes(r[0]) for r in store.db.execute("SELECT report_id FROM counted WHERE task_id = ? ORDER BY seq", (TASK,))]
+    assert counted == [rid(i) for i in (0, 2, 3, 5)] == store.frozen_ids(TASK)
+    assert [s for chunk in store.share_chunks(TASK, 10**9, 2) for s in chunk] == [share(i) for i in (0, 2, 3, 5)]

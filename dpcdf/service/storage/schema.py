@@ -1,6 +1,10 @@
-"""The store's SQLite tables (STRICT) and how an existing file is brought up to them: a schema version
-for the tables every store has had, plus tables and columns added later without a version change
-(created when missing, at every open, by `migrate`)."""
+"""The store's SQLite tables (STRICT) and how an existing file is brought up to them: numbered
+migrations (as janus's numbered SQL files), the file's `PRAGMA user_version` saying how many it has had.
+
+Stores written before the numbering are at version 1 and may already hold some later tables or
+columns (they were added at every open without a version change): every migration is idempotent
+(CREATE ... IF NOT EXISTS, a column added only when missing), so `migrate` brings any such file to
+the latest version and a re-run changes nothing."""
 from __future__ import annotations
 
 import sqlite3
@@ -8,7 +12,7 @@ from pathlib import Path
 
 from .records import StoreError
 
-SCHEMA_VERSION = 1
+SCHEMA_VERSION = 1  # the first numbered version: SCHEMA below (`migrate` goes on to LATEST)
 
 # STRICT tables: SQLite refuses a value of the wrong type instead of storing it as given. A task's
 # closed set is all four of frozen_seq, report_count, set_hash, closed_at or none of them, and it
@@ -45,7 +49,7 @@ CREATE TABLE IF NOT EXISTS queries (
 ) STRICT;
 """
 
-# Added without a schema version change (created when missing, at every open): where a reconciled
+# Version 2: where a reconciled
 # task's key shares are kept for evaluation, one row per array file of each shard, with the file's
 # SHA-256 and the hash of the report set it was written from (`dpcdf.service.storage.segments`).
 SEGMENTS_SCHEMA = """
@@ -58,7 +62,7 @@ CREATE TABLE IF NOT EXISTS segments (
 """
 
 
-# Added without a schema version change (at every open, when missing): verified tasks (issue 12).
+# Versions 3 and 4: verified tasks (issue 12).
 # tasks.verified_at: the close's report check is done; excluded.reason: NULL for a report dropped
 # by the reconciliation, else the check's reason class; histograms: the server's share of a
 # verified task's histogram (cumulative counts at every grid point), for the set it names.
@@ -74,7 +78,7 @@ CREATE TABLE IF NOT EXISTS histograms (
 """
 
 
-# Added without a schema version change (at every open, when missing): the report check's round one of
+# Version 5: the report check's round one of
 # a verified task, computed while its reports arrive (`dpcdf.service.protocols.check.round_one`), one row per batch of
 # consecutive reports (seq first_seq .. last_seq): their ids, round-one messages, states and check
 # randomness as little-endian field elements, and the sum of their grid values.
@@ -89,7 +93,7 @@ CREATE TABLE IF NOT EXISTS check_batches (
 """
 
 
-# Added without a schema version change (at every open, when missing): the server-to-server exchanges'
+# Version 6: the server-to-server exchanges'
 # journal (`dpcdf.service.protocols.channel`). One row per step a server took part in: role 'helper'
 # (it answered: the request it took and the answer it gave) or 'leader' (it asked: what it sent and the
 # answer it accepted). A step is answered once: a retry replays the row, other content is refused.
@@ -103,6 +107,42 @@ CREATE TABLE IF NOT EXISTS exchanges (
 """
 
 
+# Version 7: the rule for which reports count, written once. A report counts when it is stored for its
+# task and not excluded, whether by the reconciliation (reason NULL) or by the report check.
+COUNTED_VIEW = """
+CREATE VIEW IF NOT EXISTS counted AS
+SELECT seq, task_id, report_id, key_share, received FROM reports
+WHERE NOT EXISTS (SELECT 1 FROM excluded WHERE excluded.task_id = reports.task_id AND excluded.report_id = reports.report_id)
+"""
+
+
+def _add_columns(*columns: tuple[str, str, str]):
+    def step(db: sqlite3.Connection) -> None:
+        for table, column, statement in columns:
+            if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
+                db.execute(statement)
+    return step
+
+
+def _create(*statements: str):
+    def step(db: sqlite3.Connection) -> None:
+        for statement in statements:
+            db.execute(statement)
+    return step
+
+
+# MIGRATIONS[i] takes a store from version i + 1 to i + 2 (version 1 is SCHEMA).
+MIGRATIONS = (
+    _create(SEGMENTS_SCHEMA),  # 2: segments
+    _add_columns(*VERIFIED_SCHEMA),  # 3: verified tasks' columns
+    _create(HISTOGRAM_SCHEMA),  # 4: histogram shares
+    _create(CHECK_SCHEMA),  # 5: round one of the report check
+    _create(EXCHANGES_SCHEMA),  # 6: the server-to-server journal
+    _create(COUNTED_VIEW),  # 7: the reports that count
+)
+LATEST = SCHEMA_VERSION + len(MIGRATIONS)
+
+
 def migrate(db: sqlite3.Connection, path: Path) -> None:
     """Inside the caller's transaction: creates a new store's tables, or checks an existing store's
     schema version (StoreError for a file of another version), then adds what is missing."""
@@ -113,13 +153,9 @@ def migrate(db: sqlite3.Connection, path: Path) -> None:
         for statement in SCHEMA.split(";"):
             if statement.strip():
                 db.execute(statement)
-        db.execute(f"PRAGMA user_version = {SCHEMA_VERSION}")
-    elif version != SCHEMA_VERSION:
-        raise StoreError(f"{path} has store schema version {version}; this dpcdf reads {SCHEMA_VERSION}")
-    db.execute(SEGMENTS_SCHEMA)
-    for table, column, statement in VERIFIED_SCHEMA:
-        if column not in {r[1] for r in db.execute(f"PRAGMA table_info({table})")}:
-            db.execute(statement)
-    db.execute(HISTOGRAM_SCHEMA)
-    db.execute(CHECK_SCHEMA)
-    db.execute(EXCHANGES_SCHEMA)
+    elif version > LATEST:
+        raise StoreError(f"{path} has store schema version {version}, from a newer dpcdf; this one reads up to {LATEST}")
+    for number, step in enumerate(MIGRATIONS, start=SCHEMA_VERSION + 1):
+        if max(version, SCHEMA_VERSION) < number:
+            step(db)
+    db.execute(f"PRAGMA user_version = {LATEST}")

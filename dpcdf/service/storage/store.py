@@ -138,8 +138,8 @@ class Store:
         with self.lock:
             seq = self._frozen_seq(task_id)
             return [bytes(r[0]) for r in self.db.execute(
-                "SELECT report_id FROM reports WHERE seq > ? AND seq <= ? AND +task_id = ? AND report_id NOT IN "
-                "(SELECT report_id FROM excluded WHERE task_id = ?) ORDER BY seq", (self._before_first(task_id), seq, task_id, task_id))]
+                "SELECT report_id FROM counted WHERE seq > ? AND seq <= ? AND +task_id = ? ORDER BY seq",
+                (self._before_first(task_id), seq, task_id))]
 
     def exclude(self, task_id: str, ids: Sequence[bytes], set_hash: SetHash, reason: str | None = None) -> Frozen:
         """Drops reports from the closed set (they stay stored), before any answer: after one, a
@@ -303,9 +303,8 @@ class Store:
         """The key shares with seq in (seq, upto], excluded ones left out, in order, and the last
         seq read (`seq` if none)."""
         with self.lock:
-            rows = self.db.execute("SELECT seq, key_share FROM reports WHERE task_id = ? AND seq > ? AND seq <= ? AND report_id "
-                                   "NOT IN (SELECT report_id FROM excluded WHERE task_id = ?) ORDER BY seq",
-                                   (task_id, seq, upto, task_id)).fetchall()
+            rows = self.db.execute("SELECT seq, key_share FROM counted WHERE seq > ? AND seq <= ? AND +task_id = ? ORDER BY seq",
+                                   (seq, upto, task_id)).fetchall()
         return [bytes(r[1]) for r in rows], (rows[-1][0] if rows else seq)
 
     def fix_release(self, task_id: str, kind: str, params: str) -> str:
@@ -372,13 +371,14 @@ class Store:
 
     def share_chunks(self, task_id: str, upto: int, size: int) -> Iterator[list[bytes]]:
         """The key shares with seq <= `upto`, excluded ones left out, in order, in lists of at most
-        `size` (so a large task is never all in memory as Python objects)."""
+        `size` (so a large task is never all in memory as Python objects). `+task_id` keeps SQLite on
+        the rowid range: through the (task, id) index every chunk re-sorted the task's rows (200,000
+        reports: 17.5 s, against 1.2 s as a range scan)."""
         seq = 0
         while True:
             with self.lock:
-                rows = self.db.execute("SELECT seq, key_share FROM reports WHERE task_id = ? AND seq > ? AND seq <= ? AND "
-                                       "report_id NOT IN (SELECT report_id FROM excluded WHERE task_id = ?) ORDER BY seq "
-                                       "LIMIT ?", (task_id, seq, upto, task_id, int(size))).fetchall()
+                rows = self.db.execute("SELECT seq, key_share FROM counted WHERE seq > ? AND seq <= ? AND +task_id = ? "
+                                       "ORDER BY seq LIMIT ?", (seq, upto, task_id, int(size))).fetchall()
             if not rows:
                 return
             seq = rows[-1][0]
