@@ -90,7 +90,7 @@ def _register(client: TestClient, config: TaskConfig) -> None:
 def world(tmp_path_factory) -> World:
     base = tmp_path_factory.mktemp("fuzz")
     # every limit as deployed but the failure levels: all requests come from one test client, whose
-    # junk would get it held back and refused (tests/service/test_exhaustion.py tests those)
+    # junk would get it held back and refused (tests/service/system/test_exhaustion.py tests those)
     apps = tuple(create_app(party, base / f"server{party}", warm_up=False, limits=FUZZ_LIMITS) for party in (0, 1))
     clients = [TestClient(app) for app in apps]
     keys = {kem: tuple(c.get("/hpke").json()["keys"][kem] for c in clients) for kem in ("x25519", "mlkem768-x25519")}

@@ -1,6 +1,6 @@
 """Independent review of issue 20 (a server that deviates from the protocol), on real server processes.
 
-What these tests add to tests/service/test_deviating_server.py:
+What these tests add to tests/service/system/test_deviating_server.py:
 - the mirror of the one-message attack, run by a deviating server 1 on a real server 0: it shifts its
   e_1 in message 6 and opens a commitment consistent with the shifted opening; a positive control
   recovers every alpha from the V_0 an unprotected server 0 would send, and the real one sends none;
