@@ -1,4 +1,6 @@
-"""Security review of verified tasks (issue 12): attacks on real server processes.
+"""The close's report check between two servers (`dpcdf/service/protocols/check/exchange.py`) under
+lost messages and restarts: the findings of the security review of verified tasks (issue 12), attacks
+on real server processes (formerly tests/service/test_review_verified.py).
 
 Server 1 sits behind a forwarding proxy (its URL in the task config is the proxy's), so a test can
 drop or fail one exact message of the report check (a network fault, or server 1 crashing before it
