@@ -1,5 +1,6 @@
 """AES-128 for the kernels: the fixed key's round keys, the CPU's AES features, and LLVM-IR helpers
-that emit the AES-NI / VAES instructions from numba intrinsics.
+that emit the AES-NI / VAES instructions (x86-64) or the ARMv8 crypto extension's AESE / AESMC
+(aarch64) from numba intrinsics.
 
 Private. The round keys come from the standard key schedule (FIPS-197, 5.2); `fss.backend` checks
 the compiled kernels against pycryptodome before it selects them. Only the CPU's AES instructions are used:
@@ -8,6 +9,8 @@ no table-based software AES (it leaks timing), so a CPU without AES-NI takes the
 from __future__ import annotations
 
 import functools
+import os
+import platform
 
 import numpy as np
 from llvmlite import binding as llvm
@@ -19,6 +22,7 @@ I32 = ir.IntType(32)
 I64 = ir.IntType(64)
 V2 = ir.VectorType(I64, 2)
 V8 = ir.VectorType(I64, 8)
+V16B = ir.VectorType(ir.IntType(8), 16)  # a NEON register as the AArch64 crypto intrinsics take it
 
 
 def _sbox() -> list[int]:
@@ -63,28 +67,40 @@ def round_keys() -> np.ndarray:
 
 @functools.lru_cache(maxsize=None)
 def host_features() -> frozenset[str]:
-    """The host CPU's features as LLVM names ('aes', 'vaes', 'avx512f', ...)."""
-    feats = llvm.get_host_cpu_features()
-    return frozenset(name[1:] for name in feats.flatten().split(",") if name.startswith("+"))
+    """The CPU features numba compiles for, as LLVM names ('aes', 'vaes', 'avx512f', 'neon', ...):
+    NUMBA_CPU_FEATURES if set (numba then uses exactly those), else the host's as LLVM finds them."""
+    feats = os.environ.get("NUMBA_CPU_FEATURES") or llvm.get_host_cpu_features().flatten()
+    return frozenset(name.strip()[1:] for name in feats.split(",") if name.strip().startswith("+"))
+
+
+def machine() -> str:
+    """'x86_64', 'aarch64' or another architecture name (the kernels know the first two)."""
+    m = platform.machine().lower()
+    return {"amd64": "x86_64", "x64": "x86_64", "arm64": "aarch64"}.get(m, m)
 
 
 def has_aesni() -> bool:
-    return "aes" in host_features()
+    return machine() == "x86_64" and "aes" in host_features()
 
 
 def has_vaes256() -> bool:
     """AVX2 with the VAES instructions on 256-bit (ymm) registers (Intel Ice Lake and later, AMD Zen 3+)."""
-    return {"aes", "vaes", "avx2"} <= host_features()
+    return machine() == "x86_64" and {"aes", "vaes", "avx2"} <= host_features()
 
 
 def has_vaes512() -> bool:
     f = host_features()
-    return {"aes", "vaes", "avx512f", "avx512bw"} <= f
+    return machine() == "x86_64" and {"aes", "vaes", "avx512f", "avx512bw"} <= f
+
+
+def has_aarch64_aes() -> bool:
+    """An aarch64 CPU with the ARMv8 crypto extension's AES instructions (AESE, AESMC): LLVM's "aes"."""
+    return machine() == "aarch64" and "aes" in host_features()
 
 
 # The fused tiers: AES blocks per instruction, and whether this CPU can run them.
-TIERS = {"aesni": 1, "vaes256": 2, "vaes": 4}
-_SUPPORTED = {"aesni": has_aesni, "vaes256": has_vaes256, "vaes": has_vaes512}
+TIERS = {"aarch64": 1, "aesni": 1, "vaes256": 2, "vaes": 4}
+_SUPPORTED = {"aarch64": has_aarch64_aes, "aesni": has_aesni, "vaes256": has_vaes256, "vaes": has_vaes512}
 
 
 def tier_name(tier) -> str:
@@ -157,24 +173,40 @@ def deinterleave(builder: ir.IRBuilder, even: ir.Value, odd: ir.Value) -> tuple[
 class AesRounds:
     """Emits AES-128 MMO (AES_K(x) xor x) over a list of <8 x i64> registers (4 blocks each), with
     the instructions of a fused tier: "vaes" (512-bit VAES, one instruction a register), "vaes256"
-    (256-bit VAES on AVX2, two), "aesni" (128-bit AES-NI, four). `keys` are the round keys at the
-    tier's native width; `wide(r)` is round key r in all four blocks of an <8 x i64>.
+    (256-bit VAES on AVX2, two), "aesni" (128-bit AES-NI, four), "aarch64" (AESE + AESMC on 128-bit
+    NEON registers, four pairs). `keys` are the round keys at the tier's native width; `wide(r)` is
+    round key r in all four blocks of an <8 x i64>.
+
+    AESE(s, k) is SubBytes(ShiftRows(s xor k)) and AESMC is MixColumns, so x86's round structure
+    (xor K_0, nine AESENC with K_1..K_9, AESENCLAST with K_10) is, on ARM, nine AESMC(AESE(s, K_r))
+    for r = 0..8, then AESE(s, K_9) and xor K_10: the same function, bit for bit.
 
     AVX2 has 16 vector registers, so the 256- and 128-bit tiers run their rounds over `INFLIGHT`
     native registers at a time (enough independent instructions to cover the AES latency, few enough
     to stay in registers) instead of over all blocks at once; the 512-bit tier (32 registers) keeps
     all of them in flight."""
 
-    INFLIGHT = {"aesni": 8, "vaes256": 8, "vaes": 0}  # 0: every register at once
+    INFLIGHT = {"aesni": 8, "vaes256": 8, "vaes": 0, "aarch64": 0}  # 0: every register at once
 
     def __init__(self, builder: ir.IRBuilder, rk_ptr: ir.Value, tier):
         tier = require(tier)  # never emit instructions the CPU lacks
         self.b, self.tier, self.vaes = builder, tier, tier == "vaes"
+        self.arm = tier == "aarch64"
+        self.regs32 = tier in ("vaes", "aarch64")  # 32 vector registers (AVX-512, NEON): more blocks in flight
         self.per = TIERS[tier]  # blocks per native register
         base = builder.bitcast(rk_ptr, V2.as_pointer())
         self.keys2 = [builder.load(builder.gep(base, [ir.Constant(I32, r)]), align=8) for r in range(11)]
         vt = ir.VectorType(I64, 2 * self.per)
         self.native = vt
+        if self.arm:
+            self.keys = self.keys2
+            self.aese = declare(builder, "llvm.aarch64.crypto.aese", V16B)
+            mod = builder.module
+            try:
+                self.aesmc = mod.get_global("llvm.aarch64.crypto.aesmc")
+            except KeyError:
+                self.aesmc = ir.Function(mod, ir.FunctionType(V16B, [V16B]), name="llvm.aarch64.crypto.aesmc")
+            return
         if self.per == 1:
             self.keys = self.keys2
             self.enc = declare(builder, "llvm.x86.aesni.aesenc", V2)
@@ -237,6 +269,8 @@ class AesRounds:
         b = self.b
         k_first = self.keys[0] if first is None else first
         k_last = self.keys[10] if last is None else last
+        if self.arm:
+            return self._arm(parts, k_first, k_last)
         if k_first is not False:
             parts = [b.xor(x, k_first) for x in parts]
         if self.vaes:  # 32 registers: LLVM keeps every block in flight by itself
@@ -248,6 +282,21 @@ class AesRounds:
         for c in range(0, len(parts), self.INFLIGHT[self.tier]):
             out += self._chunk(parts[c : c + self.INFLIGHT[self.tier]], k_last)
         return out
+
+    def _arm(self, parts: list, k_first, k_last) -> list:
+        """The ten rounds with AESE / AESMC (see the class docstring): AESE xors its key in first, so
+        K_0 (or `first`) is the first AESE's key, and a zero key when the inputs come whitened (first
+        False). LLVM schedules them itself (32 NEON registers; AESE + AESMC pairs fuse on most cores)."""
+        b = self.b
+        zero = ir.Constant(V16B, [0] * 16)
+        as_bytes = lambda v: b.bitcast(v, V16B)  # noqa: E731
+        st = [as_bytes(x) for x in parts]
+        first = zero if k_first is False else as_bytes(k_first)
+        for r in range(9):
+            key = first if r == 0 else as_bytes(self.keys[r])
+            st = [b.call(self.aesmc, [b.call(self.aese, [s, key])]) for s in st]
+        k9 = as_bytes(self.keys[9])
+        return [b.xor(b.bitcast(b.call(self.aese, [s, k9]), V2), k_last) for s in st]
 
     def _chunk(self, st: list, k_last) -> list:
         """Rounds 1..10 of up to `INFLIGHT` registers as one inline-assembly block, round by round.

@@ -296,9 +296,9 @@ def grid_step(width: int, has_v: bool, prime: bool, tier: str):
                             for r in range(rows):
                                 put(r, h, kids[q][0][r], kids[q][1][r])
 
-            # 32 vector registers (AVX-512): both halves at once; 16 (AVX2): one half after the other,
+            # 32 vector registers (AVX-512, NEON): both halves at once; 16 (AVX2): one half after the other,
             # so that one half's blocks and state fit in the registers (the AES rounds stay in flight).
-            for hs in ([list(range(HALVES))] if mmo.aes.vaes else [[h] for h in range(HALVES)]):
+            for hs in ([list(range(HALVES))] if mmo.aes.regs32 else [[h] for h in range(HALVES)]):
                 halves(hs)
             return context.get_dummy_value()
 

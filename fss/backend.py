@@ -11,8 +11,11 @@ The tiers, one per instruction set (`available()` lists those this CPU has, slow
   "aesni"     fused kernels on 128-bit AES-NI (any x86-64 with AES-NI);
   "vaes256"   fused kernels on 256-bit VAES with AVX2, two blocks per instruction (Intel Ice Lake /
               Alder Lake and later clients, AMD Zen 3);
-  "vaes"      fused kernels on 512-bit VAES with AVX-512, four blocks per instruction.
-"auto" (the default) picks the fastest of them ("vaes", else "vaes256", else "aesni", else "portable"),
+  "vaes"      fused kernels on 512-bit VAES with AVX-512, four blocks per instruction;
+  "aarch64"   fused kernels on the ARMv8 crypto extension (AESE + AESMC on 128-bit NEON registers), any
+              aarch64 CPU with the "aes" feature (Apple M1 and later, AWS Graviton, Ampere Altra, most Cortex-A).
+"auto" (the default) picks the fastest of them ("vaes", else "vaes256", else "aesni", else "aarch64",
+else "portable"),
 and runs a self-test of the fused kernel against the portable backend before trusting it. Payload widths above
 `fast.MAX_WIDTH` always take the portable backend, and so do prime-field keys (group "p61") except
 in `eval_grid`, whose fused kernel (`fss._grid`) also does the F_p arithmetic (and has its own
@@ -44,8 +47,8 @@ def _portable():
 
     return portable
 
-NAMES = ("auto", "portable", "aesni", "vaes256", "vaes")
-FUSED = ("aesni", "vaes256", "vaes")  # slowest first
+NAMES = ("auto", "portable", "aarch64", "aesni", "vaes256", "vaes")
+FUSED = ("aarch64", "aesni", "vaes256", "vaes")  # slowest first (aarch64 and the x86 tiers exclude each other)
 _chosen = os.environ.get("FSS_BACKEND", "auto")
 
 

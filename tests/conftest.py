@@ -18,6 +18,7 @@ from fss import backend as _backend
 
 @pytest.fixture(scope="module", params=_backend.available())
 def each_backend(request):
-    """Runs a test module once per backend this CPU has (portable, aesni, vaes): they must agree."""
+    """Runs a test module once per backend this CPU has (portable, and of aarch64, aesni, vaes256, vaes
+    those it can run): they must agree."""
     with _backend.using(request.param):
         yield request.param
