@@ -371,7 +371,8 @@ def test_forged_reports_on_a_verified_factorization_task_change_nothing(servers,
 
 def test_the_cli_refuses_bad_zcdp_tasks_cleanly(servers, tmp_path):
     """`dpcdf task` with a bad rho, a pure mechanism with --rho, the factorization with --epsilon, or
-    a grid too large for the factorization: exit code 2 and one line, no traceback, no task file."""
+    the factorization on a grid too large for it: exit code 2 and one line, no traceback, no task file.
+    (Without --mechanism such a grid takes the Gaussian tree, the policy table's choice: test_policy.)"""
     import os
 
     from helpers import TESTING
@@ -380,7 +381,7 @@ def test_the_cli_refuses_bad_zcdp_tasks_cleanly(servers, tmp_path):
     env = dict(os.environ, **TESTING)
     for i, args in enumerate([["--rho", "nan"], ["--rho", "-1"], ["--rho", "0.5", "--mechanism", "path"],
                               ["--epsilon", "1", "--mechanism", "factorization"],
-                              ["--rho", "0.5", "--grid", "uniform:0:1:14"]]):
+                              ["--rho", "0.5", "--mechanism", "factorization", "--grid", "uniform:0:1:14"]]):
         out = tmp_path / f"t{i}.json"
         grid = [] if "--grid" in args else ["--grid", "uniform:0:100:6"]
         run = subprocess.run([sys.executable, "-m", "dpcdf", "task", "--servers", *urls(procs["exact"]), *grid, *args,
