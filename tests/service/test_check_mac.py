@@ -69,3 +69,59 @@ def test_without_a_mac_the_check_is_the_sketch_alone():
     x0, x1 = check.client_extras(np.ones((3, 1), np.int64))
     beta, y0, y1 = check.client_report(np.ones((3, 1), np.int64))
     assert beta.shape == (3, 1) and y0.shape == x0.shape == (3, 2)
+
+
+def _two_sketches(check, party, y, extras, ch):
+    """Check.round_one with the MAC as it was before the fused kernel: `sketch.sketch` run on a copy of
+    the values and on a copy of the tags (the message, state and MAC bits every server must keep)."""
+    from dpcdf.service.protocols.check import sketch
+
+    w, xs = check.width, check.base_extras
+
+    def one(b, yy, ex):
+        z, big_l, top = sketch.sketch(np.ascontiguousarray(yy), ch.wz, ch.wl, np.uint64(1 if b == 0 else 0))
+        return np.stack([F.sub(z, ex[:, 0]), top], axis=1), np.stack([big_l, F.mul(top, np.full_like(top, ch.s))], axis=1)
+
+    msg, state = one(party, y[:, :, :w], extras[:, :xs])
+    linear, _ = one(1, y[:, :, w:], extras[:, xs:2 * xs])
+    tagged = F.add(linear, F.mul(extras[:, 2 * xs][:, None], check._constant(ch)[None, :]))
+    return msg, np.column_stack([state, tagged])
+
+
+@settings(max_examples=20, deadline=None)
+@given(payload=st.sampled_from(["count", "label"]), size=st.sampled_from([1, 2, 15, 16, 17, 33, 64]),
+       seed=st.integers(0, 2**32 - 1), party=st.integers(0, 1))
+def test_the_fused_round_one_gives_the_bits_of_two_sketches(payload, size, seed, party):
+    """One pass over values and tags in place (`sketch.sketch_mac`) sends and keeps exactly what two
+    `sketch` runs over copies did, on any grid values (honest or not, edge elements included), and
+    `round_one_sums` adds the column sums of the values (`column_sums` of `round_one.data`)."""
+    from dpcdf.service.protocols.check import round_one, sketch
+
+    check = V.Check(payload, size, mac=True)
+    rng = np.random.default_rng(seed)
+    y = rng.integers(0, RND.P, (7, size, check.key_width), dtype=np.uint64)
+    y[0], y[1] = RND.P - 1, 0
+    y[2] = rng.choice(np.array([0, 1, RND.P - 1], np.uint64), y[2].shape)
+    x = rng.integers(0, RND.P, (7, check.extras), dtype=np.uint64)
+    ch = check.challenges(rng.bytes(32), b"fused")
+    msg, state = _two_sketches(check, party, y, x, ch)
+    m1, s1 = check.round_one(party, y, x, ch)
+    m2, s2, sums = check.round_one_sums(party, y, x, ch)
+    for a, b in ((m1, msg), (s1, state), (m2, msg), (s2, state)):
+        assert a.dtype == b.dtype and np.array_equal(a, b)
+    np.testing.assert_array_equal(sums, sketch.column_sums(round_one.data(check, y)))
+
+
+def test_round_one_sums_of_calibration_and_of_a_check_without_mac():
+    """The other checks' round_one_sums: their round_one and the values' column sums."""
+    from dpcdf.service.protocols.check import round_one, sketch
+
+    rng = np.random.default_rng(3)
+    for check in (V.Check("calibration", 9, mac=True), V.Check("count", 9), V.Check("label", 9)):
+        y = rng.integers(0, RND.P, (5, 9, check.key_width), dtype=np.uint64)
+        x = rng.integers(0, RND.P, (5, check.extras), dtype=np.uint64)
+        ch = check.challenges(b"k" * 32, b"sums")
+        m, s, sums = check.round_one_sums(1, y, x, ch)
+        m1, s1 = check.round_one(1, y, x, ch)
+        assert np.array_equal(m, m1) and np.array_equal(s, s1)
+        np.testing.assert_array_equal(sums, sketch.column_sums(round_one.data(check, y)))

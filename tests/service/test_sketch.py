@@ -57,3 +57,32 @@ def test_column_sums_mod_p():
     y = np.full((9, 5, 2), P - 1, np.uint64)
     y[3] = 0
     np.testing.assert_array_equal(sketch.column_sums(y), np.full((5, 2), (8 * (P - 1)) % P, np.uint64))
+
+
+@settings(max_examples=60, deadline=None)
+@given(data=st.data(), size=SIZES, width=st.integers(1, 3), n=st.integers(1, 6), sums=st.booleans())
+def test_the_fused_mac_sketch_is_its_five_sums_and_the_column_sums_mod_p(data, size, width, n, sums):
+    """`sketch_mac` reads values and MAC tags in place from one (n, N, 2 width) array: z, l, top of the
+    values, z and top (without the constant) of the tags, and optionally the values' column sums."""
+    y, wz, wl = field_array(data, (n, size, 2 * width)), field_array(data, (size, width)), field_array(data, (size, width))
+    one = np.uint64(data.draw(st.sampled_from([0, 1])))
+    total = np.zeros(size * width if sums else 0, np.uint64)
+    z, l, top, zt, topt = sketch.sketch_mac(y, width, wz, wl, one, total)
+    vals, tags = y[:, :, :width], y[:, :, width:]
+    for k in range(n):
+        assert int(z[k]) == dot(vals[k], wz) and int(l[k]) == dot(vals[k], wl) and int(zt[k]) == dot(tags[k], wz)
+        assert int(top[k]) == (int(one) - sum(int(v) for v in vals[k, -1])) % P
+        assert int(topt[k]) == -sum(int(v) for v in tags[k, -1]) % P
+    expected = [[sum(int(v) for v in vals[:, i, c]) % P for c in range(width)] for i in range(size)]
+    if sums:
+        assert total.reshape(size, width).tolist() == expected
+    assert sketch.value_sums(y, width).tolist() == expected
+    np.testing.assert_array_equal(sketch.value_sums(y, width), sketch.column_sums(np.ascontiguousarray(vals)))
+
+
+def test_sums_of_many_reports_of_p_minus_1_fold_in_time():
+    """Column sums over more rows than a uint64 holds of p - 1 without folding (the fold every 4 rows)."""
+    y = np.full((37, 3, 2), P - 1, np.uint64)
+    total = np.zeros(3, np.uint64)
+    sketch.sketch_mac(y, 1, np.ones((3, 1), np.uint64), np.ones((3, 1), np.uint64), np.uint64(1), total)
+    assert total.tolist() == [37 * (P - 1) % P] * 3 == sketch.value_sums(y, 1).reshape(-1).tolist()

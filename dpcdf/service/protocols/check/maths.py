@@ -162,15 +162,36 @@ class Check:
         With a MAC, y carries (y, kappa y) and the state also this server's share of kappa times each
         opened element (`Mac`): the same affine map on (kappa y_b, kappa x_b), its constant scaled
         by kappa_b."""
+        return self._round_one_mac(party, y, extras, ch, False)[:2]
+
+    def round_one_sums(self, party: int, y: np.ndarray, extras: np.ndarray, ch: "Challenges") -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """`round_one` and this server's share of the reports' histogram, the column sums of their
+        values ((size, width), mod p, without the MAC tags), in one pass over y (what a server runs on
+        each batch of reports, `round_one.step`); the same bits as `round_one` and `sketch.column_sums`."""
+        return self._round_one_mac(party, y, extras, ch, True)
+
+    def _round_one_mac(self, party: int, y: np.ndarray, extras: np.ndarray, ch: "Challenges",
+                       sums: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         y, extras = self._y(y), _u64(extras)
         w, xs = self.width, self.base_extras
+        if self.mac and self.payload != "calibration":  # count, label: one kernel reads values and tags in place
+            total = np.zeros(self.size * w if sums else 0, np.uint64)
+            z, big_l, top, zt, topt = sketch.sketch_mac(y, w, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0), total)
+            msg = np.stack([F.sub(z, extras[:, 0]), top], axis=1)
+            state = np.stack([big_l, F.mul(top, np.full_like(top, ch.s))], axis=1)
+            linear = np.stack([F.sub(zt, extras[:, xs]), topt], axis=1)  # the tags' round one, no constant
+            return msg, self._tagged(state, linear, extras, ch), total.reshape(self.size, w) if sums else None
         msg, state = self._round_one(party, np.ascontiguousarray(y[:, :, :w]), extras[:, :xs], ch)
-        if not self.mac:
-            return msg, state
-        linear, _ = self._round_one(1, np.ascontiguousarray(y[:, :, w:]), extras[:, xs:2 * xs], ch)  # no constant
-        constant = self._constant(ch)
-        tagged = F.add(linear, F.mul(extras[:, 2 * xs][:, None], constant[None, :]))
-        return msg, np.column_stack([state, tagged])
+        if self.mac:
+            linear, _ = self._round_one(1, np.ascontiguousarray(y[:, :, w:]), extras[:, xs:2 * xs], ch)  # no constant
+            state = self._tagged(state, linear, extras, ch)
+        return msg, state, sketch.value_sums(y, w) if sums else None
+
+    def _tagged(self, state: np.ndarray, linear: np.ndarray, extras: np.ndarray, ch: "Challenges") -> np.ndarray:
+        """The state with this server's share of kappa times each opened element appended: the tags'
+        round one (`linear`) plus kappa_b times the opening's constant (`Mac`)."""
+        tagged = F.add(linear, F.mul(extras[:, 2 * self.base_extras][:, None], self._constant(ch)[None, :]))
+        return np.column_stack([state, tagged])
 
     def _constant(self, ch: "Challenges") -> np.ndarray:
         """c = the constant part of the opened elements (server 0's round one on zero shares)."""

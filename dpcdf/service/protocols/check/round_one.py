@@ -90,8 +90,8 @@ def warm_up() -> None:
         dcf = DCF(2, width=check.key_width, cmp="ge", group="p61")
         keys, _ = dcf.gen_batch(np.arange(2), np.ones((2, check.key_width), np.int64))
         y = grid_values(dcf, keys, 4)
-        check.round_one(0, y, np.zeros((2, check.extras), np.uint64), check.challenges(b"k" * 32, b"warm"))
-        sketch.column_sums(data(check, y))
+        check.round_one_sums(0, y, np.zeros((2, check.extras), np.uint64), check.challenges(b"k" * 32, b"warm"))
+        sketch.value_sums(y, check.width)
 
 
 def decode_shares(dcf: DCF, extras: int, shares: list[bytes], party: int) -> tuple[KeyBatch, np.ndarray]:
@@ -138,10 +138,9 @@ def step(store: Store, config: TaskConfig, party: int, pair_key: bytes, limit: i
         return 0
     batch, x = decode_shares(dcf, check.extras, shares, party)
     y = grid_values(dcf, batch, size)
-    msg, st = check.round_one(party, y, x, challenges(check, pair_key, task_id))
+    msg, st, sums = check.round_one_sums(party, y, x, challenges(check, pair_key, task_id))  # one pass over y
     le = lambda a: np.ascontiguousarray(a, dtype="<u8").tobytes()  # noqa: E731
-    store.add_check_batch(task_id, CheckBatch(seqs[0], seqs[-1], len(ids), b"".join(ids), le(msg), le(st), le(x),
-                                              le(sketch.column_sums(data(check, y)))))
+    store.add_check_batch(task_id, CheckBatch(seqs[0], seqs[-1], len(ids), b"".join(ids), le(msg), le(st), le(x), le(sums)))
     return len(ids)
 
 
@@ -200,12 +199,13 @@ def grid_sum(store: Store, config: TaskConfig, party: int, ids: list[bytes]) -> 
     per = keys_per_pass(size, dcf.width)
     for start in range(0, len(ids), per):
         batch, _ = decode_shares(dcf, check.extras, store.shares_by_id(config.task_id, ids[start:start + per]), party)
-        total = F.add(total, sketch.column_sums(data(check, grid_values(dcf, batch, size))))
+        total = F.add(total, sketch.value_sums(grid_values(dcf, batch, size), check.width))
     return total
 
 
 def data(check: Check, y: np.ndarray) -> np.ndarray:
-    """The report's own values of grid values y (n, size, key_width): without the MAC's kappa * beta."""
+    """The report's own values of grid values y (n, size, key_width): without the MAC's kappa * beta
+    (a copy; the servers sum them in place, `Check.round_one_sums` and `sketch.value_sums`)."""
     return np.ascontiguousarray(y[:, :, :check.width])
 
 
