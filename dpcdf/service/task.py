@@ -7,6 +7,7 @@ import hashlib
 import json
 import re
 import secrets
+import functools
 from dataclasses import asdict, dataclass, field
 from urllib.parse import urlsplit
 
@@ -65,6 +66,21 @@ def check_distinct_servers(servers, hpke_keys=None) -> None:
     if a == b:
         raise SameServerError(f"the task's two servers have the same HPKE key ({a[:16]}...): whoever holds it opens both "
                               "shares of every value; each server needs its own key")
+
+
+def _derived(method):
+    """A TaskConfig's derived object (grid, DCF, check, fingerprint), built once per config: the
+    config is frozen, so what it derives cannot change; before, each call rebuilt it (the grid and a
+    Check on every `extras_bytes` access, the fingerprint's JSON for every report sealed)."""
+    name = method.__name__
+
+    @functools.wraps(method)
+    def once(self):
+        cache = self.__dict__.setdefault("_derived", {})  # outside the dataclass fields: not in JSON, eq or repr
+        if name not in cache:
+            cache[name] = method(self)
+        return cache[name]
+    return once
 
 
 @dataclass(frozen=True)
@@ -190,8 +206,11 @@ class TaskConfig:
             raise ParameterError(f"privacy must be 'pure' or 'zcdp', got {self.privacy!r}")
 
     # --- derived ------------------------------------------------------------------------------
+    @_derived
     def make_grid(self) -> Grid:
-        return grid_from_spec(self.grid)
+        grid = grid_from_spec(self.grid)
+        grid.thresholds.flags.writeable = False  # shared by every user of this config
+        return grid
 
     @staticmethod
     def default_mechanism(grid: dict, relation: str, privacy: str = "pure", epsilon: float | None = None) -> str:
@@ -227,6 +246,7 @@ class TaskConfig:
             return PathMechanism(size, eps, relation)
         return TreeMechanism(size, eps, relation, root_share=0)  # label and calibration tasks keep their plan
 
+    @_derived
     def dcf(self) -> DCF:
         """The comparison every report shares: f_a(t) = beta if t >= a, so sum_a f_a(i) counts values
         <= t_i (beta = 1, or (label, 1 - label)). The shape of what the servers release (a verified
@@ -235,6 +255,7 @@ class TaskConfig:
             return DCF(self.make_grid().bits, width=self.width, cmp="ge", group="p61")
         return DCF(self.make_grid().bits, OUT_BITS, self.width, cmp="ge")
 
+    @_derived
     def key_dcf(self) -> DCF:
         """The DCF the clients' keys are made with: `dcf`, except that a verified task's keys also carry
         kappa * beta, the report check's MAC (`protocols.check.maths.Check.key_width`)."""
@@ -242,6 +263,7 @@ class TaskConfig:
             return DCF(self.make_grid().bits, width=self.check().key_width, cmp="ge", group="p61")
         return self.dcf()
 
+    @_derived
     def check(self) -> "Check":
         """The report check of a verified task, with its MAC against a deviating server
         (ParameterError for a payload that has none)."""
@@ -277,6 +299,7 @@ class TaskConfig:
             raise ParameterError(f"not a task configuration: {exc!r:.200}") from None
 
     @property
+    @_derived
     def fingerprint(self) -> bytes:
         return hashlib.sha256(self.to_json().encode()).digest()
 
