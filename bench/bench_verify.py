@@ -7,13 +7,16 @@
    in bytes (`Report.to_bytes`), for grids of 2^10 and 2^16 points. A verified task's keys are over
    F_p with two field elements of check randomness after each; "x" columns are verified / unverified.
 2. Server, one core (`fss.backend.set_threads(1)`, `numba.set_num_threads(1)`): reports/s of the close's
-   work per report on in-memory key batches: "eval" = `DCF.eval_grid` over the whole grid, "sketch" =
-   `Check.round_one`, "sum" = `sketch.column_sums` (the histogram share), "verify" = the three
-   together (the inner loop of `round_one.step`, which the servers run while reports arrive);
-   "decode" (`round_one.decode_shares`, the stored shares into a key batch) is shown apart. "AES bound" = pycryptodome AES-128-ECB blocks/s on a 32 MiB buffer (one core)
-   divided by the blocks one key's grid walk needs: (N - 1) internal nodes x `expand_blocks` (2 seeds
-   + 2 blocks per payload element over F_p, each reduced mod p), plus N x width LEAF blocks for
-   width > 1; "of bound" = verify / bound.
+   work per report on in-memory key batches, CPU time, the best of --repeats runs: "eval" =
+   `DCF.eval_grid` over the whole grid, "check" = `Check.round_one_sums` (round one and the histogram
+   share's column sums, one pass over the grid values), "verify" = the two together (the inner loop of
+   `round_one.step`, which the servers run while reports arrive), "eval %" = eval's share of verify's
+   time; "decode" (`round_one.decode_shares`, the stored shares into a key batch) is shown apart.
+   "AES bound" = pycryptodome AES-128-ECB blocks/s on a 32 MiB buffer (one core) divided by the
+   blocks one key's grid walk needs: (N - 1) internal nodes x `expand_blocks` (2 seeds + 2 blocks per
+   payload element over F_p, each reduced mod p), plus N x width LEAF blocks for width > 1; "of
+   bound" = verify / bound; "at peak" = the reports/s eval_grid alone would allow at the tier's
+   register-only AES peak (`bench_fss.peak_blocks_per_s`), the most any check can reach on this CPU.
 3. Close and queries, both servers as real processes on loopback (`start_server`, noise on), 2^10 grid,
    count tasks, n reports each. UPLOADS ARE BYPASSED: sealing and uploading 10^6 reports through HPKE
    and HTTP would take minutes of client work that measures neither the close nor the queries (ingest:
@@ -38,8 +41,8 @@
    the stopped servers' stores, on one core (in the real close the two servers prepare at the same
    time, sharing the machine's cores): the reconciliation; round one on each server from scratch
    (`round_one.catch_up`, the collection's work: reading and decoding the shares, eval_grid,
-   Check.round_one, column_sums); `round_one.prepare` on each server (the close's part: reading the
-   batches back for R); the check's messages (`lead` with `Helper.answer` called directly, no HTTP);
+   Check.round_one_sums: round one and the column sums in one pass); `round_one.prepare` on each
+   server (the close's part: reading the batches back for R); the check's messages (`lead` with `Helper.answer` called directly, no HTTP);
    and `finish` on each server.
 
 Goals (issue 12) are printed next to the numbers: report size <= 2x and time <= 3x; verification
@@ -66,9 +69,9 @@ import numpy as np
 
 from fss import backend
 
-from bench_fss import best_of, ecb_blocks_per_s  # one AES bound and one timer for every bench (run from bench/)
+from bench_fss import best_of, ecb_blocks_per_s, peak_blocks_per_s  # one AES bound and one timer for every bench (run from bench/)
 
-from dpcdf.service.protocols.check import sketch, round_one
+from dpcdf.service.protocols.check import round_one
 from dpcdf.service.protocols.reconciliation import maths as reconcile
 from dpcdf.service.protocols.channel import CHECK, Channel
 from dpcdf.service.protocols.check.exchange import CheckHelper, CheckLeader
@@ -158,10 +161,13 @@ def server_section(repeats: int) -> float:
     """Prints the per-core table; returns verify reports/s for count at 2^10."""
     single_core(True)
     ecb = ecb_blocks_per_s()
+    tier = grid_backend()
+    peak = peak_blocks_per_s(tier) if tier != "portable" else ecb
     print("## 2. Server: the close's work per report, one core, in memory\n")
-    print(f"pycryptodome AES-128-ECB: {ecb / 1e6:.0f} M blocks/s on one core\n")
-    print(f"{'payload':<7} {'grid':>5} {'keys':>5} {'decode/s':>9} {'eval/s':>8} {'sketch/s':>9} {'sum/s':>9} {'verify/s':>8} {'AES blocks':>10} {'AES bound/s':>11} {'of bound':>8}")  # noqa: E501
-    headline = 0.0
+    print(f"pycryptodome AES-128-ECB: {ecb / 1e6:.0f} M blocks/s on one core; tier {tier}'s register-only peak: "
+          f"{peak / 1e6:.0f} M blocks/s\n")
+    print(f"{'payload':<7} {'grid':>5} {'keys':>5} {'decode/s':>9} {'eval/s':>8} {'check/s':>9} {'verify/s':>8} {'eval %':>6} {'AES blocks':>10} {'AES bound/s':>11} {'of bound':>8} {'at peak/s':>9}")  # noqa: E501
+    headline, headline_peak = 0.0, 0.0
     for payload in ("count", "label"):
         for bits in (10, 16):
             cfg = TaskConfig(grid(bits), 1.0, "path", "substitution", 1, ("a", "b"), ("00", "01"), "00",
@@ -183,24 +189,26 @@ def server_section(repeats: int) -> float:
             def evaluate():
                 state["y"] = round_one.grid_values(dcf, state["batch"], size)
 
+            def one():  # round one and the column sums, one pass (`round_one.step`)
+                check.round_one_sums(0, state["y"], state["x"], ch)
+
             decode()
             evaluate()
-            check.round_one(0, state["y"], state["x"], ch)
-            sketch.column_sums(round_one.data(check, state["y"]))
+            one()
             t_dec = best_of(decode, repeats)
             t_eval = best_of(evaluate, repeats)
-            t_one = best_of(lambda: check.round_one(0, state["y"], state["x"], ch), repeats)
-            t_sum = best_of(lambda: sketch.column_sums(round_one.data(check, state["y"])), repeats)
-            rate = n / (t_eval + t_one + t_sum)
+            t_one = best_of(one, repeats)
+            rate = n / (t_eval + t_one)
             blocks = grid_blocks(cfg)
             bound = ecb / blocks
             if payload == "count" and bits == 10:
-                headline = rate
+                headline, headline_peak = rate, peak / blocks
             print(f"{payload:<7} {'2^' + str(bits):>5} {n:>5} {n / t_dec:>9.0f} {n / t_eval:>8.0f} {n / t_one:>9.0f} "
-                  f"{n / t_sum:>9.0f} {rate:>8.0f} {blocks:>10} {bound:>11.0f} {rate / bound:>8.1%}", flush=True)
+                  f"{rate:>8.0f} {t_eval / (t_eval + t_one):>6.0%} {blocks:>10} {bound:>11.0f} {rate / bound:>8.1%} "
+                  f"{peak / blocks:>9.0f}", flush=True)
     single_core(False)
     print(f"\ngoal: verification >= 100,000 reports/s per core at 2^10 (count): {verdict(headline >= 100_000)} "
-          f"({headline:,.0f} reports/s)\n")
+          f"({headline:,.0f} reports/s; eval_grid alone at {tier}'s AES peak would allow {headline_peak:,.0f})\n")
     return headline
 
 
@@ -375,8 +383,8 @@ def e2e_section(sizes: list[int], repeats: int, max_seconds: float, profile: boo
 # --- 4. where the verified close spends its time ----------------------------------------------------
 @contextmanager
 def timers(acc: dict):
-    """Times decoding, eval_grid, Check.round_one and column_sums inside `round_one.step` (patched here)."""
-    decode, grid_values, one, column_sums = round_one.decode_shares, round_one.grid_values, Check.round_one, sketch.column_sums
+    """Times decoding, eval_grid and Check.round_one_sums inside `round_one.step` (patched here)."""
+    decode, grid_values, one = round_one.decode_shares, round_one.grid_values, Check.round_one_sums
 
     def wrap(name, fn):
         def run(*a, **k):
@@ -389,12 +397,11 @@ def timers(acc: dict):
 
     round_one.decode_shares = wrap("decode", decode)
     round_one.grid_values = wrap("eval_grid", grid_values)
-    Check.round_one = wrap("round_one", one)
-    sketch.column_sums = wrap("column_sums", column_sums)
+    Check.round_one_sums = wrap("round_one_sums", one)
     try:
         yield
     finally:
-        round_one.decode_shares, round_one.grid_values, Check.round_one, sketch.column_sums = decode, grid_values, one, column_sums
+        round_one.decode_shares, round_one.grid_values, Check.round_one_sums = decode, grid_values, one
 
 
 def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str, float]]:
@@ -427,7 +434,7 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
                 t, _ = timed(lambda: round_one.catch_up(stores[party], config, party, key))
             rows.append((f"round one, server {party} (while reports arrive)", t))
             rows.append(("  read the shares, store the batches", t - sum(acc.values())))
-            rows += [(f"  {name}", acc[name]) for name in ("decode", "eval_grid", "round_one", "column_sums")]
+            rows += [(f"  {name}", acc[name]) for name in ("decode", "eval_grid", "round_one_sums")]
         local = []
         for party in (0, 1):
             t, loc = timed(lambda: round_one.prepare(stores[party], config, party, key))
