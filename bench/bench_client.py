@@ -1,6 +1,7 @@
-"""The client's cost per report against the floor its crypto sets: two HPKE seals.
+"""The client's cost per report against the floor its crypto sets: two HPKE seals; and `dpcdf submit`
+end to end, with both servers on this machine.
 
-    python bench/bench_client.py [--n 2000] [--repeat 3]
+    python bench/bench_client.py [--n 2000] [--repeat 5] [--submit 20000] [--batch 1000]
 
 `make_reports` (grid index, DCF key pair, each key serialized and HPKE-sealed to its server under a
 fresh report id) is timed per report for count tasks, unverified and verified (the verified share
@@ -8,13 +9,28 @@ carries the check's extra field elements), and for a label task; in the same run
 the two seals alone (pyca/cryptography's HPKE, the same suite, key and share sizes). Best of
 `--repeat` rounds (CPU time, the two taking turns); one thread (OpenSSL and numba here use one core). No server is needed: the task
 config names two throwaway HPKE public keys.
+
+`--submit N` (0: skipped) then starts two real servers on loopback (`dpcdf serve`, kernels warm) and
+times `dpcdf submit --csv` of N values as a user runs it (a new process: start-up, reading the CSV,
+row digests, making and spooling the reports, uploading to both servers until both acknowledged
+each) for each task kind, then the same command again (a re-run: nothing to make or send). In the same
+run, taking turns with it, `make_reports` alone and the two seals alone on the N values (wall time,
+one process), so that the ratios hold on a machine busy with other work. CPU columns: CPU seconds per
+report of the submit process and of the two servers together (from /proc), and the rate the three
+would reach if they had this machine's cores to themselves (cores / CPU per report).
 """
 from __future__ import annotations
 
 import argparse
+import os
 import platform
+import resource
 import secrets
+import subprocess
+import sys
+import tempfile
 import time
+from pathlib import Path
 
 import numpy as np
 
@@ -67,10 +83,90 @@ def seals_only(cfg: TaskConfig, n: int, share_len: int) -> None:
             suite.encrypt(share, pks[party], info=hpke_info(fp, rid, party))
 
 
+def cpu_seconds(pid: int) -> float:
+    """User + system CPU seconds of a running process."""
+    fields = Path(f"/proc/{pid}/stat").read_text().rsplit(")", 1)[1].split()
+    return (int(fields[11]) + int(fields[12])) / os.sysconf("SC_CLK_TCK")
+
+
+def children_cpu() -> float:
+    r = resource.getrusage(resource.RUSAGE_CHILDREN)
+    return r.ru_utime + r.ru_stime
+
+
+def submit_table(n: int, batch: int, rounds: int) -> None:
+    """`dpcdf submit` end to end against two local servers, next to make_reports and the seals alone."""
+    from dpcdf.service.client import create_task
+    from dpcdf.service.http import http
+    from dpcdf.service.processes import start_server, stop
+
+    cores = os.cpu_count() or 1
+    print(f"\ndpcdf submit --csv of n = {n} values, --batch {batch}, both servers on this machine ({cores} cores); "
+          f"wall time, best of {rounds}; make_reports and the seals alone in the same rounds\n")
+    print(f"{'task':<30} {'submit reports/s':>16} {'re-run s':>8} {'make reports/s':>14} {'2 seals reports/s':>17} {'submit/make':>11} {'submit/seals':>12} {'client cpu us':>13} {'servers cpu us':>14} {'cpu-bound reports/s':>19}")  # noqa: E501 (one source line: test_docs reads the header from it)
+
+    env = dict(os.environ, DPCDF_TESTING="1")
+    with tempfile.TemporaryDirectory(prefix="dpcdf-bench-client-") as tmp:
+        procs = [start_server(p, f"{tmp}/server{p}", noise=False, extra_env=env) for p in (0, 1)]
+        urls = [u for _, u in procs]
+        try:
+            while not all(http("GET", f"{u}/health")["warm"] for u in urls):  # kernels compiled: measure the work
+                time.sleep(0.2)
+            rng = np.random.default_rng(1)  # the simulated values only
+            for name, bits, verify in (("count, 2^10 grid, verified", 10, True),
+                                       ("count, 2^10 grid, unverified", 10, False),
+                                       ("count, 2^16 grid, verified", 16, True)):
+                vals = rng.uniform(0, 1, n)
+                data = Path(tmp) / "values.csv"
+                data.write_text("value\n" + "".join(f"{float(v)!r}\n" for v in vals))
+                best = {"submit": [], "rerun": [], "make": [], "seals": [], "client": [], "servers": []}
+                for r in range(rounds):
+                    config, _ = create_task(urls, {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": bits}, 1.0, "tree",
+                                            "substitution", 1, verify=verify)
+                    task = Path(tmp) / f"task{r}.json"
+                    task.write_text(config.to_json())
+                    command = [sys.executable, "-m", "dpcdf", "submit", "--task", str(task), "--csv", str(data),
+                               "--batch", str(batch)]
+                    if r == 0:
+                        make_reports(config, vals[:50])  # this process's kernels compiled (or loaded)
+                        share_len = len(make_reports(config, vals[:1])[0].sealed[0][1]) - 16
+                    servers0, client0, t = sum(cpu_seconds(p.pid) for p, _ in procs), children_cpu(), time.perf_counter()
+                    run = subprocess.run(command, capture_output=True, text=True, env=env)
+                    wall = time.perf_counter() - t
+                    if run.returncode != 0:
+                        raise SystemExit(f"dpcdf submit failed: {run.stderr[-2000:]}")
+                    best["client"].append((children_cpu() - client0) / n)
+                    best["servers"].append((sum(cpu_seconds(p.pid) for p, _ in procs) - servers0) / n)
+                    best["submit"].append(wall)
+                    t = time.perf_counter()
+                    again = subprocess.run(command, capture_output=True, text=True, env=env)
+                    best["rerun"].append(time.perf_counter() - t)
+                    if again.returncode != 0 or '"new": 0' not in again.stdout:
+                        raise SystemExit(f"the re-run made or failed: {again.stdout[-500:]} {again.stderr[-2000:]}")
+                    t = time.perf_counter()
+                    make_reports(config, vals)
+                    best["make"].append(time.perf_counter() - t)
+                    t = time.perf_counter()
+                    seals_only(config, n, share_len)
+                    best["seals"].append(time.perf_counter() - t)
+                submit, make, seals = n / min(best["submit"]), n / min(best["make"]), n / min(best["seals"])
+                client, servers = min(best["client"]), min(best["servers"])
+                print(f"{name:<30} {submit:>16.0f} {min(best['rerun']):>8.2f} {make:>14.0f} {seals:>17.0f} "
+                      f"{submit / make:>11.2f} {submit / seals:>12.2f} {client * 1e6:>13.0f} {servers * 1e6:>14.0f} "
+                      f"{cores / (client + servers):>19.0f}")
+        finally:
+            for proc, _ in procs:
+                stop(proc)
+
+
 def main() -> None:
     ap = argparse.ArgumentParser(description=__doc__.split("\n\n")[0])
     ap.add_argument("--n", type=int, default=2000, help="reports per timed run (default 2000)")
     ap.add_argument("--repeat", type=int, default=5, help="timed rounds; the best is shown (default 5)")
+    ap.add_argument("--submit", type=int, default=20000, metavar="N",
+                    help="values per end-to-end dpcdf submit run (default 20000; 0 skips the end-to-end table)")
+    ap.add_argument("--batch", type=int, default=1000, help="dpcdf submit --batch (default 1000)")
+    ap.add_argument("--rounds", type=int, default=2, help="end-to-end rounds per task; the best is shown (default 2)")
     args = ap.parse_args()
     from fss import backend
 
@@ -91,6 +187,8 @@ def main() -> None:
         made, seals = (t / args.n * 1e6 for t in best_of_interleaved(
             [lambda: make_reports(cfg, vals, labels), lambda: seals_only(cfg, args.n, share_len)], args.repeat))
         print(f"{name:<34} {made:>15.1f} {seals:>10.1f} {made / seals:>6.2f} {1e6 / made:>10.0f}")
+    if args.submit > 0:
+        submit_table(args.submit, args.batch, args.rounds)
 
 
 if __name__ == "__main__":

@@ -294,7 +294,8 @@ def build_parser() -> Parser:
                    "file for both, or one per server; default: $DPCDF_ADMIN_TOKEN)")
 
     u = sub.add_parser("submit", help="report values (arguments or a CSV column) to both servers",
-                       description="Seals one report per value into the spool, then uploads it to both servers. Run "
+                       description="Seals one report per value into the spool and uploads it to both servers (at once, while the "
+                       "next batch is made; a report is sent only once it is in the spool). Run "
                        "the same command again after any error or Ctrl-C: it sends only what is missing. The spool "
                        "remembers every row by content: re-running sends nothing new, an extended file sends only "
                        "its new rows, and rows already sent from another file are refused (--allow-duplicates).")
@@ -310,7 +311,8 @@ def build_parser() -> Parser:
     u.add_argument("--allow-duplicates", action="store_true",
                    help="send rows equal to rows already sent to this task from another input (other people "
                    "with equal rows); without it such rows are refused, so a copied file is not counted twice")
-    u.add_argument("--batch", type=int, default=500, help="reports per request (1 to 65536)")
+    u.add_argument("--batch", type=int, default=1000, help="reports per request to each server, and per spool "
+                   "transaction (1 to 65536); the next batch is made while one is sent")
     u.add_argument("--spool", help="where the sealed reports are kept until both servers acknowledge them "
                    "(default: TASK.TASKID.spool, next to the task file, one per task)")
     u.add_argument("--retry-for", type=float, default=30.0, help="seconds to keep retrying an unreachable server")

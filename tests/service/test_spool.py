@@ -152,3 +152,140 @@ def test_the_public_path_of_round_two_still_names_the_spool():
     from dpcdf.service.spool import Spool
 
     assert Spool is client.Spool
+
+
+# --- the upload: both servers at once, while reports are made (a fake pair of servers, no sockets) ---------------
+
+def _offline_task():
+    """A task whose two HPKE keys are throwaway ones: reports can be made, nothing listens at its URLs."""
+    from cryptography.hazmat.primitives.asymmetric.x25519 import X25519PrivateKey
+    from cryptography.hazmat.primitives.serialization import Encoding, PublicFormat
+
+    from dpcdf.service.task import TaskConfig, token_hash
+
+    keys = [X25519PrivateKey.generate().public_key().public_bytes(Encoding.Raw, PublicFormat.Raw).hex() for _ in (0, 1)]
+    return TaskConfig(dict(GRID), 1.0, "tree", "substitution", 1, ("http://127.0.0.1:1", "http://127.0.0.1:2"),
+                      (keys[0], keys[1]), token_hash("t"), verify=False)
+
+
+class FakeServers:
+    """Stands in for `data_holder.http`: stores each server's report ids (a duplicate is acknowledged, as a
+    real server does), checks that every report it is sent is already committed to the spool file (read
+    through a connection of its own), and runs `hook(party, ids)` before answering."""
+
+    def __init__(self, config, spool_path, hook=None):
+        import sqlite3
+        import threading
+
+        self.config, self.path, self.hook = config, str(spool_path), hook
+        self.stored = {0: [], 1: []}
+        self.sent = {0: 0, 1: 0}
+        self.lock = threading.Lock()
+        self.sqlite3 = sqlite3
+
+    def __call__(self, method, url, body=None, token=None, content_type="", timeout=0):
+        from dpcdf.service.wire import Report, decode_batch
+
+        party = self.config.servers.index(url.split("/tasks/")[0])
+        ids = [Report.from_bytes(raw).report_id for raw in decode_batch(body)]
+        db = self.sqlite3.connect(f"file:{self.path}?mode=ro", uri=True)
+        try:
+            committed = {bytes(r) for (r,) in db.execute("SELECT report_id FROM reports")}
+        finally:
+            db.close()
+        assert set(ids) <= committed, "a report was sent before its batch was committed to the spool"
+        if self.hook:
+            self.hook(party, ids)
+        with self.lock:
+            new = [i for i in ids if i not in self.stored[party]]
+            self.stored[party] += new
+            self.sent[party] += 1
+        return {"accepted": len(new), "duplicates": len(ids) - len(new), "rejected": []}
+
+
+def test_submit_sends_to_both_servers_at_once_while_it_makes_the_next_batches(tmp_path, monkeypatch):
+    import threading
+
+    from dpcdf.service.client import data_holder
+
+    config, path = _offline_task(), tmp_path / "s.spool"
+    both = threading.Barrier(2, timeout=20)  # each server's first request waits for the other's: sent at once
+    first_at = {}
+
+    def hook(party, ids):
+        if party not in first_at:
+            first_at[party] = _spooled(path)  # how many reports were made when it came
+            both.wait()
+
+    fake = FakeServers(config, path, hook)
+    monkeypatch.setattr(data_holder, "http", fake)
+    out = submit(config, values(2000, 41), batch=100, spool=path)
+    assert (out["complete"], out["pending"]) == (2000, 0)
+    assert len(set(fake.stored[0])) == len(set(fake.stored[1])) == 2000 and fake.sent == {0: 20, 1: 20}
+    assert max(first_at.values()) < 2000, f"the upload began only after every report was made: {first_at}"
+
+
+def _spooled(path) -> int:
+    import sqlite3
+
+    db = sqlite3.connect(f"file:{path}?mode=ro", uri=True)
+    try:
+        return db.execute("SELECT COUNT(*) FROM reports").fetchone()[0]
+    finally:
+        db.close()
+
+
+def test_a_refused_batch_stops_both_uploads_and_is_raised(tmp_path, monkeypatch):
+    from dpcdf.service.client import data_holder
+    from dpcdf.service.http import ServerError
+
+    config, path = _offline_task(), tmp_path / "s.spool"
+
+    def hook(party, ids):
+        if party == 1:
+            raise ServerError("http://127.0.0.1:2/tasks/x/reports/batch: HTTP 409 collection is closed", 409)
+
+    fake = FakeServers(config, path, hook)
+    monkeypatch.setattr(data_holder, "http", fake)
+    with pytest.raises(ServerError, match="409 collection is closed"):
+        submit(config, values(3000, 42), batch=100, spool=path)
+    spool = Spool.open(path, config.fingerprint)  # closed and unlocked; nothing recorded for server 1
+    try:
+        assert spool.acknowledged(1) == 0 and spool.acknowledged(0) == len(fake.stored[0]) < 3000
+    finally:
+        spool.close()
+
+
+def test_ctrl_c_while_making_or_sending_loses_nothing_and_a_rerun_sends_nothing_twice(tmp_path, monkeypatch):
+    import threading
+
+    from dpcdf.service.client import data_holder
+
+    config, path, vals = _offline_task(), tmp_path / "s.spool", values(1500, 43)
+    release = threading.Event()
+
+    def slow(party, ids):  # server 1 answers only after the interrupt: its request is abandoned mid-flight
+        if party == 1:
+            release.wait(20)
+
+    fake = FakeServers(config, path, slow)
+    monkeypatch.setattr(data_holder, "http", fake)
+    made, real = [0], data_holder.make_reports
+
+    def interrupted(*args, **kwargs):
+        made[0] += 1
+        if made[0] == 4:
+            raise KeyboardInterrupt
+        return real(*args, **kwargs)
+
+    monkeypatch.setattr(data_holder, "make_reports", interrupted)
+    with pytest.raises(KeyboardInterrupt):
+        submit(config, vals, batch=200, spool=path)
+    release.set()
+    assert _spooled(path) == 600  # the three committed batches, nothing half-made
+    monkeypatch.setattr(data_holder, "make_reports", real)
+    fake.hook = None
+    again = submit(config, vals, batch=200, spool=path)  # the same input again: only the missing rows are made
+    assert (again["new"], again["already_spooled"], again["complete"], again["pending"]) == (900, 600, 1500, 0)
+    for party in (0, 1):  # each report stored once per server, and only the 1,500 made
+        assert len(fake.stored[party]) == len(set(fake.stored[party])) == 1500

@@ -11,8 +11,8 @@ from __future__ import annotations
 import os
 import secrets
 import sys
+import threading
 from typing import Sequence
-import time
 from pathlib import Path
 
 import numpy as np
@@ -20,7 +20,6 @@ import numpy as np
 from fss.params import BATCH_HEADER_LEN, HEADER_LEN
 
 from ...errors import DomainError, DpcdfError, ParameterError
-from ...release.calibration import fixed_point
 from .. import hpke
 from ..http import ServerError, http
 from ..task import TaskConfig, check_distinct_servers, token_hash
@@ -47,6 +46,7 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
         else:
             if (v < 0).any() or (v > 1).any():
                 raise ParameterError("a calibration task's values are probabilities in [0, 1]")
+            from ...release.calibration import fixed_point  # (dpcdf.release loads numba: only where it is needed)
             betas = np.stack([np.ones_like(y), y, fixed_point(v).astype(np.int64)], axis=1).astype(np.int64)
     else:
         if labels is not None:
@@ -145,11 +145,13 @@ def outside_grid(config: TaskConfig, values: np.ndarray, lines=None) -> dict:
             "below_at": at(below), "above_at": at(above)}
 
 
-def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False, labels=None,
+def submit(config: TaskConfig, values, batch: int = 1000, progress: bool = False, labels=None,
            spool: str | Path | None = None, retry_for: float = 30.0, *, source: str = "python",
            contents=None, lines=None, allow_duplicates: bool = False, outside: str = "clamp") -> dict:
     """Makes the reports for `values` (and `labels`, for label and calibration tasks) into the spool,
-    then uploads each server's share of every report in the spool until both servers acknowledged it.
+    `batch` at a time, and uploads each server's share of every report in the spool until both servers
+    acknowledged it: both servers at once, each on its own thread, while the next batch is made (a
+    report is sent only once its batch is committed to the spool).
 
     Resumable and idempotent: with a spool file, a re-run (after any crash of a server, the network or
     this process) makes no new report for a spooled row and sends each server only what it has not
@@ -209,11 +211,13 @@ def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False,
         if admission.new_version and source != "--values":
             notes.append(f"{shown(source)} changed since it was spooled (rows spooled from it are missing): its rows are "
                          "treated as a new input")
-        for start in range(0, new.size, batch):  # make every report before sending any
-            idx = new[start : start + batch]
-            made = make_reports(config, values[idx], None if labels is None else labels[idx])
-            store.add(admission, [(r.report_id, r.to_bytes(), digests[i], lines[i]) for r, i in zip(made, idx)])
-        _upload(config, store, batch, progress, retry_for)
+        with _Uploads(config, store, batch, progress, retry_for) as uploads:  # both servers at once, as rows are made
+            for start in range(0, new.size, batch):
+                idx = new[start : start + batch]
+                made = make_reports(config, values[idx], None if labels is None else labels[idx])
+                store.add(admission, [(r.report_id, r.to_bytes(), digests[i], lines[i]) for r, i in zip(made, idx)])
+                uploads.more(len(made))  # committed first: a report is sent only once it is in the spool
+            uploads.finish()
         status = store.status()
         refusals = store.rejections()
     finally:
@@ -233,41 +237,127 @@ def submit(config: TaskConfig, values, batch: int = 500, progress: bool = False,
     return summary
 
 
-def _upload(config: TaskConfig, store: Spool, batch: int, progress: bool, retry_for: float) -> None:
-    """Sends each server its unacknowledged reports, a batch at a time, taking turns; records every
-    answer in the spool before the next request."""
-    active = {0, 1}
-    waited, tries, after = {0: 0.0, 1: 0.0}, {0: 0, 1: 0}, {0: -1, 1: -1}
-    acked = {party: store.acknowledged(party) for party in (0, 1)}
-    total, shown_done = store.spooled(), -1
-    while active:
-        for party in sorted(active):
-            rows = store.unacknowledged(party, batch, after[party])
+class _Uploads:
+    """Sends each server its unacknowledged reports from the spool, a batch at a time, one thread per
+    server, while the caller goes on making reports into the spool (`more` after each commit, `finish`
+    after the last). Every answer is recorded in the spool before that server's next request. A server
+    failing for `retry_for` seconds (connections, 5xx, 429, with exponential backoff) is left with its
+    reports pending; a refusal of a whole batch (e.g. 409, the collection is closed) stops both and is
+    raised by `more`/`finish`. Leaving the `with` (also by Ctrl-C or an error) stops both threads before the
+    spool closes: a request under way is abandoned and its answer not recorded (a re-run sends those
+    reports again, and the server answers "duplicate", which acknowledges them)."""
+
+    def __init__(self, config: TaskConfig, store: Spool, batch: int, progress: bool, retry_for: float):
+        self.config, self.store, self.batch, self.progress, self.retry_for = config, store, batch, progress, retry_for
+        self.changed = threading.Condition()  # guards the fields below; never held while the spool is used
+        self.made, self.made_all, self.stopped, self.error = 0, False, False, None
+        self.acked = {party: store.acknowledged(party) for party in (0, 1)}
+        self.total, self.shown = store.spooled(), -1
+        self.threads = [threading.Thread(target=self._run, args=(party,), name=f"dpcdf-upload-{party}", daemon=True)
+                        for party in (0, 1)]
+
+    def __enter__(self) -> "_Uploads":
+        for t in self.threads:
+            t.start()
+        return self
+
+    def __exit__(self, *exc) -> None:
+        with self.changed:
+            self.stopped = True
+            self.changed.notify_all()
+        with self.store.mutex:  # a thread inside the spool has left it; none enters again (each checks `stopped`)
+            pass
+        if self.shown >= 0:
+            print(file=sys.stderr)
+
+    def more(self, count: int) -> None:
+        """`count` new reports are committed to the spool."""
+        with self.changed:
+            self.made += 1
+            self.total += count
+            self.changed.notify_all()
+            self._raise()
+        self._show()
+
+    def finish(self) -> None:
+        """Every report is made: waits until both threads have sent what they can."""
+        with self.changed:
+            self.made_all = True
+            self.changed.notify_all()
+        while True:
+            with self.changed:
+                self._raise()
+                if not any(t.is_alive() for t in self.threads):
+                    break
+                self.changed.wait(0.5)
+            self._show()
+        self._show()
+
+    def _raise(self) -> None:
+        if self.error is not None:
+            raise self.error
+
+    def _show(self) -> None:
+        with self.changed:
+            done, total = min(self.acked.values()), self.total
+        if self.progress and done != self.shown:
+            self.shown = done
+            bar = "#" * (30 * done // max(total, 1))
+            print(f"\r[{bar:<30}] {done}/{total} reports on both servers", end="", file=sys.stderr, flush=True)
+
+    def _run(self, party: int) -> None:
+        try:
+            self._send(party)
+        except BaseException as exc:  # a refusal of a whole batch, or a bug: the caller raises it
+            with self.changed:
+                if self.error is None and not self.stopped:
+                    self.error = exc
+        finally:
+            with self.changed:
+                self.changed.notify_all()
+
+    def _over(self) -> bool:
+        return self.stopped or self.error is not None
+
+    def _send(self, party: int) -> None:
+        url = f"{self.config.servers[party]}/tasks/{self.config.task_id}/reports/batch"
+        store, after, waited, tries = self.store, -1, 0.0, 0
+        while True:
+            with self.changed:
+                if self._over():
+                    return
+                made, made_all = self.made, self.made_all
+            with store.mutex:
+                if self.stopped:
+                    return
+                rows = store.unacknowledged(party, self.batch, after)
             if not rows:
-                active.discard(party)
+                if made_all:
+                    return  # every report sent: acknowledged, or refused for good
+                with self.changed:  # until more reports are made (or all are)
+                    self.changed.wait_for(lambda: self.made != made or self.made_all or self._over())
                 continue
-            url = f"{config.servers[party]}/tasks/{config.task_id}/reports/batch"
             try:
                 res = http("POST", url, encode_batch([b for _, b in rows]), content_type="application/octet-stream",
                            timeout=60)
             except ServerError as exc:
                 if not exc.retryable:
                     raise
-                pause = min(5.0, 0.2 * 2 ** tries[party])
-                if waited[party] + pause > retry_for:
-                    active.discard(party)  # give up on this server for now; its reports stay pending
-                    continue
-                time.sleep(pause)
-                waited[party] += pause
-                tries[party] += 1
+                pause = min(5.0, 0.2 * 2 ** tries)
+                if waited + pause > self.retry_for:
+                    return  # give up on this server for now; its reports stay pending
+                with self.changed:
+                    if self.changed.wait_for(self._over, pause):
+                        return
+                waited, tries = waited + pause, tries + 1
                 continue
-            waited[party], tries[party] = 0.0, 0
+            waited, tries = 0.0, 0
             refused = {rows[r["index"]][0]: str(r["error"]) for r in res["rejected"]}
-            store.record(party, [row for row, _ in rows if row not in refused], refused)
-            after[party], acked[party] = rows[-1][0], acked[party] + len(rows) - len(refused)
-        if progress and min(acked.values()) != shown_done:
-            done = shown_done = min(acked.values())
-            bar = "#" * (30 * done // max(total, 1))
-            print(f"\r[{bar:<30}] {done}/{total} reports on both servers", end="", file=sys.stderr, flush=True)
-    if progress:
-        print(file=sys.stderr)
+            with store.mutex:
+                if self.stopped:
+                    return
+                store.record(party, [row for row, _ in rows if row not in refused], refused)
+            after = rows[-1][0]
+            with self.changed:
+                self.acked[party] += len(rows) - len(refused)
+                self.changed.notify_all()

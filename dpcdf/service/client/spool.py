@@ -23,15 +23,19 @@ The spool is SQLite (WAL, synchronous=FULL: a committed row survives a power cut
 in whole transactions, so a spool interrupted while reports were being made resumes with the rows
 it committed. It holds sealed reports (each share encrypted to its server) and row digests, which
 identify a row as well as the row itself does to anyone who can guess it: the file is 0600, like the
-input it sits beside. A spool opened for another task is refused with `SpoolMismatch`.
+input it sits beside. A spool opened for another task is refused with `SpoolMismatch`. One process
+uses a spool at a time (a file lock); within it, the upload's threads share the one connection, each
+method holding `Spool.mutex`.
 """
 from __future__ import annotations
 
 import fcntl
+import functools
 import hashlib
 import os
 import secrets
 import sqlite3
+import threading
 from collections import defaultdict, deque
 from contextlib import contextmanager
 from dataclasses import dataclass, field
@@ -116,6 +120,15 @@ def row_digests(salt: bytes, values: np.ndarray, labels: np.ndarray | None = Non
     return out
 
 
+def _locked(method):
+    """The method runs holding the spool's mutex."""
+    @functools.wraps(method)
+    def run(self, *args, **kwargs):
+        with self.mutex:
+            return method(self, *args, **kwargs)
+    return run
+
+
 class Spool:
     """The reports of one task from every input of this client. `Spool.open(path, fingerprint)`
     creates the file or checks that it is this task's; ":memory:" keeps it in memory (no crash
@@ -123,6 +136,7 @@ class Spool:
 
     def __init__(self, db: sqlite3.Connection, path: str, lock: int | None = None):
         self.db, self.path, self._lock = db, path, lock
+        self.mutex = threading.RLock()  # one thread in the connection at a time (the upload's threads share it)
 
     @classmethod
     def open(cls, path: str | Path, fingerprint: bytes) -> "Spool":
@@ -131,7 +145,7 @@ class Spool:
         try:
             if path != ":memory:":
                 create_private(path)
-            db = sqlite3.connect(path, isolation_level=None)
+            db = sqlite3.connect(path, isolation_level=None, check_same_thread=False)
         except BaseException:
             if lock is not None:
                 os.close(lock)
@@ -183,6 +197,7 @@ class Spool:
         return row_digests(self.salt, np.asarray(values, dtype=np.float64).reshape(-1),
                            None if labels is None else np.asarray(labels).reshape(-1), contents)
 
+    @_locked
     def admit(self, digests: Sequence[bytes], source: str, lines: Sequence[int] | None = None,
               allow_duplicates: bool = False) -> Admission:
         """Matches an input (its rows' digests, in order, and their line numbers in `source`) against
@@ -233,10 +248,12 @@ class Spool:
             raise DuplicateRows(_duplicates_message(source, duplicates, len(digests)), duplicates)
         return Admission(source, chosen, len(digests), np.array(new, dtype=np.int64), spooled, duplicates, new_version)
 
+    @_locked
     def spooled(self) -> int:
         """Reports made and committed, from every source."""
         return self.db.execute("SELECT COUNT(*) FROM reports").fetchone()[0]
 
+    @_locked
     def add(self, admission: Admission, reports: list[tuple[bytes, bytes, bytes, int]]) -> None:
         """Commits (report id, report bytes, row digest, line) for rows of the admitted source, in one
         transaction."""
@@ -249,6 +266,7 @@ class Spool:
         except sqlite3.IntegrityError:  # a report id twice: 2^-128 by chance; only a bug or another writer
             raise SpoolBusy(f"{self.path}: a report id was spooled twice (another process writing?)") from None
 
+    @_locked
     def unacknowledged(self, party: int, limit: int, after: int = -1) -> list[tuple[int, bytes]]:
         """Up to `limit` (row, report) after row `after` that server `party` has neither acknowledged
         nor rejected (one primary-key probe per row, so a whole upload stays linear in its rows)."""
@@ -256,20 +274,24 @@ class Spool:
             "SELECT row, body FROM reports AS r WHERE row > ? AND NOT EXISTS "
             "(SELECT 1 FROM acks AS a WHERE a.row = r.row AND a.party = ?) ORDER BY row LIMIT ?", (after, party, limit))]
 
+    @_locked
     def acknowledged(self, party: int) -> int:
         """How many reports server `party` has acknowledged."""
         return self.db.execute("SELECT COUNT(*) FROM acks WHERE party = ? AND rejected IS NULL", (party,)).fetchone()[0]
 
+    @_locked
     def record(self, party: int, acked: list[int], rejected: dict[int, str]) -> None:
         """Server `party`'s answer for some rows: stored (new or duplicate), or refused for good."""
         with self._transaction():
             self.db.executemany("INSERT OR REPLACE INTO acks VALUES (?, ?, NULL)", ((r, party) for r in acked))
             self.db.executemany("INSERT OR REPLACE INTO acks VALUES (?, ?, ?)", ((r, party, e) for r, e in rejected.items()))
 
+    @_locked
     def rejections(self) -> list[tuple[int, int, str]]:
         """(row, party, reason) of every refused report."""
         return self.db.execute("SELECT row, party, rejected FROM acks WHERE rejected IS NOT NULL ORDER BY row").fetchall()
 
+    @_locked
     def status(self) -> SpoolStatus:
         q = self.db.execute
         spooled = self.spooled()
@@ -277,6 +299,7 @@ class Spool:
         rejected = q("SELECT COUNT(DISTINCT row) FROM acks WHERE rejected IS NOT NULL").fetchone()[0]
         return SpoolStatus(spooled, spooled, complete, spooled - complete - rejected, rejected)
 
+    @_locked
     def close(self) -> None:
         self.db.close()
         if self._lock is not None:
