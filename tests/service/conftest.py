@@ -31,3 +31,11 @@ def servers(tmp_path_factory):
             stop(proc)
     for log in logs.values():
         log.close()
+
+
+@pytest.hookimpl(tryfirst=True)  # before `-m` deselects
+def pytest_collection_modifyitems(items):
+    """A test outside system/ that takes the shared real servers is a system test too."""
+    for item in items:
+        if "servers" in getattr(item, "fixturenames", ()):
+            item.add_marker(pytest.mark.system)

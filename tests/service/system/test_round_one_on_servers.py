@@ -1,4 +1,4 @@
-"""Security and fault review of round one during the collection (commit 8debdb9, `round_one`).
+"""Round one of the report check on real servers: the security and fault review of round one during the collection (commit 8debdb9, `round_one`).
 
 Attacks by clients (different keys or orders on the two servers, one-sided forgeries, uploads racing
 the close), consistency of the stored batches (other tasks interleaved, drops, check exclusions,

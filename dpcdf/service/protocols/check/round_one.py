@@ -21,7 +21,7 @@ Security, next to what `outcome` states for the exchange:
 - The stored values leak nothing new: a server already holds the key shares they are computed from.
 - Cost: a report that reached one server only is evaluated there twice (in its batch, and again at
   the close to subtract it); a client that uploads to one server only spends half an honest
-  client's sealing work on it (`tests/service/test_review_round_one.py` pins this).
+  client's sealing work on it (`tests/service/system/test_round_one_on_servers.py` pins this).
 - Re-running is safe: batches are consecutive ranges of the task's reports; a batch is stored only if
   it starts after the last stored one (`Store.add_check_batch`), so a concurrent or repeated run
   stores nothing twice, and everything is a deterministic function of the shares and K.
