@@ -7,6 +7,17 @@ its source: every line of it with two or more quoted labels in f-string fields, 
 `f"{'method':<44}" + "".join(f"{'eps=' + str(e):>22}" ...)`) appears in the table. A table between
 `<!-- generated: python bench/X.py -->` and `<!-- /generated -->` is rerun and compared line by line
 (only for cheap, deterministic scripts). The `test_checker_*` tests show that each check can fail.
+
+Numbers in prose agree with the tables (`check_quoted_numbers`): in a docs page, in each section (a
+heading to the next heading) that holds a marked table, and in each paragraph elsewhere that speaks of a
+table (the word, or a link to such a section), every number a prose sentence quotes (a decimal
+such as 4.71, or an integer of 3 or more digits such as 820 or 63,401; thousands separators and trailing
+zeros ignored) must be printed in one of the page's marked tables. Not quotes, and not checked: inline
+code, link targets, HTML comments, powers (2^10, 10^6, 2^-128), assignments and comparisons (n = 5,000,
+N = 1024, b=16, p < 0.05), eps/epsilon/rho/delta followed by a value (eps 0.5), references and versions
+(RFC 9180, Theorem 3.1, section 4.2, Algorithm 2, issue 21, HTTP 429, Python 3.11), goals and defaults (goal 1.7x, default 1000), sizes in a compound
+(128-bit, 16-byte), and a year after a name (Canonne, Kamath, Steinke 2020; ICML 2023). A sentence
+that quotes numbers measured elsewhere says so with the words "not from a table" and is skipped.
 """
 from __future__ import annotations
 
@@ -143,6 +154,77 @@ def check_unmarked_tables(text: str, where: Path) -> list[str]:
             for t in templates if any(t.fullmatch(line.strip()) for line in body.splitlines())]
 
 
+QUOTED = re.compile(r"(?<![\w.^,])(?<![A-Za-z]-)(?<!\^-)(\d{1,3}(?:,\d{3})+(?:\.\d+)?|\d+\.\d+|\d{3,})"
+                    r"(?![\d^]|\.\d|,\d{3}|-[A-Za-z]|[A-Za-wyz_])")  # 4.71, 820, 63,401, 2.1x; not 2^10, AES-128
+TABLE_NUMBER = re.compile(r"\d[\d,]*(?:\.\d+)?")
+NOT_FROM_TABLE = "not from a table"
+NOT_QUOTES = [
+    re.compile(r"`[^`\n]*`"),  # inline code: commands, flags, names
+    re.compile(r"<!--.*?-->", re.S),
+    re.compile(r"\]\([^)\s]*\)|https?://\S+"),  # link targets, URLs
+    re.compile(r"[\w.()+-]*\^\(?-?[\w.]+\)?"),  # powers: 2^10, 10^6, 2^-128
+    re.compile(r"(?i)\b(?:eps(?:ilon)?|rho|delta)\b\s*(?:[=<>]=?|≤|≥)?\s*\d[\d,.]*"),  # eps 0.5, rho=0.125
+    re.compile(r"\b[A-Za-z]\w*\s*(?:[=<>]=?|≤|≥)\s*\d[\d,.]*"),  # n = 5,000, N = 1024, b=16, p < 0.05
+    re.compile(r"\b(?:RFC|Theorem|Lemma|[Ss]ection|Algorithm|Fig\.|Figure|eq\.|[Ii]ssue|Definition|Corollary|"
+               r"Proposition|Appendix|HTTP|[Ss]tatus|Python|numba|numpy|version|v|[Gg]oals?(?: of)?|[Dd]efault)\s*\d[\d.]*"),
+    re.compile(r"\b[A-Z][A-Za-z]+(?:,? et al\.)?,? (?:19[5-9]\d|20[0-2]\d)\b"),  # a citation's year
+]
+
+
+def prose_sections(text: str) -> tuple[list[tuple[str, str, int]], list[str]]:
+    """(heading, prose, marked tables in it) per section, and every marked table of the page. Prose
+    is the section without its fenced blocks and marked regions."""
+    tables: list[str] = []
+
+    def keep(m: re.Match) -> str:
+        tables.append(m.group(3))
+        return "\x00"
+
+    body = FENCE.sub("", MARKED.sub(keep, text))
+    out = []
+    for part in re.split(r"(?m)^(?=#{1,6} )", body):
+        heading = part.splitlines()[0] if part.startswith("#") else ""
+        prose = part[len(heading):]
+        out.append((heading, prose.replace("\x00", ""), prose.count("\x00")))
+    return out, tables
+
+
+def normal(number: str) -> str:
+    """1,030 -> 1030; 1.20 -> 1.2; 3.0 -> 3."""
+    n = number.replace(",", "")
+    return n.rstrip("0").rstrip(".") if "." in n else n
+
+
+def quoted_numbers(prose: str) -> list[tuple[str, str]]:
+    """(number, sentence) for each number the prose quotes (see the module's docstring)."""
+    out = []
+    for paragraph in re.split(r"\n\s*\n", prose):
+        flat = " ".join(line for line in paragraph.split("\n") if not line.lstrip().startswith("|---"))
+        for sentence in re.split(r"(?<=[.!?])\s+(?=[A-Z`(\[*|-])", " ".join(flat.split())):
+            if NOT_FROM_TABLE in sentence:
+                continue
+            plain = sentence
+            for pattern in NOT_QUOTES:
+                plain = pattern.sub(" ", plain)
+            out += [(m, sentence) for m in QUOTED.findall(plain)]
+    return out
+
+
+def check_quoted_numbers(text: str, where: Path) -> list[str]:
+    """Each number quoted in a section that holds a marked table is printed in one of the page's marked tables."""
+    sections, tables = prose_sections(text)
+    printed = {normal(x) for t in tables for x in TABLE_NUMBER.findall(t)}
+    with_tables = {slug(heading.lstrip("#")) for heading, _, marked in sections if marked and heading}
+    refers = re.compile(r"\btables?\b|\]\(#(?:" + "|".join(map(re.escape, with_tables)) + r")\)" if with_tables else r"\btables?\b")
+    checked = []
+    for heading, prose, marked in sections:
+        paragraphs = [prose] if marked else [p for p in re.split(r"\n\s*\n", prose) if tables and refers.search(p)]
+        checked += [(heading, n, sentence) for p in paragraphs for n, sentence in quoted_numbers(p)]
+    return [f"{where.name}, {heading.strip() or 'top'}: {number} is in none of the page's tables (or say "
+            f"'{NOT_FROM_TABLE}'): {sentence[:160]}"
+            for heading, number, sentence in checked if normal(number) not in printed]
+
+
 def python_blocks(text: str) -> list[str]:
     """Blocks fenced as exactly ```python (```python no-run and other fences are not run)."""
     return [body for info, body in FENCE.findall(text) if info.strip() == "python"]
@@ -169,6 +251,11 @@ def test_links_and_named_paths_resolve(page):
 def test_benchmark_tables_name_real_commands_and_headers(page):
     text = page.read_text()
     assert check_tables(text, page) + check_unmarked_tables(text, page) == []
+
+
+@pytest.mark.parametrize("page", DOCS, ids=lambda p: p.name)
+def test_numbers_in_prose_are_in_the_pages_tables(page):
+    assert check_quoted_numbers(page.read_text(), page) == []
 
 
 @pytest.mark.parametrize("name", ["fss.md", "accuracy.md", "applications.md", "service.md"])
@@ -259,3 +346,35 @@ def test_checker_catches_broken_links_anchors_and_paths():
 def test_checker_runs_only_plain_python_fences():
     text = "```python\nx = 1\n```\n```python no-run\nserver()\n```\n```sh\nls\n```\n"
     assert python_blocks(text) == ["x = 1\n"]
+
+
+def test_checker_catches_a_number_the_table_does_not_print():
+    text = APPS.read_text()
+    section = text[text.index("## Benchmark"):]
+    number = next(n for n in TABLE_NUMBER.findall(marked_tables(section)[0][2]) if "." in n and len(n) >= 4)
+    assert check_quoted_numbers(text, APPS) == []
+    wrong = text.replace("<!-- /bench -->", f"<!-- /bench -->\n\nThe table shows {number}5 here.\n", 1)
+    assert any(f"{number}5 is in none of the page's tables" in p for p in check_quoted_numbers(wrong, APPS))
+    right = text.replace("<!-- /bench -->", f"<!-- /bench -->\n\nThe table shows {number} here.\n", 1)
+    assert check_quoted_numbers(right, APPS) == []
+    marked = wrong.replace(f"{number}5 here.", f"{number}5 here (another run, not from a table).")
+    assert check_quoted_numbers(marked, APPS) == []
+
+
+def test_checker_reads_numbers_as_quotes_or_parameters():
+    table = "<!-- bench: python bench/bench_apps.py -->\n```\nx  4.71  50.06  1,030  708  567\n```\n<!-- /bench -->\n"
+    page = ROOT / "docs" / "x.md"
+
+    def missing(prose: str) -> list[str]:
+        return [p.split(":")[1].split(" is in")[0].strip() for p in check_quoted_numbers(f"## A\n{table}\n{prose}\n", page)]
+
+    assert missing("The close took 4.71 s and the query 50.06 s; 1030 reports/s; 708 against 567.") == []
+    assert missing("The close took 4.7 s, 13.6 s and 820 against 414 (1,031 reports/s).") == ["4.7", "13.6", "820", "414", "1,031"]
+    assert missing("At n = 5,000 and N = 1024 on 2^10 points, 10^6 reports, eps 0.5, rho=0.125, p < 0.05.") == []
+    assert missing("RFC 9180, Theorem 3.1, section 4.2, issue 21, HTTP 429, Python 3.11, 128-bit keys, `--runs 400`.") == []
+    assert missing("A goal of 1.7x (goal 100,000 reports/s), --batch default 1000, and <!-- 999 --> [x](#a-123).") == []
+    assert missing("(Canonne, Kamath, Steinke 2020; Boyle et al. 2021; ICML 2023); but 2000 reports.") == ["2000"]
+    assert missing("Ranges 7.05-9.64 and 3.2x faster; 12 runs of 40.") == ["7.05", "9.64", "3.2"]
+    assert check_quoted_numbers(f"## A\nSee 820 here.\n## B\n{table}", page) == []  # a section without a table
+    assert check_quoted_numbers(f"## A\nSee 820 in the [table](#b).\n## B\n{table}", page)  # ... that points to one
+    assert check_quoted_numbers(f"## A\nThe table says 820.\n## B\n{table}", page)
