@@ -30,6 +30,7 @@ from dpcdf.service.task import TaskConfig
 from dpcdf.service.wire import encode_batch
 from helpers import dpcdf_cli, GRID, OPERATOR, urls, values
 from test_malicious_clients import forged, honest_extras, seal
+from test_zcdp_tasks_accounting import _cfg, _status
 
 
 def _seed(data_dir: Path, task_id: str) -> bytes:
@@ -202,22 +203,6 @@ def test_the_cli_makes_and_answers_a_zcdp_task(servers, tmp_path):
 P = F.P
 RELATIONS = ["substitution", "add-remove"]
 OFF_GRID = {"kind": "thresholds", "values": [float(v) for v in range(50)]}  # 50 points, 6-bit keys: 50..63 off it
-
-
-def _cfg(**change) -> TaskConfig:
-    base = dict(grid=GRID, epsilon=None, mechanism="factorization", relation="substitution", min_batch=0,
-                servers=("http://a", "http://b"), hpke_keys=("00", "01"), token_hash="0" * 64, privacy="zcdp", rho=0.5)
-    return TaskConfig(**(base | change))
-
-
-def _status(fn, *args) -> int:
-    """The HTTP status a request is answered with (200 if it succeeds)."""
-    try:
-        fn(*args)
-    except ServerError as exc:
-        assert exc.status is not None, str(exc)
-        return exc.status
-    return 200
 
 
 def _task(pair, mechanism="factorization", relation="substitution", verify=None, grid=GRID, rho=0.5, epsilon=None, payload="count"):

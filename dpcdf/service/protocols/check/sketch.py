@@ -60,31 +60,12 @@ def sketch(y, wz, wl, one):
     z = np.empty(n, np.uint64)
     l = np.empty(n, np.uint64)
     top = np.empty(n, np.uint64)
-    full = m - m % FOLD_EVERY
     for k in range(n):
-        row = yf[k]
-        za = la = np.uint64(0)  # folded sums (< p) of the finished blocks
-        for j0 in range(0, full, FOLD_EVERY):  # blocks of FOLD_EVERY products, a fixed trip count (unrolled)
-            zl = zh = ll = lh = np.uint64(0)
-            for j in range(j0, j0 + FOLD_EVERY):
-                v = row[j]
-                zl, zh = _mac(zl, zh, v, wzf[j])
-                ll, lh = _mac(ll, lh, v, wlf[j])
-            za = _fold(za + _fold128(zl, zh))
-            la = _fold(la + _fold128(ll, lh))
-        zl = zh = ll = lh = np.uint64(0)
-        for j in range(full, m):
-            v = row[j]
-            zl, zh = _mac(zl, zh, v, wzf[j])
-            ll, lh = _mac(ll, lh, v, wlf[j])
-        zl, zh = _mac(zl, zh, za, np.uint64(1))
-        ll, lh = _mac(ll, lh, la, np.uint64(1))
+        z[k], l[k] = _dot2(yf[k], wzf, wlf)
         t = one
         for c in range(width):
             last = y[k, size - 1, c]
             t = t + _P - last if t < last else t - last
-        z[k] = _fold128(zl, zh)
-        l[k] = _fold128(ll, lh)
         top[k] = t
     return z, l, top
 
