@@ -251,7 +251,8 @@ def test_a_refused_batch_stops_both_uploads_and_is_raised(tmp_path, monkeypatch)
         submit(config, values(3000, 42), batch=100, spool=path)
     spool = Spool.open(path, config.fingerprint)  # closed and unlocked; nothing recorded for server 1
     try:
-        assert spool.acknowledged(1) == 0 and spool.acknowledged(0) == len(fake.stored[0]) < 3000
+        # server 0's answer to a request under way when both stopped is not recorded (a re-run resends it)
+        assert spool.acknowledged(1) == 0 and spool.acknowledged(0) <= len(fake.stored[0]) < 3000
     finally:
         spool.close()
 
