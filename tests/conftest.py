@@ -22,3 +22,17 @@ def each_backend(request):
     those it can run): they must agree."""
     with _backend.using(request.param):
         yield request.param
+
+
+def pytest_configure(config):
+    """With xdist workers (the README's command), compile the kernels once, before the workers start:
+    from a clean clone each worker and each server process they start (servers warm up in the
+    background) would otherwise compile the same kernels at the same time on CI's two cores.
+    `dpcdf warm-up` is the user's own command; its own test checks what it says."""
+    import subprocess
+    import sys
+
+    workers = getattr(config.option, "numprocesses", None)
+    if hasattr(config, "workerinput") or not workers:
+        return
+    subprocess.run([sys.executable, "-m", "dpcdf", "warm-up"], capture_output=True, timeout=900)
