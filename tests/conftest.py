@@ -41,8 +41,8 @@ def pytest_configure(config):
 # The longest modules (minutes of the suite, measured in clean-clone runs), run first: with xdist a
 # module's tests stay on one worker, and one of these collected last left the other worker idle
 # for a minute or two at the end. Only the order changes; within a module it is the file's.
-LONGEST_FIRST = ("service/test_fuzz.py", "service/test_cli_errors.py", "service/system/test_two_servers.py",
-                 "service/test_verify.py", "test_examples.py", "service/test_cli_resume.py",
+LONGEST_FIRST = ("service/test_fuzz_schema.py", "service/test_fuzz_bodies.py", "service/test_cli_errors.py",
+                 "service/system/test_two_servers.py", "service/test_verify.py", "test_examples.py", "service/test_cli_resume.py",
                  "apps/test_hosmer_lemeshow_direct.py", "service/system/test_dask.py")
 
 

@@ -1,34 +1,26 @@
-"""The HTTP API fuzzed (issue 11): every endpoint of the server's OpenAPI schema, driven with
-schemathesis' generated and schema-violating requests plus our own mutated binary bodies (truncated,
-bit-flipped, extended, spliced reports, batches and reconciliation messages, and random bytes), with
-random, wrong and right bearer tokens and random and real task ids in the path, against two real
-in-process servers whose tasks hold real reports.
+"""The fuzzing harness shared by test_fuzz_schema.py and test_fuzz_bodies.py (two modules, so the two
+long fuzzing runs go to both test workers): two in-process servers with real reports, the
+checks of every answer and of the stored state, and the strategies both modules draw from.
 
 Properties: no 5xx (but the documented 502 of a close whose peer is down), no hang, every 4xx is a
 JSON {"error": str}, and no request changes a server's stored state except as it says it did: the
 stored reports grow only by the reports an upload acknowledged, no open collection is closed, no
 closed report set changes, no task's reconciled mark changes.
 
-Sized for CI: a fixed seed, a thousand requests per fuzzing test, under a minute for the file on two
-busy cores; HYPOTHESIS_PROFILE=thorough runs ten times as many, with fresh randomness (about four
+Sized for CI: a fixed seed, two thousand requests per fuzzing test, under a minute for each module on
+a busy core; HYPOTHESIS_PROFILE=thorough runs ten times as many, with fresh randomness (about four
 minutes). A failure names the request; the servers' state carries over from one request to the next,
 so a state change may be reported as flaky (hypothesis cannot replay it on the changed state)."""
 from __future__ import annotations
 
 import json
 import os
-import struct
 import threading
-import time
 import warnings
 from dataclasses import dataclass
 
-import pytest
-import requests
-import schemathesis
-from hypothesis import HealthCheck, given, settings
+from hypothesis import HealthCheck, settings
 from hypothesis import strategies as st
-from schemathesis import GenerationMode
 
 from dpcdf.service.protocols.reconciliation import maths as reconcile
 from dpcdf.service.protocols.channel import CHECK, Kind
@@ -36,15 +28,13 @@ from dpcdf.service.client import make_reports
 from dpcdf.service.server import create_app
 from dpcdf.service.server.limits import Limits
 from dpcdf.service.task import TaskConfig, token_hash
-from dpcdf.service.wire import MAX_BATCH, Report, encode_batch
+from dpcdf.service.wire import encode_batch
 from helpers import GRID, OPERATOR, values
 
 with warnings.catch_warnings():  # starlette's TestClient prefers httpx2; httpx works
     warnings.filterwarnings("ignore", message=".*httpx2")
     from fastapi.testclient import TestClient
 
-# schemathesis' negative strategies hold the whole schema: hypothesis warns when it draws them by name
-pytestmark = pytest.mark.filterwarnings("ignore:Generating overly large repr:hypothesis.errors.HypothesisWarning")
 THOROUGH = os.environ.get("HYPOTHESIS_PROFILE") == "thorough"
 EXAMPLES = 2000 * (5 if THOROUGH else 1)
 FUZZ = settings(max_examples=EXAMPLES, derandomize=not THOROUGH, database=None, deadline=None,
@@ -59,6 +49,8 @@ CLOSE = "/tasks/{task_id}/close"
 # schemathesis cannot break the schema of a request without parameters or of a binary body
 POSITIVE_ONLY = {"/health", "/health/operator", "/hpke"} | BINARY
 FUZZ_LIMITS = Limits(slow_level=1e9, refuse_level=2e9)
+
+
 
 
 @dataclass
@@ -86,8 +78,7 @@ def _register(client: TestClient, config: TaskConfig) -> None:
     assert res.status_code == 201, res.text
 
 
-@pytest.fixture(scope="module")
-def world(tmp_path_factory) -> World:
+def make_world(tmp_path_factory) -> World:
     base = tmp_path_factory.mktemp("fuzz")
     # every limit as deployed but the failure levels: all requests come from one test client, whose
     # junk would get it held back and refused (tests/service/system/test_exhaustion.py tests those)
@@ -130,8 +121,8 @@ def _check_reports(apps, config: TaskConfig) -> None:
     states = [app.state.server.task(config.task_id) for app in apps]
     helper = states[1].helper()
     states[0].check_leader().run(lambda m: helper.answer(states[1].channel.open(m, CHECK, helper.context)))
-    for st in states:
-        assert st.store.marked(config.task_id, "verified") and not st.store.rejections(config.task_id)  # honest reports
+    for state in states:
+        assert state.store.marked(config.task_id, "verified") and not state.store.rejections(config.task_id)  # honest reports
 
 
 # --- sending a request and checking its answer -----------------------------------------------------------
@@ -190,28 +181,7 @@ def check_state(world: World, party: int, before: dict, acknowledged: int, what:
         assert after[t][1:] == before[t][1:], f"server {party}, task {t}: {before[t]} -> {after[t]} after {what}"
 
 
-# --- requests from the OpenAPI schema ----------------------------------------------------------------------
-@pytest.fixture(scope="module")
-def operations(world):
-    schema = schemathesis.openapi.from_asgi("/openapi.json", world.apps[0])
-    ops = [result.ok() for result in schema.get_all_operations()]
-    assert {op.path for op in ops} == {"/health", "/health/operator", "/hpke", "/tasks", "/tasks/{task_id}", CLOSE, "/tasks/{task_id}/query"} | BINARY
-    strategies = []
-    for op in ops:
-        # the deepest code (the aggregation) and the close, which its coverage check below needs reached with
-        # a right token (once in a full CI run, after the schema grew, 1,000 derandomised examples never did)
-        weight = 3 if op.path in ("/tasks/{task_id}/query", CLOSE) else 1
-        strategies += [op.as_strategy(generation_mode=GenerationMode.POSITIVE)] * weight
-        if op.path not in POSITIVE_ONLY:
-            strategies.append(op.as_strategy(generation_mode=GenerationMode.NEGATIVE))
-    return Strategies(strategies)
-
-
-class Strategies(list):
-    def __repr__(self) -> str:  # not hypothesis' repr of the whole schema once per operation
-        return f"<{len(self)} schemathesis strategies>"
-
-
+# --- strategies both fuzzing modules draw from --------------------------------------------------------------
 RIGHT = [f"Bearer {TOKEN}", f"Bearer {OPERATOR}"]
 WRONG = ["Bearer", "Bearer ", "Basic dXNlcjpwYXNz", f"bearer {TOKEN}", f"Bearer {TOKEN} ", f"Bearer  {TOKEN}",
          f"Bearer {TOKEN[:-1]}", f"Bearer {OPERATOR}x", f"Bearer {TOKEN},Bearer {OPERATOR}", ""]
@@ -280,211 +250,3 @@ QUERIES = st.one_of(  # a valid prefix query twice: the coverage check needs a 2
     st.builds(lambda: {"kind": "prefix", "indices": [0] * ((1 << 16) + 1)}),  # over the limit
     st.builds(lambda: {"kind": "prefix", "indices": list(range(64)) * 1024}),  # at it
 )
-
-
-@st.composite
-def schema_requests(draw, strategies, world):
-    """schemathesis' request for one operation; then often a real task id in the path, a right or
-    wrong bearer token, and (queries, registrations) a body that is valid or nearly so."""
-    case = draw(st.sampled_from(strategies).flatmap(lambda s: s))
-    if "task_id" in case.path_parameters and draw(st.integers(0, 4)) > 0:
-        case.path_parameters["task_id"] = draw(TASK_IDS)
-    auth = draw(AUTH)
-    if auth == "DROP":
-        case.headers.pop("Authorization", None)
-    elif auth is not None:
-        case.headers["Authorization"] = auth
-    if case.path in ("/tasks", "/tasks/{task_id}/query") and draw(st.integers(0, 2)) > 0:
-        case.body = draw(task_configs(world) if case.path == "/tasks" else QUERIES)
-        case.media_type = "application/json"
-    return case, draw(st.integers(0, 1))
-
-
-def test_requests_from_the_schema(world, operations):
-    """schemathesis' requests for every operation, valid and schema-violating, with our tokens and
-    task ids mixed in, against either server."""
-    seen: set[tuple[str, int]] = set()
-
-    @FUZZ
-    @given(schema_requests(operations, world))
-    def run(drawn):
-        case, party = drawn
-        before = world.snapshot(party)
-        try:
-            res = send(case.call, app=world.apps[party])
-        except requests.exceptions.InvalidHeader:
-            return  # the client cannot send this header: no request reached the server
-        seen.add((case.path, res.status_code))
-        acknowledged = check_answer(res.status_code, content_type(res.headers), res.content,
-                                    path=case.path, party=party)
-        check_state(world, party, before, acknowledged, f"{case.method} {case.formatted_path} {dict(case.headers)}")
-
-    run()
-    # the fuzzer got past the tokens: the analyst's and the operator's endpoints answered it, or refused
-    # it for what it asked (not for its token), and they refused wrong tokens
-    reached = {path: {status for p, status in seen if p == path} for path, _ in seen}
-    assert 200 in reached["/tasks/{task_id}"] and 401 in reached["/tasks/{task_id}"], reached
-    assert {200, 400} <= reached["/tasks/{task_id}/query"], reached
-    assert reached[CLOSE] & {200, 403, 502}, reached
-    assert {400, 403} <= reached["/tasks"] and 400 in reached["/tasks/{task_id}/sync"], reached
-
-
-# --- our own binary bodies ----------------------------------------------------------------------------------
-def mutated(data: bytes) -> st.SearchStrategy[bytes]:
-    """`data` changed: cut short, one bit flipped, bytes appended, or a slice replaced."""
-    n = len(data)
-
-    def flip(at_bit):
-        at, bit = at_bit
-        return data[:at] + bytes([data[at] ^ (1 << bit)]) + data[at + 1:]
-
-    def splice(args):
-        at, size, new = args
-        out = data[:at] + new + data[at + size:]
-        return out if out != data else data + b"\x00"
-
-    return st.one_of(
-        st.integers(0, n - 1).map(lambda k: data[:k]),
-        st.tuples(st.integers(0, n - 1), st.integers(0, 7)).map(flip),
-        st.binary(min_size=1, max_size=16).map(lambda extra: data + extra),
-        st.tuples(st.integers(0, n - 1), st.integers(0, 8), st.binary(max_size=8)).map(splice),
-    )
-
-
-def report_bodies(world: World) -> st.SearchStrategy[bytes]:
-    known = world.stored + world.fresh
-    return st.one_of(st.binary(max_size=300), st.sampled_from(known).flatmap(mutated), st.sampled_from(known))
-
-
-def batch_bodies(world: World) -> st.SearchStrategy[bytes]:
-    reports = report_bodies(world)
-    return st.one_of(
-        st.lists(reports, max_size=6).map(encode_batch),
-        st.lists(st.sampled_from(world.stored + world.fresh), min_size=1, max_size=6).map(encode_batch).flatmap(mutated),
-        st.tuples(st.sampled_from([MAX_BATCH, MAX_BATCH + 1, 2**32 - 1, 3]), st.binary(max_size=64)).map(
-            lambda c: struct.pack("<I", c[0]) + c[1]),
-        st.tuples(st.sampled_from(world.stored), st.sampled_from([0, 2**31, 2**32 - 1])).map(
-            lambda r: struct.pack("<II", 1, r[1]) + r[0]),
-        st.binary(max_size=64),
-    )
-
-
-def sync_bodies(world: World) -> st.SearchStrategy[bytes]:
-    return st.one_of(
-        st.sampled_from(world.sync_messages).flatmap(mutated),
-        st.tuples(st.sampled_from([0, 1, 2, 3, 4, 255]), st.binary(max_size=80)).map(lambda m: bytes([m[0]]) + m[1]),
-        st.binary(max_size=64),
-    )
-
-
-def raw_json(values: st.SearchStrategy) -> st.SearchStrategy[bytes]:
-    """JSON text as a client may send it: with NaN and Infinity (Python's json reads them), cut
-    short, or in another encoding."""
-    def nonfinite(v):
-        if isinstance(v, dict):
-            return {k: nonfinite(x) for k, x in v.items()}
-        return float("nan") if isinstance(v, float) and v == 1.0 else float("inf") if v == 100.0 else v
-
-    text = values.map(lambda v: json.dumps(nonfinite(v)).encode())
-    return st.one_of(text, text.flatmap(mutated), text.map(lambda b: b.decode().encode("utf-16")))
-
-
-@st.composite
-def binary_requests(draw, world):
-    path = draw(st.sampled_from(sorted(BINARY) * 2 + ["/tasks", "/tasks/{task_id}/query"]))
-    body = draw({"/tasks/{task_id}/reports": report_bodies, "/tasks/{task_id}/reports/batch": batch_bodies,
-                 "/tasks/{task_id}/sync": sync_bodies, "/tasks/{task_id}/verify": sync_bodies,
-                 "/tasks": lambda w: raw_json(task_configs(w)),
-                 "/tasks/{task_id}/query": lambda w: raw_json(QUERIES)}[path](world))
-    task_id = draw(st.one_of(st.sampled_from(TASKS), TASK_IDS))
-    party = draw(st.sampled_from([0, 1, 1] if path in PEER_PATHS else [0, 1]))
-    headers = {}
-    if draw(st.booleans()):
-        headers["content-type"] = draw(st.sampled_from(["application/octet-stream", "application/json", "text/plain", ""]))
-    auth = draw(AUTH)
-    if auth not in (None, "DROP"):
-        headers["authorization"] = auth
-    return path, task_id, party, {k: v.encode("latin-1") for k, v in headers.items()}, body
-
-
-def test_mutated_raw_bodies(world):
-    """Uploads and reconciliation messages: valid ones (fresh reports are acknowledged and stored),
-    and truncated, bit-flipped, extended, spliced and random ones, which must all be refused (400;
-    404 for an unknown task, 409 on a closed one) and change nothing; and raw JSON for registrations
-    and queries, with NaN and Infinity, cut short or UTF-16."""
-    clients = [TestClient(app) for app in world.apps]
-    seen: set[tuple[str, int]] = set()
-    known = [Report.from_bytes(r) for r in world.stored + world.fresh]
-    genuine = [{(r.report_id, r.sealed[party]) for r in known} for party in (0, 1)]
-
-    @FUZZ
-    @given(binary_requests(world))
-    def run(drawn):
-        path, task_id, party, headers, body = drawn
-        before = world.snapshot(party)
-        res = send(clients[party].post, path.replace("{task_id}", task_id), content=body, headers=headers)
-        seen.add((path, res.status_code))
-        acknowledged = check_answer(res.status_code, content_type(res.headers), res.content, path=path, party=party)
-        check_state(world, party, before, acknowledged, f"POST {path} {task_id!r} {body[:80]!r}")
-        if res.status_code < 300 and path.endswith("reports"):  # acknowledged: this server's share is genuine
-            report = Report.from_bytes(body)  # (the other server's may be changed: it refuses it, and
-            assert (report.report_id, report.sealed[party]) in genuine[party]  # reconciliation drops it here)
-
-    run()
-    reached = {path: {status for p, status in seen if p == path} for path, _ in seen}
-    assert {400, 404} <= reached["/tasks/{task_id}/reports"] and reached["/tasks/{task_id}/reports"] & {201, 409}, reached
-    assert {200, 400} <= reached["/tasks/{task_id}/reports/batch"] and 400 in reached["/tasks/{task_id}/sync"], reached
-    assert {400, 403} <= reached["/tasks"] and 400 in reached["/tasks/{task_id}/query"], reached
-
-
-# --- the harness catches what it is meant to ------------------------------------------------------------------
-def test_the_checks_catch_a_server_error_and_a_bare_refusal(tmp_path):
-    """A handler that raises is reported (not taken for a refusal), as are a 500 and a refusal
-    without the {"error": str} body, and a state change no answer accounts for."""
-    app = create_app(0, tmp_path, warm_up=False)
-
-    @app.get("/boom")
-    def boom():
-        raise RuntimeError("a bug")
-
-    @app.get("/slow")
-    def slow():
-        time.sleep(3)
-
-    with pytest.raises(RuntimeError, match="a bug"):
-        send(TestClient(app).get, "/boom")
-    with pytest.raises(AssertionError, match="hangs"):
-        send(TestClient(app).get, "/slow", timeout=0.5)
-    with pytest.raises(AssertionError, match="server error"):
-        check_answer(500, "application/json", b'{"error": "x"}', path="/tasks/{task_id}/reports", party=0)
-    with pytest.raises(AssertionError, match="server error"):
-        check_answer(502, "application/json", b'{"error": "x"}', path=CLOSE, party=1)
-    with pytest.raises(AssertionError, match="not JSON"):
-        check_answer(404, "text/plain", b"Not Found", path="/tasks", party=0)
-    with pytest.raises(AssertionError, match="not {'error': str}"):
-        check_answer(400, "application/json", b'{"detail": "x"}', path="/tasks", party=0)
-    assert check_answer(201, "application/json", b'{"accepted": 1}', path="/tasks/{task_id}/reports", party=0) == 1
-
-
-# --- what the fuzzing found --------------------------------------------------------------------------------------
-def test_a_forged_sync_message_does_not_close_server_1s_collection(world):
-    """Found by the fuzzer: server 1 froze the task (closed its collection for good) before it
-    checked that the sync message opens, so anyone could close it with any bytes."""
-    client = TestClient(world.apps[1])
-    genuine = world.sync_messages[0]
-    forged = (genuine[:-1] + bytes([genuine[-1] ^ 1]), b"\x01" + bytes(60), b"junk", b"")
-    for body in forged:
-        res = client.post(f"/tasks/{OPEN}/sync", content=body, headers={"content-type": "application/octet-stream"})
-        assert res.status_code == 400 and set(res.json()) == {"error"}, res.text
-    assert world.apps[1].state.server.store.frozen(OPEN) is None
-    new = make_reports(world.configs[OPEN], [50.0])[0].to_bytes()
-    assert client.post(f"/tasks/{OPEN}/reports", content=new).status_code == 201  # still collecting
-
-
-def test_the_state_check_catches_a_report_no_answer_acknowledged(world):
-    before = world.snapshot(0)
-    new = make_reports(world.configs[OPEN], [25.0])[0].to_bytes()
-    assert TestClient(world.apps[0]).post(f"/tasks/{OPEN}/reports", content=new).status_code == 201
-    with pytest.raises(AssertionError, match="stored 1 reports, acknowledged 0"):
-        check_state(world, 0, before, 0, "a test")
-    check_state(world, 0, before, 1, "a test")
