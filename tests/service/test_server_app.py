@@ -1,12 +1,18 @@
 """The server's application in process: the analyst's token is checked before the task is looked
 up, and every refusal, validation included, is a 4xx with {"error": message}."""
+import json
 import warnings
 
+import numpy as np
 import pytest
+from pydantic import TypeAdapter
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
-from dpcdf.service.server import create_app
+from dpcdf.release import queries as Q
+from dpcdf.service.client.analyst import Analyst
+from dpcdf.service.server import answers, create_app, models
+from dpcdf.service.server.aggregate import Aggregator
 from dpcdf.service.server.limits import Failures, Guard, Limits
 from dpcdf.service.task import TaskConfig, token_hash
 from helpers import GRID, OPERATOR
@@ -94,3 +100,106 @@ def test_bodies_over_the_limit_are_refused_even_without_a_length():
     assert client.post("/", content=b"x" * (64 << 10 | 1)).status_code == 413  # refused on its Content-Length
     big = client.post("/tasks/t/reports", content=b"x" * (64 << 10 | 1))  # one report: at most 64 KiB
     assert big.status_code == 413 and big.headers["connection"] == "close"
+
+# --- one family of query types: the analyst asks what the server's handlers answer (issue 23) ---------
+def _task(mechanism: str, payload: str = "count", bits: int = 6, **extra) -> TaskConfig:
+    base = dict(grid={"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": bits}, epsilon=1.0, mechanism=mechanism,
+                relation="substitution", min_batch=0, servers=("http://127.0.0.1:9", "http://127.0.0.1:10"),
+                hpke_keys=("00" * 32, "01" * 32), token_hash="00" * 32, payload=payload, task_id="in-process")
+    return TaskConfig(**(base | extra))
+
+
+TASKS = {"path": _task("path"), "tree": _task("tree"), "adaptive": _task("adaptive", bits=8),
+         "factorization": _task("factorization", epsilon=None, privacy="zcdp", rho=1.0),
+         "calibration": _task("tree", payload="calibration")}
+
+
+def _served(config: TaskConfig, seen: list) -> Analyst:
+    """An analyst whose questions (their JSON) the server's models parse and its handlers answer, with
+    two Aggregators over real key shares: no HTTP, the same dispatch as POST /tasks/{id}/query."""
+    rng = np.random.default_rng(11)
+    values = rng.random(300)
+    dcf = config.dcf()
+    betas = 1 if config.payload == "count" else np.stack([np.ones(300, np.int64), rng.integers(0, 2, 300),
+                                                          rng.integers(0, 1 << 16, 300)], axis=1)
+    keys = dcf.gen_batch(config.make_grid().index(values), betas)
+    aggs = [Aggregator(dcf, config.make_mechanism(), bytes([party + 1]) * 32, config.task_id) for party in (0, 1)]
+    parse = TypeAdapter(models.Query)
+
+    def ask(question: dict):
+        q = parse.validate_json(json.dumps(question)).to_query()
+        seen.append(q)
+        answers.check(q, config, aggs[0])
+        shares = [answers.shares(q, config, agg, [k]) for agg, k in zip(aggs, keys)]
+        return dcf.reconstruct(shares[0], shares[1], signed=True), values.size
+
+    analyst = Analyst(config, "token")
+    analyst._closed, analyst._ask = True, ask
+    return analyst
+
+
+def test_the_analyst_and_the_servers_handlers_speak_the_same_query_types():
+    """Every query type goes analyst -> JSON -> the server's model -> the plain type -> its handler, and
+    the answers make a release for every mechanism; each type is used by some task."""
+    used = set()
+    for name, config in TASKS.items():
+        seen: list = []
+        analyst = _served(config, seen)
+        (rel, *_) = analyst.releases()
+        assert rel.counts.shape == (config.make_grid().size,), name
+        if name == "calibration":
+            assert analyst.group_sums([10, 40]).shape == (3, 3)
+        assert seen and all(isinstance(q, Q.QUERY_TYPES) for q in seen), name
+        used |= {type(q) for q in seen}
+    assert used == set(Q.QUERY_TYPES)
+
+
+def _old_rule(config: TaskConfig, mech, q) -> str | None:
+    """The router's isinstance chain before the query types (the oracle): its refusal, or None."""
+    adaptive, size = config.mechanism == "adaptive", mech.size
+    if isinstance(q, Q.BinsQuery) != adaptive and not (adaptive and isinstance(q, Q.NodesQuery)):
+        return answers.ADAPTIVE_ONLY
+    if isinstance(q, Q.BinsQuery):
+        return None if (q.round == 2) == (q.ends is not None) else "round 1's bins"
+    if isinstance(q, Q.CoordinatesQuery) != (not mech.answers_prefixes and not adaptive):
+        return answers.FACTORIZATION_ONLY
+    if isinstance(q, Q.CoordinatesQuery):
+        return None
+    if isinstance(q, Q.GroupsQuery):
+        if config.payload != "calibration":
+            return answers.KINDS
+        return None if all(0 <= e < size - 1 for e in q.edges) else "edges must be"
+    if isinstance(q, Q.PrefixQuery):
+        return None if all(0 <= i < size for i in q.indices) else "indices must be"
+    ok = config.mechanism in ("tree", "adaptive") and q.level in mech.released_levels()
+    return None if ok else "node queries need"
+
+
+QUERIES = [Q.PrefixQuery([0, 63]), Q.PrefixQuery([64]), Q.NodesQuery(0), Q.NodesQuery(1), Q.NodesQuery(99),
+           Q.CoordinatesQuery(), Q.BinsQuery(1), Q.BinsQuery(1, [255]), Q.BinsQuery(2), Q.GroupsQuery([3, 9]),
+           Q.GroupsQuery([63])]
+
+
+@pytest.mark.parametrize("name", TASKS)
+def test_a_tasks_refusals_are_the_routers_before(name):
+    config = TASKS[name]
+    agg = Aggregator(config.dcf(), config.make_mechanism(), b"\x01" * 32, config.task_id)
+    for q in QUERIES:
+        want = _old_rule(config, agg.mechanism, q)
+        if want is None:
+            answers.check(q, config, agg)
+        else:
+            with pytest.raises(answers.QueryRefused) as refused:
+                answers.check(q, config, agg)
+            assert str(refused.value).startswith(want), (name, q)
+
+
+def test_a_refused_query_is_a_400_with_its_message(client_and_task):
+    client, task_id = client_and_task
+    auth = JSON | {"authorization": f"Bearer {TOKEN}"}
+    for body, message in ((b'{"kind": "bins", "round": 1}', answers.ADAPTIVE_ONLY),
+                          (b'{"kind": "coordinates"}', answers.FACTORIZATION_ONLY),
+                          (b'{"kind": "groups", "edges": [1]}', answers.KINDS),
+                          (b'{"kind": "prefix", "indices": [1, 99999]}', "indices must be a non-empty list of grid indices in [0, ")):
+        res = client.post(f"/tasks/{task_id}/query", content=body, headers=auth)
+        assert res.status_code == 400 and res.json()["error"].startswith(message), body

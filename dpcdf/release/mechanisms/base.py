@@ -1,6 +1,7 @@
 """`Mechanism`: what every tree-structured noise offers its callers (the central release, a server's
-aggregation, the analyst): noise at prefixes and nodes, gathering and estimating a release, and its
-privacy guarantee under either relation, stated in code (`exact_epsilon`, `statement`)."""
+aggregation, the analyst): noise at prefixes and nodes, asking for (in typed queries,
+`dpcdf.release.queries`) and estimating a release, and its privacy guarantee under either relation,
+stated in code (`exact_epsilon`, `statement`)."""
 from __future__ import annotations
 
 import math
@@ -12,6 +13,7 @@ import numpy as np
 
 from ...errors import ParameterError
 from ..noise import EPSILON_ROUNDING
+from ..queries import Answer, BinsQuery, CoordinatesQuery, NodesQuery, PrefixQuery
 from ..tree import TreeShape
 from .accounting import check_relation, round_up
 
@@ -80,15 +82,25 @@ class Mechanism(ABC):
         """A factorization's noise on its coordinates R x; the path and tree mechanisms have none."""
         raise ParameterError(f"the {self.name} mechanism has no coordinates to release (a factorization has)")
 
+    def ask(self, answer: Answer, n=None, copies: int = 1):
+        """The release, asked for in typed queries (`dpcdf.release.queries`) through one function
+        `answer(query) -> noisy values`: the analyst's questions to the servers. `n` (public under
+        substitution; a number, or a function giving it once asked) and `copies` (how many noises
+        each answer carries) as `gather` takes them."""
+        return self.gather(lambda indices: answer(PrefixQuery(indices)), lambda level: answer(NodesQuery(level)),
+                           lambda: answer(CoordinatesQuery()),
+                           lambda round_, ends: answer(BinsQuery(round_, None if round_ == 1 else ends)),
+                           n=n, copies=copies)
+
     @abstractmethod
     def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
                bins_at: BinAnswers | None = None, n=None, copies: int = 1):
-        """The release, asked for through `prefix_at(indices)` (noisy prefix counts), `nodes_at(level)`
-        (noisy node counts of a released level), `coordinates_at()` (a factorization's noisy
-        coordinates) or `bins_at(round, ends)` (an adaptive release's noisy bin counts, whose second
-        round depends on the first, on n (public under substitution; a number or a function giving
-        it once asked) and on how many noises (`copies`) each answer carries): the analyst's questions
-        to the servers. Arrays may carry a trailing payload axis (one column per released ECDF)."""
+        """The release, from one callback per query type (callers use `ask`, which makes them from
+        one `answer`): `prefix_at(indices)` (noisy prefix counts), `nodes_at(level)` (noisy node
+        counts of a released level), `coordinates_at()` (a factorization's noisy coordinates) or
+        `bins_at(round, ends)` (an adaptive release's noisy bin counts, whose second round depends on
+        the first, on n and on `copies`). Arrays may carry a trailing payload axis (one column per
+        released ECDF)."""
 
     def noisy(self, prefix: np.ndarray, noise: NoiseFn):
         """The central release of exact prefix counts (at every grid index) with `noise`."""

@@ -11,6 +11,7 @@ import numpy as np
 
 from ...errors import DpcdfError, ParameterError
 from ...release.ecdf import Release, finish_release
+from ...release.queries import GroupsQuery, PrefixQuery, Query, to_dict
 from ..http import ServerError, http
 from ..task import MAX_QUERY_POINTS, TaskConfig
 
@@ -63,7 +64,16 @@ class Analyst:
         """Whether the collection is closed already (on server 0, which closes first)."""
         return bool(self.status()["closed"])
 
+    def ask(self, q: Query) -> tuple[np.ndarray, int]:
+        """Both servers' answers to one query, added up: the noisy values (int64, a trailing axis per
+        payload element if any) and n (0 under add/remove). Prefix queries go in parts of at most
+        MAX_QUERY_POINTS indices (`prefix_counts`)."""
+        if isinstance(q, PrefixQuery):
+            return self.prefix_counts(q.indices)
+        return self._ask(to_dict(q))
+
     def _ask(self, question: dict) -> tuple[np.ndarray, int]:
+        """One question (a query's JSON, `dpcdf.release.queries.to_dict`) to both servers."""
         if not self._closed:
             self.close()
         body = json.dumps(question).encode()
@@ -93,7 +103,7 @@ class Analyst:
             raise DpcdfError(f"a {self.mechanism.name} task answers no prefix query (it releases the whole ECDF at "
                              "once): use release(), or dpcdf query without --bisect")
         idx = [int(i) for i in indices]
-        parts = [self._ask({"kind": "prefix", "indices": idx[k:k + MAX_QUERY_POINTS]})
+        parts = [self._ask(to_dict(PrefixQuery(idx[k:k + MAX_QUERY_POINTS])))
                  for k in range(0, max(len(idx), 1), MAX_QUERY_POINTS)]
         return np.concatenate([p[0] for p in parts]), parts[0][1]
 
@@ -138,24 +148,12 @@ class Analyst:
         servers' noise."""
         mech, seen = self.mechanism, {"n": 0}
 
-        def prefix_at(indices: np.ndarray) -> np.ndarray:
-            counts, seen["n"] = self.prefix_counts(indices)
-            return counts
-
-        def nodes_at(level: int) -> np.ndarray:
-            counts, seen["n"] = self._ask({"kind": "nodes", "level": level})
-            return counts
-
-        def coordinates_at() -> np.ndarray:
-            counts, seen["n"] = self._ask({"kind": "coordinates"})
-            return counts
-
-        def bins_at(round_: int, ends: np.ndarray) -> np.ndarray:
-            counts, seen["n"] = self._ask({"kind": "bins", "round": round_, **({"ends": [int(e) for e in ends]} if round_ == 2 else {})})
+        def answer(q: Query) -> np.ndarray:
+            counts, seen["n"] = self.ask(q)
             return counts
 
         # the questions the mechanism's release needs (an adaptive one plans round two from round one's answers)
-        release = mech.gather(prefix_at, nodes_at, coordinates_at, bins_at, n=lambda: seen["n"], copies=2)
+        release = mech.ask(answer, n=lambda: seen["n"], copies=2)
         return [finish_release(self.grid, mech, part, seen["n"], postprocess_with, copies=2) for part in mech.elements(release)]
 
     def release(self, postprocess_with: str = "auto") -> Release:
@@ -171,5 +169,5 @@ class Analyst:
         per group (.., e_1], (e_1, e_2], ...; released once per task: the servers refuse other edges."""
         if self.config.payload != "calibration":
             raise DpcdfError("group sums need a calibration task")
-        sums, _ = self._ask({"kind": "groups", "edges": [int(e) for e in edges]})
+        sums, _ = self.ask(GroupsQuery([int(e) for e in edges]))
         return sums

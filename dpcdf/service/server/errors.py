@@ -1,6 +1,7 @@
-"""The server's refusals: `HttpError` (a status and a message), and the handlers that turn it, a
-request that fails validation, and Starlette's own errors (unknown route, unreadable body) into one
-JSON shape, {"error": message}, that clients read (`dpcdf.service.http`)."""
+"""The server's refusals: `HttpError` (a status and a message), the domain errors of the layers below
+the routers (`STATUS`: each class's status), and the handlers that turn them, a request that fails
+validation, and Starlette's own errors (unknown route, unreadable body) into one JSON shape,
+{"error": message}, that clients read (`dpcdf.service.http`)."""
 from __future__ import annotations
 
 from fastapi import Request
@@ -9,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ...errors import DpcdfError
+from .answers import QueryRefused
 
 NOT_JSON = "the body must be JSON"
 
@@ -32,6 +34,19 @@ def problem(error: dict) -> str:
     return f"{where}: {error['msg']}" if where else error["msg"]
 
 
+STATUS: dict[type[DpcdfError], int] = {QueryRefused: 400}
+"""The domain errors of the state and protocol layer, each answered with its status (the most
+specific class listed wins)."""
+
+
+def status_of(exc: DpcdfError) -> int:
+    return next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
+
+
+async def domain_error(request: Request, exc: DpcdfError) -> JSONResponse:
+    return JSONResponse({"error": str(exc)}, status_code=status_of(exc))
+
+
 async def http_error(request: Request, exc: HttpError) -> JSONResponse:
     return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
 
@@ -46,4 +61,5 @@ async def starlette_error(request: Request, exc: HTTPException) -> JSONResponse:
     return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
 
 
-HANDLERS = {HttpError: http_error, RequestValidationError: invalid_request, HTTPException: starlette_error}
+HANDLERS = {HttpError: http_error, RequestValidationError: invalid_request, HTTPException: starlette_error,
+            **{cls: domain_error for cls in STATUS}}

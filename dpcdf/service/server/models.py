@@ -1,15 +1,16 @@
 """The JSON the server takes and gives, as Pydantic models (they are also its OpenAPI schema).
-Checks that need the task (grid size, mechanism) are the routers'; these check shape and type."""
+Checks that need the task (grid size, mechanism) are the server's (`answers.check`); these check shape
+and type. A query model converts to and from its plain type (`dpcdf.release.queries`, `to_query`,
+`from_query`), which is what the server answers and the analyst asks."""
 from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag
 
+from ...release import queries as plain
 from ..task import MAX_QUERY_POINTS
-
-KINDS = ("kind must be 'prefix', 'nodes', (factorization tasks) 'coordinates', (adaptive tasks) 'bins' or "
-         "(calibration tasks) 'groups'")
+from .answers import KINDS  # noqa: F401 (the Discriminator's message; also this module's name for it)
 
 
 class Error(BaseModel):
@@ -111,30 +112,43 @@ def _edges(v: list[int]) -> list[int]:
     return v
 
 
-class PrefixQuery(BaseModel):
+class QueryModel(BaseModel):
+    """A query's JSON: the same field names as its plain type (`dpcdf.release.queries`)."""
+
+    def to_query(self) -> plain.Query:
+        """The plain query this JSON names."""
+        return plain.from_dict(self.model_dump(exclude_none=True))
+
+    @classmethod
+    def from_query(cls, q: plain.Query) -> "QueryModel":
+        """The JSON of a plain query (validated as a request is)."""
+        return cls.model_validate(plain.to_dict(q))
+
+
+class PrefixQuery(QueryModel):
     """Shares of the noisy counts of reports with index <= i, for each i."""
     kind: Literal["prefix"]
     indices: Annotated[list[StrictInt], AfterValidator(_indices)]
 
 
-class NodesQuery(BaseModel):
+class NodesQuery(QueryModel):
     """Shares of the noisy counts of every data-holding node of one released tree level."""
     kind: Literal["nodes"]
     level: StrictInt
 
 
-class GroupsQuery(BaseModel):
+class GroupsQuery(QueryModel):
     """Calibration tasks: shares of the noisy group sums between these grid indices (once per task)."""
     kind: Literal["groups"]
     edges: Annotated[list[StrictInt], AfterValidator(_edges)]
 
 
-class CoordinatesQuery(BaseModel):
+class CoordinatesQuery(QueryModel):
     """Factorization tasks (zCDP): shares of R x + noise at every coordinate, then (substitution) of n."""
     kind: Literal["coordinates"]
 
 
-class BinsQuery(BaseModel):
+class BinsQuery(QueryModel):
     """Adaptive tasks: shares of noisy bin counts. Round 1: the task's fixed equal-width bins (no
     ends). Round 2: the bins ending at `ends` (strictly increasing grid indices, the last one the grid's
     last), fixed by the task's first round-two query: a task answers one round-two design only (these
@@ -153,6 +167,12 @@ Query = Annotated[
           Annotated[CoordinatesQuery, Tag("coordinates")], Annotated[BinsQuery, Tag("bins")]],
     Discriminator(_kind, custom_error_type="kind", custom_error_message=KINDS),
 ]
+
+
+MODELS: dict[type, type[QueryModel]] = {plain.PrefixQuery: PrefixQuery, plain.NodesQuery: NodesQuery,
+                                        plain.GroupsQuery: GroupsQuery, plain.CoordinatesQuery: CoordinatesQuery,
+                                        plain.BinsQuery: BinsQuery}
+"""Each plain query type's model (`Query` is their union, tagged by kind)."""
 
 
 class QueryResponse(BaseModel):
