@@ -11,6 +11,7 @@ from starlette.exceptions import HTTPException
 
 from ...errors import DpcdfError
 from .answers import QueryRefused
+from .context import BudgetSpent, NotClosed, TooFewReports
 
 NOT_JSON = "the body must be JSON"
 
@@ -34,7 +35,7 @@ def problem(error: dict) -> str:
     return f"{where}: {error['msg']}" if where else error["msg"]
 
 
-STATUS: dict[type[DpcdfError], int] = {QueryRefused: 400}
+STATUS: dict[type[DpcdfError], int] = {QueryRefused: 400, NotClosed: 409, TooFewReports: 403, BudgetSpent: 403}
 """The domain errors of the state and protocol layer, each answered with its status (the most
 specific class listed wins)."""
 

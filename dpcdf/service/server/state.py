@@ -22,43 +22,41 @@ import numpy as np
 from ...errors import DpcdfError
 from ..files import write_secret
 from ..hpke import ServerKeys
-from ..protocols.channel import CHECK, RECONCILIATION, Channel, Kind, Message, NotReady, Refused, Unopened
+from ..protocols.channel import CHECK, RECONCILIATION, Kind, Message, NotReady, Refused, Unopened
 from ..protocols.check import round_one
 from ..protocols.check.exchange import CheckHelper, CheckLeader, ready_mark
-from ..protocols.reconciliation import maths as reconcile
 from ..protocols.reconciliation.exchange import ReconcileHelper, ReconcileLeader, finish, say_done
 from ..protocols.reconciliation.maths import SyncError
 from ..storage import segments
 from ..storage.records import CollectionClosed, Mark
 from ..storage.store import Store
 from ..task import TaskConfig, token_hash
-from .aggregate import Aggregator, Histogram
+from .aggregate import Evaluator, Histogram
 from .checker import Checker
+from .context import BudgetSpent, NotClosed, TaskContext, TooFewReports, pair_key  # noqa: F401 (pair_key: its old home)
 from .errors import HttpError
 
 CLOSED = "collection is closed: the analyst has closed the task"
 
 
 class TaskState:
-    """A task's config, aggregator and the cache of key shares loaded from the store."""
+    """A task's context (`TaskContext`: config, party, store, pair key, channel, aggregator), the
+    cache of key shares loaded from the store, and the locks of its close and queries."""
 
-    def __init__(self, config: TaskConfig, party: int, seed: bytes, noise: bool, keys: ServerKeys, store: Store):
-        self.config = config
-        self.pair_key = pair_key(config, party, keys)
-        self.dcf = config.key_dcf()  # what the reports' keys are (a verified task's also carry the check's MAC)
-        self.aggregator = Aggregator(config.dcf(), config.make_mechanism(), seed, config.task_id, noise)
+    def __init__(self, config: TaskConfig, party: int, seed: bytes, noise: bool, keys: ServerKeys, store: Store,
+                 evaluator: Evaluator | None = None):
+        self.ctx = ctx = TaskContext.build(config, party, seed, noise, keys, store, evaluator)
+        self.config, self.party, self.store, self.pair_key = ctx.config, ctx.party, ctx.store, ctx.pair_key
+        self.aggregator, self.channel = ctx.aggregator, ctx.channel  # every server-to-server message, journalled
+        self.dcf = ctx.dcf  # what the reports' keys are (a verified task's also carry the check's MAC)
         self.shards: list[KeyBatch] = []
         self.sealed = False  # shards are the reconciled task's segments
         self.seq = 0
-        self.party = party
-        self.store = store
         self._nonces = hmac.new(seed, b"report check commitment nonces", hashlib.sha256).digest()  # server 1's own
         self.lock = threading.Lock()
         # the task's close and its queries one at a time: each uses every core, and a close must not
         # interleave with the task's answers; other tasks' closes and queries do not wait for it
         self.answering = threading.Lock()
-        # every server-to-server message of the task, journalled: each step answered once (issue 20)
-        self.channel = Channel(self.pair_key, config.fingerprint, config.task_id, store, "leader" if party == 0 else "helper")
         self._checking: CheckHelper | None = None  # server 1's side of a verified close
         self._preparing = threading.Lock()
         self._histogram: Histogram | None = None
@@ -149,19 +147,20 @@ class TaskState:
             return self.view()
 
     def open_for_query(self, fixes: list[tuple[str, str, str]]) -> tuple["list[KeyBatch] | Histogram", int, str]:
-        """Before a query's answer, under the task's `answering` lock: 409 unless the task is closed
-        (reconciled, or verified), 403 below min_batch reports; each (kind, design, refusal) of
-        `fixes` is fixed at its first query and refused (403 `refusal`) with another design after.
+        """Before a query's answer, under the task's `answering` lock: NotClosed (409) unless the task is
+        closed (reconciled, or verified), TooFewReports (403) below min_batch reports; each (kind,
+        design, refusal) of `fixes` is fixed at its first query and refused (BudgetSpent, 403, `refusal`)
+        with another design after.
         Marks the task answered; returns what to evaluate, n and the report-set hash."""
         store, task_id, config = self.store, self.config.task_id, self.config
         if not store.marked(task_id, Mark.VERIFIED if config.verify else Mark.RECONCILED):
-            raise HttpError(409, "the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
+            raise NotClosed("the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
         upto, n, digest = store.frozen(task_id)
         if n < config.min_batch:
-            raise HttpError(403, f"the task has {n} reports after reconciliation; queries need at least {config.min_batch}")
+            raise TooFewReports(f"the task has {n} reports after reconciliation; queries need at least {config.min_batch}")
         for kind, design, refusal in fixes:
             if store.fix_release(task_id, kind, design) != design:
-                raise HttpError(403, refusal)
+                raise BudgetSpent(refusal)
         store.mark(task_id, Mark.ANSWERED)
         return self.source(store, upto), n, digest
 
@@ -171,15 +170,11 @@ class TaskState:
 
     def reconciliation(self) -> ReconcileLeader | ReconcileHelper:
         """This server's side of the reconciliation."""
-        if self.party == 0:
-            return ReconcileLeader(self.channel, self.store, self.config.task_id, self.pair_key, self.forget_keys)
-        return ReconcileHelper(self.channel, self.store, self.config.task_id, self.pair_key, self.forget_keys,
-                               self._reconciled)
+        return self.ctx.reconciliation(self.forget_keys, self._reconciled)
 
     def check_leader(self) -> CheckLeader:
         """Server 0's side of the report check, over its round one read back for R."""
-        local = round_one.prepare(self.store, self.config, 0, self.pair_key)
-        return CheckLeader(self.channel, self.store, self.config, self.pair_key, local)
+        return self.ctx.check_leader()
 
     def _reconciled(self) -> None:
         """Server 1 just reconciled: round one of the check, or the segments, while server 0 goes on."""
@@ -193,13 +188,12 @@ class TaskState:
         once (started in the background when its reconciliation ends, `prepare_in_background`)."""
         with self._preparing:
             if self._checking is None:  # R changes only by reconciliation drops, which forget it (`forget_keys`)
-                local = round_one.prepare(self.store, self.config, self.party, self.pair_key)
-                self._checking = CheckHelper(self.channel, self.store, self.config, self.pair_key, local, self._nonces)
+                self._checking = self.ctx.check_helper(self._nonces)
             return self._checking
 
     def check_context(self) -> bytes:
         """H_R, the keyed hash of the report set the check runs on (before it, the set as it stands)."""
-        return bytes.fromhex(reconcile.set_hash(self.pair_key, self.store.reconciled_ids(self.config.task_id)))
+        return bytes.fromhex(self.ctx.set_hash(self.store.reconciled_ids(self.config.task_id)))
 
     def prepare_in_background(self) -> None:
         threading.Thread(target=self.helper, name=f"check-{self.config.task_id}", daemon=True).start()
@@ -255,13 +249,7 @@ class TaskState:
             return list(self.shards)
 
     def set_hash(self, ids: list[bytes]) -> str:
-        return reconcile.set_hash(self.pair_key, ids)
-
-
-def pair_key(config: TaskConfig, party: int, keys: ServerKeys) -> bytes:
-    """The key this server shares with the other one for the task (`protocols.reconciliation.maths.pair_key`), from the X25519
-    part of the other's key in the config (the last 32 bytes, for either KEM)."""
-    return reconcile.pair_key(keys.x25519, bytes.fromhex(config.hpke_keys[1 - party])[-32:], config.fingerprint)
+        return self.ctx.set_hash(ids)
 
 
 ADMIN_ENV = "DPCDF_ADMIN_TOKEN"
@@ -380,8 +368,8 @@ class Server:
                     row = self.store.task(task_id)
                     if row is None:
                         raise HttpError(404, f"unknown task {task_id}")
-                    st = TaskState(TaskConfig.from_json(row[0]), self.party, row[1], self.noise, self.keys, self.store)
-                    st.aggregator.evaluator = self.evaluator
+                    st = TaskState(TaskConfig.from_json(row[0]), self.party, row[1], self.noise, self.keys, self.store,
+                                   self.evaluator)
                     with self._tasks_lock:
                         st = self._tasks.setdefault(task_id, st)
                 return st
