@@ -303,6 +303,20 @@ def test_warm_up_says_what_it_compiles_and_finishes():
     res = run(["warm-up"])
     assert res.returncode == 0, res.stderr
     steps = [ln for ln in res.stderr.splitlines() if ln.startswith("warm-up ")]
-    assert [ln.split(":")[0] for ln in steps if ln.endswith("...")] == ["warm-up 1/3", "warm-up 2/3", "warm-up 3/3"]
+    started = sorted(ln.split(":")[0] for ln in steps if ln.endswith("..."))  # two processes: in any order
+    assert started == [f"warm-up {k}/7" for k in range(1, 8)], res.stderr
     assert "warm-up: done in" in res.stderr and "cached for every later command" in res.stderr
+
+
+def test_warm_up_in_one_process_and_a_failing_step(capsys):
+    """One process: the steps in order. Two: a step that fails in its child process is an error
+    that carries the child's message, not a silent success."""
+    from dpcdf import warmup
+
+    warmup.warm_up(progress=True, verified=False, jobs=1)
+    started = [ln.split(":")[0] for ln in capsys.readouterr().err.splitlines() if ln.endswith("...")]
+    assert started == ["warm-up 1/4", "warm-up 2/4", "warm-up 3/4", "warm-up 4/4"]
+    todo = [("release", "", "fine"), ("no-such-step", "", "broken")]
+    with pytest.raises(RuntimeError, match="no-such-step"):
+        warmup._in_processes(todo, [[1], [2]], lambda k, lane: None, {}, threading.Lock())
 

@@ -81,11 +81,11 @@ def grid_values(dcf: DCF, batch: KeyBatch, size: int) -> np.ndarray:
     return np.ascontiguousarray(y.reshape(len(batch), size, dcf.width))
 
 
-def warm_up() -> None:
+def warm_up(payloads: tuple[str, ...] = ("count", "label", "calibration")) -> None:
     """Compiles (or loads from numba's disk cache) what a verified close runs: the grid kernel of
-    every payload's width over F_p, and the check's sums; about 4 s the first time after an
+    each payload's width over F_p, and the check's sums; about 4 s the first time after an
     install, a fraction of a second after, instead of inside the first close."""
-    for payload in ("count", "label", "calibration"):
+    for payload in payloads:
         check = Check(payload, 4, mac=True)
         dcf = DCF(2, width=check.key_width, cmp="ge", group="p61")
         keys, _ = dcf.gen_batch(np.arange(2), np.ones((2, check.key_width), np.int64))
