@@ -18,8 +18,10 @@ count other programs' turns on our core):
   gen      the same function's `gen_batch`: key pairs/s (both parties' expansions, 256 blocks)
   sum      `eval_sum` at one point, one thread: keys/s (64 blocks each)
   grid     `eval_grid` of DCF(10, F_p, x >= alpha) over all 2^10 points: points/s (4 blocks each)
-  sketch   the verified close's work per report at 2^10 (count): eval_grid + `Check.round_one` +
-           `sketch.column_sums` (bench_verify.py, part 2): reports/s
+  sketch   the verified close's work per report at 2^10 (count): what round one runs on each batch of
+           reports (`round_one.step`): `round_one.grid_values` (eval_grid of the task's keys over
+           the grid) + `Check.round_one_sums` (round one and the histogram share's column sums in one
+           pass; bench_verify.py, part 2): reports/s
   % peak   AES blocks/s the operation drives divided by the tier's peak
 """
 from __future__ import annotations
@@ -150,8 +152,10 @@ def grid_blocks(p: TreeParams, size: int) -> float:
 
 
 class SketchWork:
-    """The verified close's work per report at 2^10, count payload (as bench_verify.py, part 2), with
-    the task's own key width (the check's payload, and whatever else `TaskConfig.dcf` puts in a key)."""
+    """The verified close's work per report at 2^10, count payload, as round one runs it on a batch of
+    reports (`round_one.step`, bench_verify.py part 2): eval_grid of the task's keys (`TaskConfig.key_dcf`:
+    the check's payload with its MAC, width 2) over the grid, then `Check.round_one_sums` (round one
+    and the histogram share's column sums, one pass over the grid values)."""
 
     def __init__(self, n: int):
         from dpcdf.service.protocols.check import round_one
@@ -160,7 +164,7 @@ class SketchWork:
         cfg = TaskConfig({"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 10}, 1.0, "path", "substitution", 1, ("a", "b"),
                          ("00", "01"), "00", payload="count", verify=True)
         # the keys' DCF: a verified task's keys may carry more than the released payload (`key_dcf`)
-        self.dcf = cfg.key_dcf() if hasattr(cfg, "key_dcf") else cfg.dcf()
+        self.dcf = cfg.key_dcf()
         self.check, self.size = cfg.check(), cfg.make_grid().size
         self.n = n
         rng = np.random.default_rng(10)
@@ -172,11 +176,8 @@ class SketchWork:
         self.grid_values = round_one.grid_values
 
     def __call__(self) -> None:
-        from dpcdf.service.protocols.check import sketch
-
         y = self.grid_values(self.dcf, self.keys, self.size)
-        self.check.round_one(0, y, self.extras, self.ch)
-        sketch.column_sums(y)
+        self.check.round_one_sums(0, y, self.extras, self.ch)
 
 
 def tier_section(quick: bool, reps: int) -> dict:
