@@ -19,7 +19,7 @@ from . import _kernels as K
 from . import field as F
 from .keys import GROUP, KeyBatch, from_groups, to_groups
 from .params import TreeParams
-from .prg import encrypt_blocks, mmo_blocks
+from .prg import EcbPass, mmo_blocks
 
 _NOT1 = ~np.uint64(1)
 
@@ -150,20 +150,27 @@ def eval_batch(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
     for g0 in range(0, G, CHUNK_GROUPS):
         g1 = min(G, g0 + CHUNK_GROUPS)
         k0, k1 = g0 * GROUP, min(n, g1 * GROUP)
-        m = k1 - k0
-        s = np.moveaxis(batch.seeds[g0:g1], 0, 1).reshape(2, -1)[:, :m].copy()  # a copy: the walk updates it in place
-        t = np.full(m, batch.party, np.uint8)
-        part = np.zeros((p.width, m), np.uint64)
-        x = xs[k0:k1]
-        inp = np.empty((m, p.eval_blocks, 2), np.uint64)
+        m, mp = k1 - k0, (g1 - g0) * GROUP  # keys, and lanes with the last group's padding
+        s = np.moveaxis(batch.seeds[g0:g1], 0, 1).reshape(2, mp).copy()  # a copy: the walk updates it in place
+        t = np.full(mp, batch.party, np.uint8)
+        part = np.zeros((p.width, mp), np.uint64)
+        x = np.zeros(mp, np.uint64)
+        x[:m] = xs[k0:k1]
+        inp = np.empty((mp, p.eval_blocks, 2), np.uint64)
         out = np.empty_like(inp)
+        ecb = EcbPass(inp, out)
+        K.fill_eval_at(s, x, p.bits - 1, p.width, inp)
+        w1 = p.width == 1 and p.level_payload
         for i in range(p.bits):
-            K.fill_eval_at(s, x, p.bits - 1 - i, p.width, inp)
-            encrypt_blocks(inp, out)  # AES only: eval_level_at xors the input back in (MMO)
-            K.eval_level_at(out, inp, s, t, part, batch.cw_seed, batch.cw_t, batch.cw_v, g0, i, i if p.level_payload else 0,
-                            x, p.bits - 1 - i, p.level_payload)
+            ecb()  # AES only: the step xors the input back in (MMO)
+            # this level's children, and the next level's blocks written over inp (the last: the seeds to s)
+            if w1:
+                K.eval_step_w1(out, inp, s, t, part, batch.cw_seed, batch.cw_t, batch.cw_v, g0, i, x, p.bits - 1 - i, i == p.bits - 1)
+            else:
+                K.eval_step_at(out, inp, s, t, part, batch.cw_seed, batch.cw_t, batch.cw_v, g0, i, i if p.level_payload else 0,
+                               x, p.bits - 1 - i, p.width, p.level_payload, i == p.bits - 1)
         K.finish_eval(part, convert(p, s), t, batch.cw_v[g0:g1, -1], batch.party == 1)
-        acc[:, k0:k1] = part
+        acc[:, k0:k1] = part[:, :m]
     acc &= np.uint64(p.mask)
     return acc
 

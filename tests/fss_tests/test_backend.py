@@ -101,3 +101,26 @@ def test_the_environment_variable_forces_a_tier():
         assert out.returncode == 0 and out.stdout.strip() == name, out.stderr
     bad = subprocess.run([sys.executable, "-c", code], env={**os.environ, "FSS_BACKEND": "avx1024"}, capture_output=True, text=True)
     assert bad.returncode != 0 and "ParameterError" in bad.stderr and "FSS_BACKEND" in bad.stderr
+
+
+@pytest.mark.parametrize("fn", [DCF(32), DCF(20, 32), DCF(12, 64, 3, cmp="ge"), DPF(16, 32, 2)], ids=repr)
+def test_portable_eval_over_several_chunks_is_the_function(fn):
+    """The portable eval walks the keys a chunk of `portable.CHUNK_GROUPS` groups at a time, one fused
+    level step per ECB call (a partial last group padded): two chunks and a partial one, against the
+    function itself."""
+    n = 2 * portable.CHUNK_GROUPS * 16 + 37
+    rng = np.random.default_rng(7)
+    alphas = rng.integers(0, 1 << fn.bits, n, dtype=np.uint64)
+    xs = rng.integers(0, 1 << fn.bits, n, dtype=np.uint64)
+    xs[::3] = alphas[::3]
+    xs[1::7] = alphas[1::7] - 1 * (alphas[1::7] > 0)
+    beta = [5] * fn.width if fn.width > 1 else 5
+    with backend.using("portable"):
+        k0, k1 = fn.gen_batch(alphas, beta)
+        got = fn.reconstruct(fn.eval_batch(k0, xs), fn.eval_batch(k1, xs))
+    if fn.params.cmp == "eq":
+        hit = xs == alphas
+    else:
+        hit = (xs >= alphas) if fn.params.cmp == "ge" else (xs < alphas)
+    want = np.where(hit, 5, 0)
+    np.testing.assert_array_equal(got.reshape(n, -1), np.broadcast_to(want[:, None], (n, fn.width)))
