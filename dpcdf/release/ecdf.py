@@ -2,7 +2,7 @@
 post-processing. The two-server protocol produces the same kind of `Release` from key shares."""
 from __future__ import annotations
 
-from dataclasses import dataclass, replace
+from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 import numpy as np
@@ -44,6 +44,8 @@ class Release:
     total: float
     fitted: np.ndarray | None = None  # the best linear estimate before the monotone fit (tree: consistent)
     noise_sd: float = 0.0  # the mechanism's (data-independent) noise sd per prefix count
+    copies: int = 1  # independent noises per released value (2 over two servers)
+    released: object = field(default=None, repr=False, compare=False)  # the mechanism's release itself (`gather`)
 
     @property
     def statement(self) -> str:
@@ -114,6 +116,28 @@ class Release:
         if e.ndim != 1 or e.size < 2 or not np.all(np.diff(e) > 0):
             raise ParameterError("edges must be an increasing 1-D array of at least 2 values")
         return np.diff(self.ecdf(e)) * self.total
+
+    def confidence_band(self, level: float = 0.95, target: str = "sample", ts=None,
+                        sims: int | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(lower, upper) F at the grid's thresholds (or at points `ts`, read as `ecdf` reads them): a
+        simultaneous band, P(lower <= F_n <= upper at every threshold) >= level over the mechanism's
+        noise, for the data's own ECDF F_n (target="sample"), or, with the DKW bound on alpha / 2
+        added, for the CDF of the population the n values were drawn i.i.d. from ("population").
+        It accounts for the mechanism's exact noise law (simulated from public parameters: epsilon or
+        rho, grid, tree shape, copies; the rank argument makes the level exact) and for monotonicity
+        and [0, n] as the monotone fit uses them; it is centred on the release's linear estimate (a
+        smoothed release's band is the unsmoothed estimate's). Post-processing: no privacy cost.
+        Details and proofs: `dpcdf/release/band.py`."""
+        from . import band
+
+        return band.confidence_band(self, level, target, ts, band.DEFAULT_SIMS if sims is None else sims)
+
+    def plot(self, ax=None, band: float | None = 0.95, target: str = "sample", label: str | None = None):
+        """Draw the released ECDF and (unless band is None) its simultaneous band at that level on
+        matplotlib axes (a new figure when None; matplotlib is imported only here); returns the axes."""
+        from .band import plot_band
+
+        return plot_band(self, ax, band, target, label)
 
     def smooth(self, p: int = 2) -> "Release":
         """The paper's eq. 3: the smallest node-noise adjustments (L1 or L2) that make the raw path
@@ -223,10 +247,10 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     total = float(n) if substitution else float(max(fitted[-1], 1.0))
     sd = float(np.sqrt(mech.expected_mse() * copies))
     if postprocess_with == "none":
-        return Release(grid, mech, raw, raw, total, raw, sd)
+        return Release(grid, mech, raw, raw, total, raw, sd, copies, noisy)
     known_last = total if substitution else None  # every value is <= t_max (clamped or refused)
     counts = postprocess.monotone(to_fit, 0.0, total, 1 if postprocess_with == "monotone-l1" else 2, known_last)
-    return Release(grid, mech, raw, counts, total, fitted, sd)
+    return Release(grid, mech, raw, counts, total, fitted, sd, copies, noisy)
 
 
 def _finish_adaptive(grid: Grid, mech: AdaptiveMechanism, release, n: int, postprocess_with: str, copies: int) -> Release:
@@ -235,9 +259,10 @@ def _finish_adaptive(grid: Grid, mech: AdaptiveMechanism, release, n: int, postp
     if postprocess_with not in ("auto", "monotone", "none"):
         raise ParameterError(f"an adaptive release is post-processed 'auto', 'monotone' or 'none', not {postprocess_with!r}")
     if release.plan.design == "tree":
-        return replace(finish_release(grid, mech.tree, release.round_two, n, postprocess_with, copies), mechanism=mech)
+        return replace(finish_release(grid, mech.tree, release.round_two, n, postprocess_with, copies), mechanism=mech,
+                       released=release)
     raw, counts, total = mech.counts(release, n, "monotone" if postprocess_with == "none" else postprocess_with, copies)
-    return Release(grid, mech, raw, raw if postprocess_with == "none" else counts, total)
+    return Release(grid, mech, raw, raw if postprocess_with == "none" else counts, total, copies=copies, released=release)
 
 
 def _zcdp_mechanism(mechanism, grid: Grid, rho: float, relation: str):

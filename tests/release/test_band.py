@@ -1,0 +1,200 @@
+"""Release.confidence_band: simultaneous coverage of the data's ECDF at the stated level (statistical
+tests sized to a few seconds, each with a 3-sigma allowance), a band made for the wrong epsilon
+under-covers, two-server releases (two noises per value), the population target, the noise laws of
+the calibration, errors and the plot hook."""
+import math
+import secrets
+
+import numpy as np
+import pytest
+
+import dpcdf
+from dpcdf import Grid, ParameterError
+from dpcdf.release import band
+from dpcdf.release.ecdf import finish_release
+from dpcdf.release.noise import dlaplace_variance, prf_noise
+from dpcdf.release.zcdp import GaussianVariance, dgauss_pmf, dgauss_variance
+
+LEVEL = 0.95
+
+
+def data(n=400, size=64, seed=0):
+    rng = np.random.default_rng(seed)  # the data set, not privacy noise
+    return np.minimum(rng.exponential(size / 5, n).astype(np.int64), size - 1)
+
+
+def floor(runs: int, level: float = LEVEL) -> float:
+    """The lowest coverage a correct band shows in `runs` releases but with probability ~0.1%."""
+    return level - 3 * math.sqrt(level * (1 - level) / runs)
+
+
+def covered(rel, truth, level=LEVEL, target="sample") -> bool:
+    lo, hi = rel.confidence_band(level, target)
+    return bool(np.all((lo <= truth + 1e-12) & (truth <= hi + 1e-12)))
+
+
+@pytest.mark.parametrize("mechanism,relation", [("path", "substitution"), ("tree", "substitution"),
+                                                ("path", "add-remove"), ("tree", "add-remove")])
+def test_the_band_covers_the_sample_ecdf_at_every_threshold(mechanism, relation):
+    values, grid, runs = data(), Grid.integers(64), 200
+    truth = dpcdf.prefix_counts(values, grid) / values.size
+    hits = sum(covered(dpcdf.release_ecdf(values, grid, 1.0, mechanism, relation), truth) for _ in range(runs))
+    assert hits / runs >= floor(runs)
+
+
+def test_the_calibration_is_exact_not_only_conservative():
+    """Before the monotone envelope (which only adds coverage), the path release's studentised
+    maximum error exceeds the calibration's exact-rank q (no margin) in 5% of releases, within 3
+    sigma either way (the fixed draws add an sd of about 0.005)."""
+    values, grid, runs = data(), Grid.integers(64), 300
+    truth = dpcdf.prefix_counts(values, grid)
+    over = 0
+    for _ in range(runs):
+        est = band.linear_estimate(dpcdf.release_ecdf(values, grid, 1.0, "path"))
+        s, maxima = band.calibration(est)
+        over += np.max(np.abs(est.y - truth) / s) > band.rank_quantile(maxima, LEVEL, margin=0)
+    sigma = math.sqrt(0.05 * 0.95 / runs)
+    assert abs(over / runs - 0.05) <= 3 * sigma
+
+
+def test_a_band_made_for_the_wrong_epsilon_under_covers():
+    """The band is only as good as its noise law: computed as if epsilon were 4 times larger (a
+    quarter of the noise scale), it misses the ECDF in most releases."""
+    from dataclasses import replace
+
+    values, grid, runs = data(), Grid.integers(64), 60
+    truth = dpcdf.prefix_counts(values, grid) / values.size
+    right = wrong = 0
+    for _ in range(runs):
+        rel = dpcdf.release_ecdf(values, grid, 1.0, "path")
+        right += covered(rel, truth)
+        wrong += covered(replace(rel, mechanism=dpcdf.PathMechanism(64, 4.0)), truth)
+    assert wrong / runs < 0.5 < floor(runs) <= right / runs
+
+
+@pytest.mark.parametrize("relation", ["substitution", "add-remove"])
+def test_adaptive_releases_are_covered_whichever_design_round_one_picks(relation):
+    """Flat data (a histogram of equal-width bins) under substitution, skewed data (bins at equal mass,
+    or the tree) under add/remove."""
+    rng = np.random.default_rng(2)
+    grid, runs = Grid.integers(256), 100
+    flat = relation == "substitution"
+    values = rng.integers(0, 256, 2000) if flat else np.minimum(rng.exponential(10, 2000).astype(np.int64), 255)
+    truth = dpcdf.prefix_counts(values, grid) / values.size
+    rels = [dpcdf.release_ecdf(values, grid, 1.0, "adaptive", relation) for _ in range(runs)]
+    if flat:
+        assert all(r.released.plan.design == "bins" for r in rels)
+    assert sum(covered(r, truth) for r in rels) / runs >= floor(runs)
+
+
+def test_zcdp_releases_are_covered():
+    values, grid, runs = data(), Grid.integers(64), 60
+    truth = dpcdf.prefix_counts(values, grid) / values.size
+    for mechanism in ("factorization", "tree"):
+        rels = [dpcdf.release_ecdf(values, grid, privacy="zcdp", rho=0.5, mechanism=mechanism) for _ in range(runs)]
+        assert sum(covered(r, truth) for r in rels) / runs >= floor(runs), mechanism
+
+
+def _two_servers(mech, prefix, n):
+    """A release as `Analyst.releases` makes it: each value carries both servers' PRF noise (copies=2)."""
+    keys = [secrets.token_bytes(16), secrets.token_bytes(16)]
+    noise = lambda ids, scale: prf_noise(keys[0], ids, scale) + prf_noise(keys[1], ids, scale)  # noqa: E731
+    released = mech.noisy(prefix, noise, copies=2) if isinstance(mech, dpcdf.AdaptiveMechanism) else mech.noisy(prefix, noise)
+    return finish_release(Grid.integers(mech.size), mech, released, n, copies=2)
+
+
+@pytest.mark.parametrize("mech", [dpcdf.TreeMechanism(64, 1.0), dpcdf.PathMechanism(64, 1.0, "add-remove")])
+def test_two_server_releases_account_for_both_noises(mech):
+    values, runs = data(), 150
+    truth = dpcdf.prefix_counts(values, Grid.integers(64))
+    rels = [_two_servers(mech, truth, values.size) for _ in range(runs)]
+    assert sum(covered(r, truth / values.size) for r in rels) / runs >= floor(runs)
+    one = dpcdf.release_ecdf(values, Grid.integers(64), 1.0, mech, mech.relation)
+    width = lambda r: np.mean(np.subtract(*r.confidence_band()[::-1]))  # noqa: E731
+    assert rels[0].copies == 2 and width(rels[0]) > 1.2 * width(one)
+
+
+def test_the_population_band_adds_dkw_and_covers_the_population_cdf():
+    grid, runs, n = Grid.integers(64), 150, 300
+    p = np.exp(-np.arange(64) / 12.0)
+    p /= p.sum()
+    cdf = np.cumsum(p)
+    rng = np.random.default_rng(5)  # samples of the population (data, not privacy noise)
+    hits = 0
+    for _ in range(runs):
+        rel = dpcdf.release_ecdf(rng.choice(64, n, p=p), grid, 1.0, "tree")
+        hits += covered(rel, np.minimum(cdf, 1.0), target="population")
+    assert hits / runs >= floor(runs)
+    lo_s, hi_s = rel.confidence_band(LEVEL)
+    lo_p, hi_p = rel.confidence_band(LEVEL, "population")
+    dkw = math.sqrt(math.log(2 / 0.025) / (2 * n))
+    assert np.all(lo_p <= lo_s) and np.all(hi_p >= hi_s)
+    assert np.max(hi_p - hi_s) <= dkw + 0.05 and np.mean(hi_p - lo_p) >= np.mean(hi_s - lo_s) + dkw
+
+
+def test_band_shape_points_and_monotonicity():
+    values, grid = data(), Grid.integers(64)
+    rel = dpcdf.release_ecdf(values, grid, 1.0)
+    lo, hi = rel.confidence_band()
+    assert lo.shape == hi.shape == (64,) and np.all(lo <= hi) and np.all(np.diff(lo) >= 0) and np.all(np.diff(hi) >= 0)
+    assert 0 <= lo.min() and hi.max() <= 1 and lo[-1] == hi[-1] == 1.0
+    at_lo, at_hi = rel.confidence_band(ts=[-1.0, 3.5, 63])
+    assert at_lo[0] == 0.0 and at_lo[1] == lo[3] and at_hi[1] == hi[3] and at_hi[2] == 1.0
+    narrow = rel.confidence_band(0.5)
+    assert np.all(narrow[0] >= lo) and np.all(narrow[1] <= hi)
+
+
+@pytest.mark.parametrize("bad", [dict(level=0), dict(level=1.0), dict(level=True), dict(target="world"),
+                                 dict(sims=3)])
+def test_bad_arguments_are_refused(bad):
+    rel = dpcdf.release_ecdf(data(), Grid.integers(64), 1.0)
+    with pytest.raises(ParameterError):
+        rel.confidence_band(**bad)
+
+
+def test_the_calibration_draws_the_mechanisms_noise_laws():
+    rng = band._generator()
+    for scale in (GaussianVariance(3), GaussianVariance(10**9)):
+        x = band.draw_noise(scale, 100_000, rng)
+        assert abs(x.var() / dgauss_variance(float(scale)) - 1) < 0.03
+    x = band.draw_noise(GaussianVariance(3), 200_000, rng)
+    for k in (0, 1, 3):
+        assert abs(np.mean(x == k) - dgauss_pmf(3.0, np.array([k]))[0]) < 0.005
+    from fractions import Fraction
+
+    for t in (Fraction(1, 2), Fraction(20)):
+        x = band.draw_noise(t, 100_000, rng, copies=2)
+        assert abs(x.var() / (2 * dlaplace_variance(t)) - 1) < 0.03
+    q = math.exp(-1 / 0.5)
+    assert abs(np.mean(band.draw_noise(Fraction(1, 2), 100_000, rng) == 0) - (1 - q) / (1 + q)) < 0.005
+
+
+def test_rank_quantile():
+    m = np.arange(1.0, 20.0)  # 19 draws: the 19th is the 95% rank, beyond it there is none
+    assert band.rank_quantile(m, 0.95, margin=0) == 19.0 and band.rank_quantile(m, 0.96, margin=0) == math.inf
+    assert band.rank_quantile(m, 0.5, margin=0) == 10.0
+    # the default margin: 2 binomial sds above (m + 1) level, 1,921 of 2,000 at 0.95
+    assert band.rank_quantile(np.arange(1.0, 2001.0), 0.95) == 1921.0
+
+
+def test_the_same_release_gets_the_same_band():
+    """The calibration is seeded from the mechanism's public parameters: asked twice (in two
+    processes, or after the cache is cleared), a release's band is the same."""
+    rel = dpcdf.release_ecdf(data(), Grid.integers(64), 1.0, "tree")
+    first = rel.confidence_band()
+    band._CACHE.clear()
+    again = rel.confidence_band()
+    np.testing.assert_array_equal(first[0], again[0])
+    np.testing.assert_array_equal(first[1], again[1])
+
+
+def test_plot_draws_the_band():
+    matplotlib = pytest.importorskip("matplotlib")
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    rel = dpcdf.release_ecdf(data(), Grid.integers(64), 1.0)
+    ax = rel.plot()
+    assert len(ax.collections) == 1 and len(ax.lines) == 1
+    assert len(rel.plot(band=None).collections) == 0
+    plt.close("all")
