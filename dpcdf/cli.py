@@ -201,8 +201,10 @@ def cmd_query(args) -> None:
         print(analyst.mechanism.statement())
         return
     source = analyst if args.bisect else analyst.release(args.postprocess)
-    for t_, f_ in zip(args.ecdf, source.ecdf(args.ecdf)):
-        print(f"F({t_:g}) = {f_:.4f}")
+    band = None if args.bisect or not args.ecdf else source.confidence_band(0.95, ts=args.ecdf)  # post-processing
+    for k, (t_, f_) in enumerate(zip(args.ecdf, source.ecdf(args.ecdf))):
+        print(f"F({t_:g}) = {f_:.4f}" + ("" if band is None else f"  +/- {(band[1][k] - band[0][k]) / 2:.4f} (95% simultaneous "
+                                        f"band {band[0][k]:.4f} to {band[1][k]:.4f})"))
     for p_, q_ in zip(args.quantiles, source.quantile(args.quantiles)):
         print(f"q({p_:g}) = {q_:g}")
     print(analyst.mechanism.statement())
