@@ -1,4 +1,4 @@
-"""The `dpcdf` command: serve, task, submit, close, query, demo, warm-up.
+"""The `dpcdf` command: serve, task, submit, close, query, demo, warm-up, admin (`cli_admin`).
 
 Every error ends the command with one line `dpcdf: ...` on stderr and exit status 2, never a
 traceback (DPCDF_DEBUG=1 shows the traceback of an unexpected one). The heavy modules (numpy, numba,
@@ -13,6 +13,7 @@ import os
 import sys
 from pathlib import Path
 
+from .cli_admin import add_parser as add_admin_parser, cmd_admin
 from .cli_inputs import CliError, load_task, parse_grid, read_csv, read_number, read_text
 from .errors import DpcdfError, ParameterError
 
@@ -61,9 +62,14 @@ def default_spool(args, config) -> str:
 def cmd_serve(args) -> None:
     from .service.server import serve
 
+    from .service.storage.retention import parse_duration
+
+    retention = None if args.retention is None else parse_duration(args.retention)
+    if args.sweep_every <= 0:
+        raise ParameterError(f"--sweep-every must be a positive number of seconds, got {args.sweep_every}")
     serve(args.party, args.port, args.data, args.host, noise=not args.no_noise,
           admin_token_file=args.admin_token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
-          dask=args.dask, log_format=args.log_format)
+          dask=args.dask, log_format=args.log_format, retention=retention, sweep_every=args.sweep_every)
 
 
 def cmd_task(args) -> None:
@@ -241,7 +247,7 @@ def cmd_warm_up(args) -> None:
 
 
 COMMANDS = {"serve": cmd_serve, "task": cmd_task, "submit": cmd_submit, "close": cmd_close, "query": cmd_query,
-            "demo": cmd_demo, "warm-up": cmd_warm_up}
+            "demo": cmd_demo, "warm-up": cmd_warm_up, "admin": cmd_admin}
 
 
 def build_parser() -> Parser:
@@ -265,6 +271,10 @@ def build_parser() -> Parser:
                    "processes here); default: in-process")
     s.add_argument("--log-format", default="text", choices=["text", "json"],
                    help="text: uvicorn's access log, one line per request; json: one JSON object per line")
+    s.add_argument("--retention", metavar="DURATION", help="delete a task's reports and key shares once it is this old "
+                   "(30d, 12h, 90m, 45s) if they are still stored; default: never (verified tasks' go once their "
+                   "release is final, whatever this is; docs/service.md#retention)")
+    s.add_argument("--sweep-every", type=float, default=60.0, metavar="SECONDS", help="how often the retention sweep runs")
 
     t = sub.add_parser("task", help="create a task on both servers; writes the config and the analyst token",
                        description="Registers a task with both servers (each needs its operator token) and writes the "
@@ -346,6 +356,7 @@ def build_parser() -> Parser:
     d.add_argument("--plot", default="dpcdf_demo.png", help="where to write the plot (matplotlib)")
     d.add_argument("--no-warm-up", action="store_true", help="skip compiling the kernels first (dpcdf warm-up)")
 
+    add_admin_parser(sub)
     w = sub.add_parser("warm-up", help="compile and cache the kernels the first commands need (once per machine)",
                        description="Compiles the numba kernels that serve, submit, close and query use, into numba's "
                        "on-disk cache, printing progress; later commands load them in a moment.")

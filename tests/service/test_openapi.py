@@ -14,6 +14,8 @@ REF = "#/components/schemas/"
 BINARY = {("post", "/tasks/{task_id}/reports"), ("post", "/tasks/{task_id}/reports/batch")}
 PEERS = {("post", "/tasks/{task_id}/sync"), ("post", "/tasks/{task_id}/verify")}  # between the servers: binary both ways
 ANALYST = {("get", "/tasks/{task_id}"), ("post", "/tasks/{task_id}/close"), ("post", "/tasks/{task_id}/query")}
+OPERATOR_ONLY = {("get", "/metrics"), ("get", "/admin/tasks"), ("post", "/admin/retention"),  # issue 24
+                 ("post", "/admin/tasks/{task_id}/close"), ("delete", "/admin/tasks/{task_id}")}
 
 
 @pytest.fixture(scope="module")
@@ -38,7 +40,7 @@ def refs(node) -> list[str]:
 
 def test_every_route_is_there(schema):
     assert set(operations(schema)) == {("get", "/health"), ("get", "/health/operator"), ("get", "/hpke"),
-                                       ("post", "/tasks")} | PEERS | BINARY | ANALYST
+                                       ("post", "/tasks")} | PEERS | BINARY | ANALYST | OPERATOR_ONLY
 
 
 def test_every_answer_and_json_body_has_a_model(schema):
@@ -48,6 +50,9 @@ def test_every_answer_and_json_body_has_a_model(schema):
         assert len(ok) == 1, key
         if key in PEERS:
             assert set(op["responses"][ok[0]]["content"]) == {"application/octet-stream"}
+            continue
+        if key == ("get", "/metrics"):  # the Prometheus text format
+            assert set(op["responses"][ok[0]]["content"]) == {"text/plain; version=0.0.4; charset=utf-8"}
             continue
         answer = refs(op["responses"][ok[0]]["content"]["application/json"]["schema"])
         assert answer and all(r.startswith(REF) and r[len(REF):] in models for r in answer), key
@@ -77,7 +82,7 @@ def test_refusals_are_documented_with_the_error_model(schema):
             assert op["responses"][code]["content"]["application/json"]["schema"] == {"$ref": REF + "Error"}
         if key in ANALYST:
             assert "401" in refused and op["security"] == [{"HTTPBearer": []}], key
-        elif key[1] == "/health/operator":  # no input but the operator's token
+        elif key[1] == "/health/operator" or key in OPERATOR_ONLY:  # no input but the operator's token
             assert {"401", "403"} <= refused and op["security"] == [{"OperatorBearer": []}], key
         elif key[1] != "/health" and key[1] != "/hpke":
             assert "400" in refused, key

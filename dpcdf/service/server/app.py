@@ -17,7 +17,10 @@ from ..files import private_dir
 from .errors import HANDLERS
 from .limits import MAX_BODY, Failures, Guard, Limits, uvicorn_options  # noqa: F401 (MAX_BODY: the package's name)
 from .models import TaskSpec
-from .routers import health, queries, reports, tasks
+from . import metrics
+from .housekeeping import SWEEP_EVERY, Retention
+from .routers import admin, health, queries, reports, tasks
+from .routers import metrics as metrics_router
 from .state import Server
 
 TESTING_ENV = "DPCDF_TESTING"
@@ -25,14 +28,18 @@ TESTING_ENV = "DPCDF_TESTING"
 
 def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bool = True,
                admin_token_file: str | Path | None = None, dask: str | None = None,
-               limits: Limits | None = None) -> FastAPI:
+               limits: Limits | None = None, retention: float | None = None,
+               sweep_every: float = SWEEP_EVERY) -> FastAPI:
     """Server `party` (0 or 1) over the store in `data_dir`. `noise=False` is a test-only setting
     (it needs DPCDF_TESTING=1); `warm_up` compiles the kernels in the background at once. The
     operator's token (needed to register tasks) comes from `admin_token_file`, else the environment's
     DPCDF_ADMIN_TOKEN, else a token made at the first start in DATA/admin.token (0600). `dask`: evaluate
     on a Dask cluster, a scheduler's address ("tcp://host:8786") or "local:N" (a LocalCluster of N
     worker processes), see `dpcdf.service.server.dask_eval`; None evaluates in-process. `limits`: what one
-    client may hold (`limits.Limits`; its defaults are the documented ones). The data directory and
+    client may hold (`limits.Limits`; its defaults are the documented ones). `retention`: seconds after
+    which a task's key shares are deleted if still stored, None for never (`housekeeping`; verified
+    tasks' are deleted once their release is final, whatever it is); the sweep runs every `sweep_every`
+    seconds. GET /metrics and /admin/* need the operator's token. The data directory and
     everything the server writes in it are its owner's only (0700 folders, 0600 files)."""
     if party not in (0, 1):
         raise DpcdfError(f"party must be 0 or 1, got {party!r}")
@@ -46,11 +53,17 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bo
     app.state.bodies = private_dir(Path(data_dir) / "incoming")  # bodies over limits.memory_bytes, unlinked files
     app.state.server = Server(party, data_dir, noise, admin_token_file, dask=dask)
     app.router.on_shutdown.append(app.state.server.close)
-    for router in (health.router, tasks.router, reports.router, queries.router):
+    app.state.metrics = metrics.Metrics()  # issue 24: GET /metrics, retention and the admin routes
+    metrics.attach(app.state.metrics)
+    app.state.retention = Retention(app.state.server, data_dir, retention, sweep_every)
+    app.router.on_startup.append(app.state.retention.start)
+    app.router.on_shutdown.append(app.state.retention.stop)
+    for router in (health.router, tasks.router, reports.router, queries.router, admin.router, metrics_router.router):
         app.include_router(router)
     for exc, handler in HANDLERS.items():
         app.add_exception_handler(exc, handler)
     app.add_middleware(Guard, limits=limits, failures=failures)
+    app.add_middleware(metrics.Middleware, metrics=app.state.metrics)  # outermost: sees the Guard's refusals too
     app.openapi = _schema(app)
     if warm_up:
         app.state.server.warm_up()
@@ -79,7 +92,8 @@ def _schema(app: FastAPI):
 
 def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: bool = True,
           admin_token_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
-          dask: str | None = None, log_format: str = "text") -> None:
+          dask: str | None = None, log_format: str = "text", retention: float | None = None,
+          sweep_every: float = SWEEP_EVERY) -> None:
     """Runs the server with uvicorn; with `tls_cert` and `tls_key` (PEM files) over HTTPS. Clients and
     the other server verify the certificate against the system's CAs, or SSL_CERT_FILE's.
 
@@ -94,7 +108,8 @@ def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: 
     if log_format not in ("text", "json"):
         raise DpcdfError(f"log_format must be text or json, got {log_format!r}")
     _check_listen(host, port)
-    app = create_app(party, data_dir, noise, admin_token_file=admin_token_file, dask=dask)
+    app = create_app(party, data_dir, noise, admin_token_file=admin_token_file, dask=dask, retention=retention,
+                     sweep_every=sweep_every)
     if admin_token_file is not None:
         token_at = admin_token_file
     elif os.environ.get("DPCDF_ADMIN_TOKEN"):

@@ -9,6 +9,7 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
+from ..storage import retention
 from ..task import token_hash
 from .errors import HttpError
 from .models import Error
@@ -61,6 +62,9 @@ def analyst_task(task_id: str, srv: Annotated[Server, Depends(server)],
         raise HttpError(401, UNAUTHORIZED) from None
     if not secrets.compare_digest(token_hash(credentials.credentials), st.config.token_hash):
         raise HttpError(401, UNAUTHORIZED)
+    gone = retention.gone(srv.store, task_id)  # after the token: only the analyst learns it (issue 24)
+    if gone:
+        raise HttpError(410, f"task {task_id} is {gone}: its reports are deleted and it answers nothing again")
     return st
 
 
@@ -95,4 +99,6 @@ TaskDep = Annotated[TaskState, Depends(task)]
 AnalystTaskDep = Annotated[TaskState, Depends(analyst_task)]
 OperatorDep = Annotated[None, Depends(operator)]
 OperatorHealthDep = Annotated[None, Depends(_operator("/health/operator"))]
+OperatorAdminDep = Annotated[None, Depends(_operator("the admin API"))]
+OperatorMetricsDep = Annotated[None, Depends(_operator("/metrics"))]
 RawBody = Annotated[bytes, Depends(raw_body)]

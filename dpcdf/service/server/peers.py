@@ -9,6 +9,7 @@ from typing import TYPE_CHECKING, Callable
 from ..http import ServerError, fetch
 from ..protocols.channel import NotReady, Refused, Unopened
 from ..protocols.reconciliation.maths import SyncError
+from ..storage import retention
 from .errors import HttpError
 
 if TYPE_CHECKING:
@@ -67,6 +68,12 @@ def _peer_task(srv: "Server", task_id: str, what: str) -> "TaskState":
     if srv.party != 1:
         raise HttpError(400, f"only server 1 takes {what} messages")
     try:
-        return srv.task(task_id)
+        st = srv.task(task_id)
     except HttpError:
         raise HttpError(400, FORGED) from None
+    purged = retention.purge_reason(srv.store, task_id)  # issue 24: a task whose key shares are deleted
+    if purged in retention.GONE:
+        raise HttpError(400, FORGED)  # expired or deleted: as unknown to the protocol
+    if purged and what == "report-check":  # released: its check is over (and its round one deleted)
+        raise HttpError(409, "this task's report check is over")
+    return st

@@ -116,6 +116,17 @@ WHERE NOT EXISTS (SELECT 1 FROM excluded WHERE excluded.task_id = reports.task_i
 """
 
 
+# Version 8: retention (issue 24, `dpcdf.service.storage.retention`). tasks.purged_at: when the task's key
+# shares (report rows, round-one batches, segments) were deleted; purge_reason: 'released' (a verified
+# task whose close is over: its histogram share, noise seed and fixed designs stay), 'expired' (the
+# operator's --retention) or 'deleted' (the operator's delete): those two keep only the task's row.
+RETENTION_SCHEMA = (
+    ("tasks", "purged_at", "ALTER TABLE tasks ADD COLUMN purged_at REAL"),
+    ("tasks", "purge_reason", "ALTER TABLE tasks ADD COLUMN purge_reason TEXT "
+                              "CHECK (purge_reason IN ('released', 'expired', 'deleted'))"),
+)
+
+
 def _add_columns(*columns: tuple[str, str, str]):
     def step(db: sqlite3.Connection) -> None:
         for table, column, statement in columns:
@@ -139,6 +150,7 @@ MIGRATIONS = (
     _create(CHECK_SCHEMA),  # 5: round one of the report check
     _create(EXCHANGES_SCHEMA),  # 6: the server-to-server journal
     _create(COUNTED_VIEW),  # 7: the reports that count
+    _add_columns(*RETENTION_SCHEMA),  # 8: retention
 )
 LATEST = SCHEMA_VERSION + len(MIGRATIONS)
 

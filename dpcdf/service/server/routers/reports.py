@@ -65,10 +65,14 @@ def _binary(what: str) -> dict:
 def upload(task_id: str, request: Request, srv: ServerDep, raw: RawBody) -> Accepted:
     st = known_task(task_id, srv)
     good, rejected = accept(srv, st, [raw], client_address(request.scope), request.app.state.failures)
+    metrics = request.app.state.metrics
     if rejected:
+        metrics.count_reports(0, 0, [rejected[0].error])
         raise HttpError(400, rejected[0].error)
     if not srv.add_reports(st, good, batch=False):
+        metrics.count_reports(0, 1, [])
         raise HttpError(409, "duplicate report id: already stored and counted once")
+    metrics.count_reports(1, 0, [])
     return Accepted()
 
 
@@ -86,6 +90,7 @@ def upload_batch(task_id: str, request: Request, srv: ServerDep, raw: RawBody) -
     st = known_task(task_id, srv)
     good, rejected = accept(srv, st, raws, address, failures)
     added = srv.add_reports(st, good)  # and round one of a verified task's new reports, now
+    request.app.state.metrics.count_reports(added, len(good) - added, [r.error for r in rejected])
     return BatchAccepted(accepted=added, duplicates=len(good) - added, rejected=rejected)
 
 

@@ -1,0 +1,141 @@
+"""A consistent copy of a server's data directory while the server runs (`dpcdf admin backup`), and its
+check.
+
+The store is copied with SQLite's online backup API (`sqlite3.Connection.backup`, in one step: one read
+transaction, so the copy is the store as one committed moment left it, while the server goes on
+writing under WAL). Segment files are copied after it, each checked against the SHA-256 the copied
+store records for it; a file that no longer matches (rebuilt, or removed by a purge since that moment)
+is left out together with its task's segment records, and the restored server rebuilds the segments
+from the copied rows, as it does for any missing segment. The other files at the top of the data
+directory (the HPKE private keys, DATA/admin.token) are copied as they are. MANIFEST.json, written last,
+lists every file with its size and SHA-256: a backup without it is incomplete.
+
+A backup holds everything the server does: key shares, HPKE private keys, noise seeds. It is made 0700
+/ 0600 like the data directory; keep it as you keep the server. Retention does not reach it: restoring it
+brings back the key shares of tasks purged since, and the restored server's first sweep deletes those of
+tasks that are released or past its --retention again."""
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import shutil
+import sqlite3
+import time
+from pathlib import Path
+
+from ...errors import DpcdfError
+from ..files import create_private, private_dir
+from .segments import task_dir
+
+STORE = "server.sqlite"
+MANIFEST = "MANIFEST.json"
+SKIP = {STORE, STORE + "-wal", STORE + "-shm", STORE + "-journal"}
+
+
+class BackupError(DpcdfError):
+    """A backup cannot be made, or a backup does not match its manifest."""
+
+
+def _copy(src: Path, dst: Path) -> str:
+    """Copies `src` to `dst` (0600, fsynced); the copy's SHA-256."""
+    h = hashlib.sha256()
+    private_dir(dst.parent)
+    with open(src, "rb") as fin, os.fdopen(os.open(dst, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as fout:
+        while chunk := fin.read(1 << 20):
+            h.update(chunk)
+            fout.write(chunk)
+        fout.flush()
+        os.fsync(fout.fileno())
+    return h.hexdigest()
+
+
+def _sha256(path: Path) -> str:
+    with open(path, "rb") as f:
+        return hashlib.file_digest(f, "sha256").hexdigest()
+
+
+def backup(data_dir: str | Path, dest: str | Path) -> dict:
+    """Backs `data_dir` up into `dest` (a new or empty directory); returns a summary: files, bytes,
+    tasks, and the tasks whose segments were left out (to be rebuilt on restore)."""
+    data, dest = Path(data_dir), Path(dest)
+    if not (data / STORE).is_file():
+        raise BackupError(f"{data} is not a server's data directory (no {STORE})")
+    if dest.exists() and (not dest.is_dir() or any(dest.iterdir())):
+        raise BackupError(f"{dest} exists and is not an empty directory: back up into a new one")
+    if dest.resolve() == data.resolve() or data.resolve() in dest.resolve().parents:
+        raise BackupError(f"{dest} is inside the data directory {data}")
+    private_dir(dest)
+    create_private(dest / STORE)
+    src = sqlite3.connect(str(data / STORE), timeout=30)
+    dst = sqlite3.connect(str(dest / STORE), isolation_level=None)
+    try:
+        src.backup(dst)  # pages=-1: one step, one consistent snapshot
+        recorded = dst.execute("SELECT task_id, file, sha256 FROM segments ORDER BY task_id, file").fetchall() \
+            if dst.execute("SELECT 1 FROM sqlite_master WHERE name = 'segments'").fetchone() else []
+        left_out = set()
+        private_dir(dest / "segments")
+        for task_id, file, digest in recorded:
+            if task_id in left_out:
+                continue
+            source, target = task_dir(data, task_id) / file, task_dir(dest, task_id) / file
+            try:
+                ok = _copy(source, target) == digest
+            except FileNotFoundError:
+                ok = False
+            if not ok:
+                left_out.add(task_id)
+                shutil.rmtree(task_dir(dest, task_id), ignore_errors=True)
+        for task_id in sorted(left_out):
+            dst.execute("DELETE FROM segments WHERE task_id = ?", (task_id,))
+        tasks = dst.execute("SELECT COUNT(*) FROM tasks").fetchone()[0]
+        dst.execute("PRAGMA journal_mode = WAL")
+        dst.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    finally:
+        src.close()
+        dst.close()
+    for f in sorted(data.iterdir()):
+        if f.is_file() and f.name not in SKIP and not f.name.endswith(".tmp"):
+            _copy(f, dest / f.name)
+    for extra in (STORE + "-wal", STORE + "-shm"):
+        (dest / extra).unlink(missing_ok=True)
+    files = {str(p.relative_to(dest)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
+             for p in sorted(dest.rglob("*")) if p.is_file()}
+    manifest = {"format": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source": str(data.resolve()),
+                "files": files}
+    tmp = dest / (MANIFEST + ".tmp")
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
+        json.dump(manifest, f, indent=1, sort_keys=True)
+        f.flush()
+        os.fsync(f.fileno())
+    os.replace(tmp, dest / MANIFEST)
+    _fsync_dir(dest)
+    return {"files": len(files), "bytes": sum(v["bytes"] for v in files.values()), "tasks": tasks,
+            "segments_left_out": sorted(left_out)}
+
+
+def check(dest: str | Path) -> dict:
+    """Checks a backup against its MANIFEST.json (every file there, of its size and SHA-256, and no
+    file the manifest does not list); BackupError on the first difference. Returns the manifest."""
+    dest = Path(dest)
+    try:
+        manifest = json.loads((dest / MANIFEST).read_text())
+    except (OSError, ValueError) as exc:
+        raise BackupError(f"{dest} has no readable {MANIFEST} (an incomplete backup?): {exc}") from None
+    for name, meta in manifest["files"].items():
+        path = dest / name
+        if not path.is_file() or path.stat().st_size != meta["bytes"] or _sha256(path) != meta["sha256"]:
+            raise BackupError(f"{path} is missing or differs from the backup's manifest")
+    listed = set(manifest["files"]) | {MANIFEST}
+    extra = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file() and str(p.relative_to(dest)) not in listed)
+    if extra:
+        raise BackupError(f"{dest} holds files its manifest does not list: {', '.join(extra[:3])}")
+    return manifest
+
+
+def _fsync_dir(path: Path) -> None:
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

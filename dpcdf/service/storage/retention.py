@@ -1,0 +1,202 @@
+"""Retention of a server's key shares (issue 24): what is deleted, when, and how the deletion survives a
+crash. The server's sweep (`dpcdf.service.server.housekeeping`) and the operator's delete call these.
+
+When a task's key shares go:
+- 'released': a verified task whose close is over on this server (its report check is done and server
+  0's DONE was exchanged, or it answered a query). Its queries read only its histogram share (made at
+  the close), its noise seed and the designs fixed by earlier queries, so its report rows (ids and key
+  shares), round-one batches, segment files and the journal of the check's messages are deleted; the
+  histogram share, noise seed, fixed designs, report set's count and hash, exclusion counts, query log
+  and DONE step stay, for as long as the task is kept. An unverified task evaluates its key shares at
+  every query, so it is never 'released': its key shares stay until it expires or is deleted.
+- 'expired': the task is older than the server's `--retention` and still holds key shares (never
+  closed, unverified, or a close that never finished).
+- 'deleted': the operator's delete (`DELETE /admin/tasks/{id}`).
+An expired or deleted task keeps only its row (id, config, fingerprint, times, counted reports) so its
+id is not registered again with a fresh seed for reports clients still spool; its noise seed is
+overwritten with random bytes, its histogram, fixed designs, exclusions and query log deleted, and it
+answers nothing again (the analyst gets 410; its collection is closed, so uploads get 409).
+
+Durability: one SQLite transaction marks the task (purged_at, purge_reason) and deletes its rows, with
+`PRAGMA secure_delete` on (freed pages are zeroed, not left holding the shares) and a TRUNCATE checkpoint
+after (the WAL's copies go too); only then are its segment files removed. A crash between the two leaves
+files of a task marked purged: `recover` (at every start and sweep) removes them. Every step is
+idempotent. What this cannot reach: copies in backups, and blocks the filesystem or disk keep after an
+unlink or an overwrite (use an encrypted disk for that)."""
+from __future__ import annotations
+
+import json
+import os
+import re
+import secrets
+import time
+from pathlib import Path
+from typing import Callable, NamedTuple
+
+from ...errors import DpcdfError
+from .records import UnknownTask
+from .segments import task_dir
+from .store import Store
+
+REASONS = ("released", "expired", "deleted")
+GONE = ("expired", "deleted")  # tasks that answer nothing again
+DONE_KIND = 13  # protocols.channel.Kind.DONE: the step kept, so a finished exchange stays finished
+_UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
+
+
+class Purged(NamedTuple):
+    """One task's purge: its id, why, how many report rows and segment files were deleted now."""
+    task_id: str
+    reason: str
+    reports: int
+    files: int
+
+
+def parse_duration(text: str) -> float:
+    """'30d', '12h', '90m', '45s', '2w' or plain seconds -> seconds (DpcdfError otherwise)."""
+    m = re.fullmatch(r"\s*(\d+(?:\.\d+)?)\s*([smhdw]?)\s*", str(text))
+    if not m or float(m.group(1)) <= 0:
+        raise DpcdfError(f"a retention must be a positive duration such as 30d, 12h, 90m or 45s, got {text!r}")
+    return float(m.group(1)) * _UNITS[m.group(2) or "s"]
+
+
+def gone(store: Store, task_id: str) -> str | None:
+    """'expired' or 'deleted' for a task that answers nothing again, else None (also for unknown ids)."""
+    reason = purge_reason(store, task_id)
+    return reason if reason in GONE else None
+
+
+def purge_reason(store: Store, task_id: str) -> str | None:
+    """Why the task's key shares were deleted ('released', 'expired', 'deleted'), or None."""
+    with store.lock:
+        row = store.db.execute("SELECT purge_reason FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+    return None if row is None else row[0]
+
+
+def released(store: Store) -> list[str]:
+    """Verified tasks whose release is final on this server and whose key shares are still stored: the
+    check is done and the exchange finished (DONE journalled, or a query answered)."""
+    with store.lock:
+        return [r[0] for r in store.db.execute(
+            "SELECT task_id FROM tasks WHERE purged_at IS NULL AND verified_at IS NOT NULL AND (answered_at IS NOT NULL "
+            "OR EXISTS (SELECT 1 FROM exchanges e WHERE e.task_id = tasks.task_id AND e.kind = ?)) ORDER BY created",
+            (DONE_KIND,))]
+
+
+def expired(store: Store, before: float) -> list[str]:
+    """Tasks registered before `before` (a time) that still hold key shares."""
+    with store.lock:
+        return [r[0] for r in store.db.execute(
+            "SELECT task_id FROM tasks WHERE purged_at IS NULL AND created < ? ORDER BY created", (before,))]
+
+
+def purge(store: Store, task_id: str, reason: str, data_dir: str | Path,
+          after_commit: Callable[[], None] = lambda: None) -> Purged:
+    """Deletes the task's key shares (and, for 'expired' and 'deleted', all but its row): one
+    transaction, then its segment files (see the module). Idempotent: a purged task is purged again
+    only to widen 'released' to a gone reason. Raises UnknownTask. `after_commit` runs between the
+    transaction and the files (tests crash there)."""
+    if reason not in REASONS:
+        raise ValueError(f"unknown purge reason {reason!r}")
+    with store.lock:
+        secure = store.db.execute("PRAGMA secure_delete").fetchone()[0]
+        store.db.execute("PRAGMA secure_delete = ON")
+        try:
+            with store._transaction() as db:
+                reports = _delete_rows(db, task_id, reason)
+            store._reconciled.pop(task_id, None)
+        finally:
+            store.db.execute(f"PRAGMA secure_delete = {int(secure)}")
+        after_commit()
+        files = remove_files(data_dir, task_id)
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return Purged(task_id, reason, reports, files)
+
+
+def _delete_rows(db, task_id: str, reason: str) -> int:
+    row = db.execute("SELECT purge_reason, closed_at FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
+    if row is None:
+        raise UnknownTask(task_id)
+    before, closed = row
+    if before in GONE or (before == reason):
+        return 0
+    reports = db.execute("DELETE FROM reports WHERE task_id = ?", (task_id,)).rowcount
+    for table in ("check_batches", "segments"):
+        db.execute(f"DELETE FROM {table} WHERE task_id = ?", (task_id,))
+    db.execute("DELETE FROM exchanges WHERE task_id = ? AND kind != ?", (task_id, DONE_KIND))
+    now = time.time()
+    if reason in GONE:
+        for table in ("histograms", "releases", "excluded", "queries"):
+            db.execute(f"DELETE FROM {table} WHERE task_id = ?", (task_id,))
+        db.execute("UPDATE tasks SET noise_seed = ? WHERE task_id = ?", (secrets.token_bytes(32), task_id))
+        if closed is None:  # its collection closes, on no report set: later uploads are refused
+            db.execute("UPDATE tasks SET frozen_seq = 0, report_count = 0, set_hash = '', closed_at = ? WHERE task_id = ?",
+                       (now, task_id))
+    db.execute("UPDATE tasks SET purged_at = ?, purge_reason = ? WHERE task_id = ?", (now, reason, task_id))
+    return reports
+
+
+def remove_files(data_dir: str | Path, task_id: str) -> int:
+    """Removes the task's segment directory (files, then the directory, then an fsync of the parent);
+    how many files it removed (0 if there was none)."""
+    directory = task_dir(data_dir, task_id)
+    if not directory.is_dir():
+        return 0
+    removed = 0
+    for f in directory.iterdir():
+        f.unlink()
+        removed += 1
+    directory.rmdir()
+    fd = os.open(directory.parent, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)
+    return removed
+
+
+def recover(store: Store, data_dir: str | Path) -> int:
+    """Finishes purges a crash interrupted: removes the segment files of purged tasks, and round-one
+    batches a background check stored after a purge. Returns how many files it removed."""
+    with store.lock:
+        purged = [r[0] for r in store.db.execute("SELECT task_id FROM tasks WHERE purged_at IS NOT NULL")]
+        with store._transaction() as db:
+            db.execute("DELETE FROM check_batches WHERE task_id IN (SELECT task_id FROM tasks WHERE purged_at IS NOT NULL)")
+    return sum(remove_files(data_dir, t) for t in purged)
+
+
+def state(row: dict) -> str:
+    """A task's state as the admin API names it, from its row's times and purge reason."""
+    if row["purge_reason"]:
+        return row["purge_reason"]
+    for column, name in (("answered_at", "answered"), ("verified_at", "verified"), ("reconciled_at", "reconciled"),
+                         ("closed_at", "closed")):
+        if row[column] is not None:
+            return name
+    return "collecting"
+
+
+_COLUMNS = ("task_id", "config", "created", "closed_at", "reconciled_at", "verified_at", "answered_at", "purged_at",
+            "purge_reason", "report_count")
+
+
+def tasks(store: Store, counts: bool = True) -> list[dict]:
+    """Every task's id, state, times, and (with `counts`) its stored report rows, counted reports,
+    excluded reports, segment files, whether it holds a histogram share, and queries answered."""
+    with store.lock:
+        rows = [dict(zip(_COLUMNS, r)) for r in store.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM tasks ORDER BY created")]
+        per = {}
+        if counts:
+            for table, name in (("reports", "stored"), ("excluded", "excluded"), ("segments", "segment_files"),
+                                ("histograms", "histogram"), ("queries", "queries")):
+                per[name] = dict(store.db.execute(f"SELECT task_id, COUNT(*) FROM {table} GROUP BY task_id").fetchall())
+    out = []
+    for row in rows:
+        config, counted = json.loads(row.pop("config")), row.pop("report_count")
+        item = {**row, "state": state(row), "verified_task": bool(config.get("verify", False)), "counted": counted}
+        for name, values in per.items():
+            item[name] = values.get(row["task_id"], 0)
+        if counts:
+            item["histogram"] = bool(item["histogram"])
+        out.append(item)
+    return out
