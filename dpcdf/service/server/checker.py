@@ -5,6 +5,7 @@ import logging
 import threading
 from typing import TYPE_CHECKING
 
+from ..protocols.check import round_one
 from ..task import TaskConfig
 
 if TYPE_CHECKING:
@@ -53,7 +54,7 @@ class Checker:
             try:
                 st = self.server.task(task_id)
                 if st.config.verify and not self.server.store.marked(task_id, "verified"):
-                    st.ctx.catch_up()
+                    round_one.catch_up(self.server.store, st.config, self.server.party, st.pair_key)
             except Exception:  # noqa: BLE001 - retried at the next upload or at the close
                 log.exception("round one of task %s failed; the close will do it", task_id)
             finally:

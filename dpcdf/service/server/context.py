@@ -5,7 +5,9 @@ this server's: its party, store, the key it shares with the other server, the ta
 aggregator (with this server's noise seed).
 
 The protocol steps (`protocols.reconciliation`, `protocols.check`) still take their parts one by one
-(their tests and benchmarks call them so); the context is the one place that hands them over.
+(their tests and benchmarks call them so); the task's state calls them through the context. (The
+background `Checker` still hands `round_one.catch_up` its parts itself: its test drives it with a
+stand-in server whose tasks carry only a config and a pair key.)
 
 Also here: the refusals of a task's state (`NotClosed`, `TooFewReports`, `BudgetSpent`), which
 `errors.STATUS` answers with their HTTP status."""
