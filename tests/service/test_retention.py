@@ -118,12 +118,23 @@ def test_a_purge_interrupted_after_its_transaction_is_finished_by_recover(tmp_pa
 
     with pytest.raises(Crash):
         policy.purge(store, "t", "released", tmp_path, after_commit=crash)
-    assert store.count("t") == 0 and task_dir(tmp_path, "t").exists()  # marked and rows gone, files left
+    assert store.count("t") == 20 and task_dir(tmp_path, "t").exists()  # marked; its rows and files left
+    assert store.segments("t") == [] and store.exchange("t", "helper", 5, 0) is None  # the small rows went with the mark
     store.close()
     store = Store(tmp_path / "server.sqlite")  # a restart
-    assert policy.released(store) == []  # marked: not purged twice
-    assert policy.recover(store, tmp_path) == 1 and not task_dir(tmp_path, "t").exists()
+    assert policy.released(store) == []  # marked: not marked twice
+    assert policy.recover(store, tmp_path) == 20 + 1 and not task_dir(tmp_path, "t").exists() and store.count("t") == 0
     assert policy.recover(store, tmp_path) == 0
+
+
+def test_report_rows_go_in_chunks(tmp_path, monkeypatch):
+    monkeypatch.setattr(policy, "CHUNK", 7)
+    store = Store(tmp_path / "server.sqlite")
+    _task(store, "t", n=30)
+    _task(store, "other", n=5)
+    store.freeze("t", _hash)
+    assert policy.purge(store, "t", "deleted", tmp_path).reports == 30
+    assert store.count("t") == 0 and store.count("other") == 5
 
 
 def test_migration_8_adds_the_retention_columns_to_a_version_7_store(tmp_path):

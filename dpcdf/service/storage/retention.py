@@ -17,11 +17,11 @@ id is not registered again with a fresh seed for reports clients still spool; it
 overwritten with random bytes, its histogram, fixed designs, exclusions and query log deleted, and it
 answers nothing again (the analyst gets 410; its collection is closed, so uploads get 409).
 
-Durability: one SQLite transaction marks the task (purged_at, purge_reason) and deletes its rows, with
-`PRAGMA secure_delete` on (freed pages are zeroed, not left holding the shares) and a TRUNCATE checkpoint
-after (the WAL's copies go too); only then are its segment files removed. A crash between the two leaves
-files of a task marked purged: `recover` (at every start and sweep) removes them. Every step is
-idempotent. What this cannot reach: copies in backups, and blocks the filesystem or disk keep after an
+Durability: one SQLite transaction marks the task (purged_at, purge_reason) and deletes its small rows;
+then its report rows go, CHUNK per transaction; then its segment files; then a TRUNCATE checkpoint (the
+WAL's copies of the freed pages go too). Deletes run with `PRAGMA secure_delete` on (freed pages are
+zeroed, not left holding the shares). A crash after the mark leaves rows or files of a task marked
+purged: `recover` (at every start and sweep) deletes them. Every step is idempotent. What this cannot reach: copies in backups, and blocks the filesystem or disk keep after an
 unlink or an overwrite (use an encrypted disk for that)."""
 from __future__ import annotations
 
@@ -31,7 +31,8 @@ import re
 import secrets
 import time
 from pathlib import Path
-from typing import Callable, NamedTuple
+from contextlib import contextmanager
+from typing import Callable, Iterator, NamedTuple
 
 from ...errors import DpcdfError
 from .records import UnknownTask
@@ -92,35 +93,62 @@ def expired(store: Store, before: float) -> list[str]:
 
 def purge(store: Store, task_id: str, reason: str, data_dir: str | Path,
           after_commit: Callable[[], None] = lambda: None) -> Purged:
-    """Deletes the task's key shares (and, for 'expired' and 'deleted', all but its row): one
-    transaction, then its segment files (see the module). Idempotent: a purged task is purged again
-    only to widen 'released' to a gone reason. Raises UnknownTask. `after_commit` runs between the
-    transaction and the files (tests crash there)."""
+    """Deletes the task's key shares (and, for 'expired' and 'deleted', all but its row): marks it
+    and deletes its small rows in one transaction, then its report rows (`delete_rows`, CHUNK per
+    transaction, so other requests wait for the store one chunk at a time), then its segment files
+    (see the module). Idempotent: a purged task is marked again only to widen 'released' to a gone
+    reason. Raises UnknownTask. `after_commit` runs right after the marking transaction (tests crash
+    there)."""
     if reason not in REASONS:
         raise ValueError(f"unknown purge reason {reason!r}")
+    with _secure(store), store._transaction() as db:
+        _mark(db, task_id, reason)
+    store._reconciled.pop(task_id, None)
+    after_commit()
+    reports = delete_rows(store, task_id)
+    files = remove_files(data_dir, task_id)
+    with store.lock:
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the WAL's copies of the freed pages go too
+    return Purged(task_id, reason, reports, files)
+
+
+CHUNK = 5_000  # report rows deleted per transaction: each holds the store for well under a second (docs/service.md)
+
+
+@contextmanager
+def _secure(store: Store) -> Iterator[None]:
+    """The store's connection with PRAGMA secure_delete on (deleted content is overwritten with zeros)."""
     with store.lock:
         secure = store.db.execute("PRAGMA secure_delete").fetchone()[0]
         store.db.execute("PRAGMA secure_delete = ON")
         try:
-            with store._transaction() as db:
-                reports = _delete_rows(db, task_id, reason)
-            store._reconciled.pop(task_id, None)
+            yield
         finally:
             store.db.execute(f"PRAGMA secure_delete = {int(secure)}")
-        after_commit()
-        files = remove_files(data_dir, task_id)
-        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
-    return Purged(task_id, reason, reports, files)
 
 
-def _delete_rows(db, task_id: str, reason: str) -> int:
+def delete_rows(store: Store, task_id: str) -> int:
+    """Deletes a purged task's report rows, CHUNK per transaction, then its round-one batches; how
+    many report rows it deleted."""
+    total = 0
+    while True:
+        with _secure(store), store._transaction() as db:
+            n = db.execute("DELETE FROM reports WHERE seq IN (SELECT seq FROM reports WHERE task_id = ? LIMIT ?)",
+                           (task_id, CHUNK)).rowcount
+            if n < CHUNK:
+                db.execute("DELETE FROM check_batches WHERE task_id = ?", (task_id,))
+        total += n
+        if n < CHUNK:
+            return total
+
+
+def _mark(db, task_id: str, reason: str) -> None:
     row = db.execute("SELECT purge_reason, closed_at FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
     if row is None:
         raise UnknownTask(task_id)
     before, closed = row
     if before in GONE or (before == reason):
-        return 0
-    reports = db.execute("DELETE FROM reports WHERE task_id = ?", (task_id,)).rowcount
+        return
     for table in ("check_batches", "segments"):
         db.execute(f"DELETE FROM {table} WHERE task_id = ?", (task_id,))
     db.execute("DELETE FROM exchanges WHERE task_id = ? AND kind != ?", (task_id, DONE_KIND))
@@ -133,7 +161,6 @@ def _delete_rows(db, task_id: str, reason: str) -> int:
             db.execute("UPDATE tasks SET frozen_seq = 0, report_count = 0, set_hash = '', closed_at = ? WHERE task_id = ?",
                        (now, task_id))
     db.execute("UPDATE tasks SET purged_at = ?, purge_reason = ? WHERE task_id = ?", (now, reason, task_id))
-    return reports
 
 
 def remove_files(data_dir: str | Path, task_id: str) -> int:
@@ -156,13 +183,12 @@ def remove_files(data_dir: str | Path, task_id: str) -> int:
 
 
 def recover(store: Store, data_dir: str | Path) -> int:
-    """Finishes purges a crash interrupted: removes the segment files of purged tasks, and round-one
-    batches a background check stored after a purge. Returns how many files it removed."""
+    """Finishes purges a crash interrupted: the report rows and segment files of tasks marked purged
+    (and round-one batches a background check stored after a purge). Returns how many rows and
+    files it deleted."""
     with store.lock:
         purged = [r[0] for r in store.db.execute("SELECT task_id FROM tasks WHERE purged_at IS NOT NULL")]
-        with store._transaction() as db:
-            db.execute("DELETE FROM check_batches WHERE task_id IN (SELECT task_id FROM tasks WHERE purged_at IS NOT NULL)")
-    return sum(remove_files(data_dir, t) for t in purged)
+    return sum(delete_rows(store, t) + remove_files(data_dir, t) for t in purged)
 
 
 def state(row: dict) -> str:
