@@ -5,7 +5,7 @@ import hashlib
 import numpy as np
 import pytest
 
-from fss import DCF, KeyBatch, ParameterError
+from fss import DCF, DPF, KeyBatch, ParameterError
 from dpcdf.errors import DpcdfError
 from dpcdf.service.storage import segments
 from dpcdf.service.server.aggregate import partial_sums
@@ -71,8 +71,10 @@ def _reconciled_store(tmp_path, n, dcf=DCF10, seed=2, drop=()):
     return store, k0.select(keep)
 
 
-def test_build_streams_the_reconciled_rows_into_shards_and_records_them(tmp_path, monkeypatch):
+@pytest.mark.parametrize("block", [16, 32, 1 << 15])
+def test_build_streams_the_reconciled_rows_into_shards_and_records_them(tmp_path, monkeypatch, block):
     monkeypatch.setattr(segments, "SHARD_KEYS", 64)
+    monkeypatch.setattr(segments, "BLOCK_KEYS", block)  # blocks of 16 or 32 keys per shard of 64, or the shard's
     store, kept = _reconciled_store(tmp_path, 300, drop=(5, 200))
     shards = segments.open_or_build(store, "t1", DCF10, 0, tmp_path)
     assert [len(s) for s in shards] == [64, 64, 64, 64, 42]
@@ -143,3 +145,78 @@ def test_width_and_32_bit_payloads_round_trip(tmp_path):
     np.testing.assert_array_equal(dcf.eval_sum(loaded, np.arange(256)), dcf.eval_sum(k0, np.arange(256)))
     with pytest.raises(segments.SegmentError):
         segments.load(tmp_path, files, DCF10, 0)  # another function's keys
+
+
+@pytest.mark.parametrize("dcf", [DCF10, DCF(bits=6, out_bits=32, width=2, cmp="lt"), DCF(bits=7, out_bits=20),
+                                 DCF(bits=5, width=2, group="p61"), DPF(bits=6, out_bits=64)], ids=str)
+@pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 100])
+def test_decode_block_gives_the_arrays_of_the_keys_decoded_one_by_one(dcf, n):
+    """The build's vectorized decode (strided copies out of the stored keys' bytes, or fss.codec for
+    other payload widths) is bit-identical to `batch_from_keys`, padding of the last group included."""
+    alphas = np.random.default_rng(n).integers(0, 1 << dcf.bits, n)
+    beta = [1] * dcf.params.width if dcf.params.width > 1 else 1
+    for party, batch in enumerate(dcf.gen_batch(alphas, beta)):
+        shares = [batch[i].to_bytes() for i in range(n)]
+        got = segments.decode_block(dcf.params, party, n, b"".join(shares))
+        want = dcf.batch_from_keys(shares, party) if n else None
+        for name in segments.ARRAYS:
+            assert got[name].flags.c_contiguous
+            if n:
+                assert got[name].dtype == getattr(want, name).dtype
+                np.testing.assert_array_equal(got[name], getattr(want, name))
+            else:
+                assert got[name].shape[0] == 0
+
+
+def test_decode_block_refuses_what_is_not_a_key_of_the_task():
+    k0, _ = _keys(20, 6)
+    blob = bytearray(b"".join(k0[i].to_bytes() for i in range(20)))
+    p = DCF10.params
+    with pytest.raises(segments.SegmentError, match="not .*-byte keys"):
+        segments.decode_block(p, 0, 20, bytes(blob[:-1]))
+    with pytest.raises(segments.SegmentError, match="for party 1"):
+        segments.decode_block(p, 1, 20, bytes(blob))  # party 0's keys read as party 1's
+    reserved = bytearray(blob)
+    reserved[3 * p.key_size + 8 + 16] |= 1  # key 3: bit 0 of its first seed correction word
+    with pytest.raises(segments.SegmentError, match="reserved bit"):
+        segments.decode_block(p, 0, 20, bytes(reserved))
+    padded = bytearray(blob)
+    padded[5 * p.key_size + 8 + 16 * 11 + p.t_bytes - 1] |= 0x80  # key 5: past its 2 * 10 control bits
+    with pytest.raises(segments.SegmentError, match="padding"):
+        segments.decode_block(p, 0, 20, bytes(padded))
+
+
+def test_a_build_that_fails_midway_leaves_no_segment_and_the_next_open_rebuilds(tmp_path, monkeypatch):
+    """A crash or error while writing (here: the second block's decode fails) leaves only temporary
+    files, which nothing records; the next open builds the segments whole from the store."""
+    monkeypatch.setattr(segments, "SHARD_KEYS", 64)
+    monkeypatch.setattr(segments, "BLOCK_KEYS", 32)
+    store, kept = _reconciled_store(tmp_path, 150, seed=7)
+    real, calls = segments.decode_block, []
+
+    def failing(*args):
+        calls.append(1)
+        if len(calls) == 2:
+            raise OSError("disk full")
+        return real(*args)
+
+    monkeypatch.setattr(segments, "decode_block", failing)
+    with pytest.raises(OSError, match="disk full"):
+        segments.open_or_build(store, "t1", DCF10, 0, tmp_path)
+    directory = segments.task_dir(tmp_path, "t1")
+    assert store.segments("t1") == [] and not list(directory.glob("*.npy")) and not list(directory.glob("*.tmp"))
+    monkeypatch.setattr(segments, "decode_block", real)
+    shards = segments.open_or_build(store, "t1", DCF10, 0, tmp_path)
+    assert [len(s) for s in shards] == [64, 64, 22]
+    np.testing.assert_array_equal(partial_sums(DCF10, shards, POINTS), DCF10.eval_sum(kept, POINTS))
+
+
+def test_a_build_whose_rows_do_not_add_up_to_the_closed_count_records_nothing(tmp_path):
+    store, _ = _reconciled_store(tmp_path, 40, seed=8)
+    store.db.execute("UPDATE tasks SET report_count = 41 WHERE task_id = 't1'")
+    with pytest.raises(segments.SegmentError, match="do not add up"):
+        segments.open_or_build(store, "t1", DCF10, 0, tmp_path)
+    store.db.execute("UPDATE tasks SET report_count = 39 WHERE task_id = 't1'")
+    with pytest.raises(segments.SegmentError, match="more rows"):
+        segments.open_or_build(store, "t1", DCF10, 0, tmp_path)
+    assert store.segments("t1") == [] and not list(segments.task_dir(tmp_path, "t1").glob("*.npy*"))

@@ -421,3 +421,26 @@ def test_the_counted_view_leaves_out_both_kinds_of_exclusion(store):
     counted = [bytes(r[0]) for r in store.db.execute("SELECT report_id FROM counted WHERE task_id = ? ORDER BY seq", (TASK,))]
     assert counted == [rid(i) for i in (0, 2, 3, 5)] == store.frozen_ids(TASK)
     assert [s for chunk in store.share_chunks(TASK, 10**9, 2) for s in chunk] == [share(i) for i in (0, 2, 3, 5)]
+
+
+@pytest.mark.parametrize("span", [1, 2, 3, 7, 100])
+def test_share_blocks_read_the_counted_rows_in_order_whatever_the_span(tmp_path, span):
+    """The segments' read (`share_blocks`: shares end to end, per span of sequence numbers) gives the
+    rows of the `counted` view, in upload order: another task's rows between, both kinds of exclusion,
+    a bound below the last row."""
+    store = new_store(tmp_path / "server.sqlite", TASK, "other")
+    for i in range(12):
+        store.add_many(TASK if i % 3 else "other", [(rid(i), share(i))])
+    store.add_many(TASK, [(rid(i), share(i)) for i in range(20, 30)])
+    store.freeze(TASK, set_hash)
+    store.exclude(TASK, [rid(4), rid(22)], set_hash)
+    store.exclude(TASK, [rid(25)], set_hash, reason="shape")
+    upto = store.frozen(TASK).seq
+    want = [bytes(r[0]) for r in store.db.execute("SELECT key_share FROM counted WHERE task_id = ? AND seq <= ? ORDER BY seq",
+                                                  (TASK, upto))]
+    assert want == [share(i) for i in (1, 2, 5, 7, 8, 10, 11, 20, 21, 23, 24, 26, 27, 28, 29)]
+    blocks = list(store.share_blocks(TASK, upto, span))
+    assert all(0 < n <= span for n, _ in blocks)
+    assert b"".join(b for _, b in blocks) == b"".join(want) and sum(n for n, _ in blocks) == len(want)
+    assert b"".join(b for _, b in store.share_blocks(TASK, store.frozen(TASK).seq - 3, span)) == b"".join(want[:-3])
+    assert list(store.share_blocks("other", 10**12, span))[-1][1].endswith(share(9))  # a bound past the table's end

@@ -13,17 +13,23 @@ state: the segments can always be rebuilt from it.
 from __future__ import annotations
 
 import hashlib
+import io
 import logging
+import math
 import os
+import queue
 import re
+import threading
 from dataclasses import dataclass
 from pathlib import Path
-from typing import Iterable, Sequence
+from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
 from fss import DCF, FssError, KeyBatch
-from fss.keys import GROUP
+from fss import codec
+from fss.keys import GROUP, groups, payload_dtype
+from fss.params import HEADER_LEN, LAMBDA_BYTES, TreeParams
 
 from ...errors import DpcdfError
 from ..files import private_dir
@@ -34,7 +40,7 @@ log = logging.getLogger("dpcdf.segments")
 
 ARRAYS = ("seeds", "cw_seed", "cw_t", "cw_v")
 SHARD_KEYS = 1 << 20  # keys per shard (a multiple of GROUP): about 10^6
-_CHUNK = 16 << 20
+BLOCK_KEYS = 1 << 15  # keys read, decoded and written at a time by `build` (divides SHARD_KEYS; a multiple of GROUP)
 
 
 class SegmentError(DpcdfError):
@@ -58,43 +64,101 @@ def task_dir(data_dir: str | Path, task_id: str) -> Path:
     return Path(data_dir) / "segments" / name
 
 
-class _Hashing:
-    """A file writer that hashes what goes through it."""
-
-    def __init__(self, f):
-        self.f, self.h = f, hashlib.sha256()
-
-    def write(self, data) -> int:
-        self.h.update(data)
-        return self.f.write(data)
+def _shapes(p: TreeParams, n: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
+    """The grouped arrays' shapes and dtypes for n keys (`KeyBatch`'s fields)."""
+    g = groups(n)
+    return {"seeds": ((g, 2, GROUP), np.dtype(np.uint64)), "cw_seed": ((g, p.bits, 2, GROUP), np.dtype(np.uint64)),
+            "cw_t": ((g, p.bits, GROUP), np.dtype(np.uint8)), "cw_v": ((g, p.v_levels, p.width, GROUP), np.dtype(payload_dtype(p)))}
 
 
-def write(directory: str | Path, batches: Iterable[KeyBatch], set_hash: str) -> list[SegmentFile]:
-    """Writes each batch as one shard (shard i: `i.<array>.npy`, written to a temporary name,
-    fsynced, renamed); returns the files' records for `Store.record_segments`. Files of earlier
-    segments in the directory are removed first."""
-    directory = Path(directory)
+def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
+    """The .npy header `np.lib.format.write_array` writes for a C-ordered array of this shape."""
+    out = io.BytesIO()
+    np.lib.format.write_array_header_1_0(out, {"descr": np.lib.format.dtype_to_descr(dtype), "fortran_order": False,
+                                               "shape": tuple(int(d) for d in shape)})
+    return out.getvalue()
+
+
+def _prepare(directory: Path) -> None:
     private_dir(directory.parent)  # DATA/segments, then the task's own: key shares, the owner's only
     private_dir(directory)
     for old in directory.glob("*.npy*"):
         old.unlink()
-    records = []
-    for shard, batch in enumerate(batches):
-        for name in ARRAYS:
-            file = f"{shard:05d}.{name}.npy"
-            tmp = directory / (file + ".tmp")
-            with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb") as f:
-                out = _Hashing(f)
-                np.lib.format.write_array(out, np.ascontiguousarray(getattr(batch, name)), allow_pickle=False)
-                f.flush()
-                os.fsync(f.fileno())
-            os.replace(tmp, directory / file)
-            records.append(SegmentFile(shard, name, len(batch), file, out.h.hexdigest(), set_hash))
+
+
+def _sync_dir(directory: Path) -> None:
     fd = os.open(directory, os.O_RDONLY)
     try:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+class _Shard:
+    """One shard's four files, written front to back as blocks of whole groups arrive: each to a
+    temporary name, hashed on the way, fsynced and renamed at `close` (a crash before leaves only
+    temporary names, which no record names)."""
+
+    def __init__(self, directory: Path, shard: int, p: TreeParams, n: int):
+        self.directory, self.shard, self.n = directory, shard, n
+        self.shapes = _shapes(p, n)
+        self.files, self.hashes, self.groups = {}, {}, 0
+        try:
+            for name, (shape, dtype) in self.shapes.items():
+                tmp = directory / f"{shard:05d}.{name}.npy.tmp"
+                self.files[name] = os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "wb")
+                self.hashes[name] = hashlib.sha256()
+                self._put(name, _npy_header(shape, dtype))
+        except BaseException:
+            self.abort()
+            raise
+
+    def _put(self, name: str, data) -> None:
+        self.hashes[name].update(data)  # SHA-256 and the write release the GIL on large buffers
+        self.files[name].write(data)
+
+    def add(self, arrays: dict[str, np.ndarray]) -> None:
+        """The next groups of each array (C-contiguous, grouped layout)."""
+        for name, a in arrays.items():
+            self._put(name, memoryview(a).cast("B"))
+        self.groups += arrays["seeds"].shape[0]
+
+    def close(self) -> list[SegmentFile]:
+        """fsyncs and renames the four files; returns their records (without the set hash)."""
+        if self.groups != groups(self.n):
+            raise SegmentError(f"shard {self.shard}: {self.groups} groups of keys written, {groups(self.n)} expected")
+        records = []
+        for name, f in self.files.items():
+            f.flush()
+            os.fsync(f.fileno())
+            f.close()
+            file = f"{self.shard:05d}.{name}.npy"
+            os.replace(self.directory / (file + ".tmp"), self.directory / file)
+            records.append(SegmentFile(self.shard, name, self.n, file, self.hashes[name].hexdigest(), ""))
+        return records
+
+    def abort(self) -> None:
+        for name, f in self.files.items():
+            f.close()
+            (self.directory / f"{self.shard:05d}.{name}.npy.tmp").unlink(missing_ok=True)
+
+
+def write(directory: str | Path, batches: Iterable[KeyBatch], set_hash: str) -> list[SegmentFile]:
+    """Writes each batch as one shard (shard i: `i.<array>.npy`, each array with one write, to a
+    temporary name, fsynced, renamed); returns the files' records for `Store.record_segments`.
+    Files of earlier segments in the directory are removed first."""
+    directory = Path(directory)
+    _prepare(directory)
+    records = []
+    for shard, batch in enumerate(batches):
+        out = _Shard(directory, shard, batch.params, len(batch))
+        try:
+            out.add({name: np.ascontiguousarray(getattr(batch, name)) for name in ARRAYS})
+            records += [r._replace(set_hash=set_hash) for r in out.close()]
+        except BaseException:
+            out.abort()
+            raise
+    _sync_dir(directory)
     return records
 
 
@@ -146,30 +210,149 @@ def decode_shares(dcf: DCF, shares: Sequence[bytes], party: int) -> KeyBatch:
     """One batch from stored single-key encodings of `party` (checked on the way in, so only the
     headers are checked here), in one vectorized pass."""
     p = dcf.params
-    n = len(shares)
-    header = p.header(party)
     blob = b"".join(shares)
+    arrays = decode_block(p, party, len(shares), blob)
+    return KeyBatch.from_grouped(p, party, len(shares), *(arrays[name] for name in ARRAYS))
+
+
+def decode_block(p: TreeParams, party: int, n: int, blob: bytes) -> dict[str, np.ndarray]:
+    """n stored single-key encodings of `party`, end to end, as the grouped arrays of a batch (the last
+    group zero-padded, as `KeyBatch` pads it). The headers and the reserved and padding bits are
+    checked; anything else was checked when the report was taken. One vectorized pass: each array is
+    one strided copy out of the keys' bytes (ring payloads of 32 or 64 bits; others, and F_p payloads,
+    go through `fss.codec`, whose checks they need)."""
     if len(blob) != n * p.key_size:
         raise SegmentError(f"stored key shares are not {p.key_size}-byte keys of {p.describe()}")
     keys = np.frombuffer(blob, np.uint8).reshape(n, p.key_size)
-    if n and not (keys[:, : len(header)] == np.frombuffer(header, np.uint8)).all():
+    header = np.frombuffer(p.header(party), np.uint8)
+    if n and not (keys[:, :HEADER_LEN] == header).all():
         raise SegmentError(f"a stored key share is not a key of {p.describe()} for party {party}")
-    body = p.header(party, batch=True) + n.to_bytes(8, "little") + keys[:, len(header):].tobytes()
-    return dcf.batch_from_bytes(body, party)
+    if p.prime or p.out_bits not in (32, 64):
+        body = p.header(party, batch=True) + n.to_bytes(8, "little") + keys[:, HEADER_LEN:].tobytes()
+        try:
+            batch = KeyBatch.from_logical(p, *codec.decode_batch(p, body, party))
+        except FssError as exc:
+            raise SegmentError(f"a stored key share does not decode: {exc}") from None
+        return {name: getattr(batch, name) for name in ARRAYS}
+    g = groups(n)
+    if n != g * GROUP:  # the last group's missing keys are zeros, as KeyBatch pads them
+        keys = np.concatenate([keys, np.zeros((g * GROUP - n, p.key_size), np.uint8)])
+    keys = keys.reshape(g, GROUP, p.key_size)
+    out = {name: np.empty(shape, dtype) for name, (shape, dtype) in _shapes(p, n).items()}
+    pos = HEADER_LEN
+    out["seeds"][...] = keys[:, :, pos:pos + LAMBDA_BYTES].view("<u8").transpose(0, 2, 1)  # (g, lane, word) -> (g, word, lane)
+    pos += LAMBDA_BYTES
+    cws = keys[:, :, pos:pos + p.bits * LAMBDA_BYTES].view("<u8").reshape(g, GROUP, p.bits, 2)
+    out["cw_seed"][...] = cws.transpose(0, 2, 3, 1)
+    if (out["cw_seed"][:, :, 0, :] & np.uint64(1)).any():
+        raise SegmentError("a stored key share sets the reserved bit 0 of a seed correction word")
+    pos += p.bits * LAMBDA_BYTES
+    bits = np.unpackbits(keys[:, :, pos:pos + p.t_bytes], axis=2, bitorder="little")
+    if bits[:, :, 2 * p.bits:].any():
+        raise SegmentError("a stored key share has nonzero padding after its control-bit corrections")
+    out["cw_t"][...] = (bits[:, :, 0:2 * p.bits:2] | (bits[:, :, 1:2 * p.bits:2] << 1)).transpose(0, 2, 1)
+    pos += p.t_bytes
+    vals = keys[:, :, pos:pos + p.v_bytes].view("<u8" if p.out_bits == 64 else "<u4")
+    out["cw_v"][...] = vals.reshape(g, GROUP, p.v_levels, p.width).transpose(0, 2, 3, 1)
+    return out
 
 
 def build(store: Store, task_id: str, dcf: DCF, party: int, directory: str | Path) -> list[SegmentBatch]:
-    """Writes the reconciled task's key shares from the store's rows into segments (streamed, one
-    shard at a time), records them, and maps them."""
+    """Writes the reconciled task's key shares from the store's rows into segments, records them, and
+    maps them. One pass, in blocks of BLOCK_KEYS keys: a block is read (`Store.share_blocks`),
+    decoded into the grouped arrays (`decode_block`) and appended to its shard's four files, so
+    memory stays at a few blocks whatever the task's size; the files are fsynced and renamed once
+    each, at the end of their shard. The store is read by a second thread, one block ahead of the
+    decoding and writing (SQLite and the hashing, copies and writes release the GIL)."""
     frozen = store.frozen(task_id)
     if frozen is None:
         raise SegmentError(f"task {task_id} is not closed")
-    chunks = store.share_chunks(task_id, frozen.seq, SHARD_KEYS)
-    files = write(directory, (decode_shares(dcf, chunk, party) for chunk in chunks), frozen.digest)
-    if sum(f.n for f in files if f.array == ARRAYS[0]) != frozen.count:
-        raise SegmentError(f"task {task_id}: the store's rows do not add up to its {frozen.count} reports")
-    store.record_segments(task_id, files)
-    return load(directory, files, dcf, party, verify=False)
+    directory = Path(directory)
+    _prepare(directory)
+    p, count = dcf.params, frozen.count
+    block = math.gcd(BLOCK_KEYS, SHARD_KEYS)  # BLOCK_KEYS unless a test made the shards smaller
+    records: list[SegmentFile] = []
+    shard: _Shard | None = None
+    done = 0
+    try:
+        for n, blob in _ahead(_blocks(store.share_blocks(task_id, frozen.seq, block), p.key_size, block)):
+            if done + n > count:
+                raise SegmentError(f"task {task_id}: the store has more rows than its {count} reports")
+            if shard is None:
+                shard = _Shard(directory, len(records) // len(ARRAYS), p, min(SHARD_KEYS, count - done))
+            shard.add(decode_block(p, party, n, blob))
+            done += n
+            if done % SHARD_KEYS == 0 or done == count:
+                records += [r._replace(set_hash=frozen.digest) for r in shard.close()]
+                shard = None
+    except BaseException:
+        if shard is not None:
+            shard.abort()
+        raise
+    if done != count:
+        raise SegmentError(f"task {task_id}: the store's rows do not add up to its {count} reports")
+    _sync_dir(directory)
+    store.record_segments(task_id, records)
+    return load(directory, records, dcf, party, verify=False)
+
+
+def _blocks(chunks: Iterable[tuple[int, bytes]], key_size: int, size: int) -> Iterator[tuple[int, bytes]]:
+    """The store's chunks re-cut into blocks of exactly `size` keys (the last one shorter), so that
+    blocks never straddle a shard (`size` divides SHARD_KEYS) and only the last one pads its group.
+    A chunk of exactly `size` keys (the usual one) passes through uncopied."""
+    pending: list[bytes] = []
+    have = 0
+    for n, blob in chunks:
+        if not have and n == size:
+            yield n, blob
+            continue
+        pending.append(blob)
+        have += n
+        if have >= size:
+            joined = b"".join(pending)
+            cut = 0
+            while have - cut >= size:
+                yield size, joined[cut * key_size:(cut + size) * key_size]
+                cut += size
+            pending, have = ([joined[cut * key_size:]] if have > cut else []), have - cut
+    if have:
+        yield have, b"".join(pending)
+
+
+def _ahead(items: Iterable[tuple[int, bytes]], depth: int = 2) -> Iterator[tuple[int, bytes]]:
+    """`items`, produced by a second thread up to `depth` ahead; its exception is raised here, in order."""
+    q: queue.Queue = queue.Queue(depth)
+    stop = threading.Event()
+    end = object()
+
+    def produce() -> None:
+        try:
+            for item in items:
+                if stop.is_set():
+                    return
+                q.put(item)
+            q.put(end)
+        except BaseException as exc:  # handed to the consumer
+            q.put(exc)
+
+    thread = threading.Thread(target=produce, name="segments-read", daemon=True)
+    thread.start()
+    try:
+        while True:
+            item = q.get()
+            if item is end:
+                return
+            if isinstance(item, BaseException):
+                raise item
+            yield item
+    finally:
+        stop.set()
+        while thread.is_alive():  # unblock a producer waiting on a full queue
+            try:
+                q.get(timeout=0.05)
+            except queue.Empty:
+                pass
+        thread.join()
 
 
 def open_or_build(store: Store, task_id: str, dcf: DCF, party: int, data_dir: str | Path) -> list[SegmentBatch]:
