@@ -91,6 +91,9 @@ def test_a_deleted_task_answers_its_analyst_410_and_others_as_unknown(app):
     unknown = client.get("/tasks/" + "0" * 32, headers=ANALYST)
     assert (wrong.status_code, wrong.text) == (unknown.status_code, unknown.text) == (401, wrong.text)
     assert client.post(f"/admin/tasks/{task_id}/close", headers=AUTH).status_code == 410
+    config = client.app.state.server.store.task(task_id)[0]
+    again = client.post("/tasks", content=config, headers=JSON | AUTH)  # its id stays taken, on no fresh seed
+    assert again.status_code == 409 and "register a new task" in again.json()["error"]
     assert client.get("/admin/tasks", headers=AUTH).json()["tasks"][0]["state"] == "deleted"
     text = client.get("/metrics", headers=AUTH).text
     assert 'dpcdf_retention_purged_total{reason="deleted"} 1' in text and 'dpcdf_tasks{state="deleted"} 1' in text

@@ -118,6 +118,8 @@ class Metrics:
         out.family("dpcdf_retention_purged_total", "counter", "tasks whose key shares were deleted, by reason")
         for why in ("released", "expired", "deleted"):
             out.sample("dpcdf_retention_purged_total", {"reason": why}, retention.purged.get(why, 0) if retention else 0)
+        out.family("dpcdf_retention_sweeps_total", "counter", "retention sweeps finished")
+        out.sample("dpcdf_retention_sweeps_total", {}, retention.sweeps if retention else 0)
         out.family("dpcdf_failures_total", "counter", "failures: 5xx answers (where=request) and errors logged by the "
                    "server's background work (where=its logger)")
         out.sample("dpcdf_failures_total", {"where": "request"}, sum(n for (_, _, s), n in requests.items() if s >= 500))

@@ -12,8 +12,8 @@ When a task's key shares go:
 - 'expired': the task is older than the server's `--retention` and still holds key shares (never
   closed, unverified, or a close that never finished).
 - 'deleted': the operator's delete (`DELETE /admin/tasks/{id}`).
-An expired or deleted task keeps only its row (id, config, fingerprint, times, counted reports) so its
-id is not registered again with a fresh seed for reports clients still spool; its noise seed is
+An expired or deleted task keeps only its row (id, config, fingerprint, times, counted reports), so its
+id is refused if registered again (409; reports clients still spool never count under a fresh seed); its noise seed is
 overwritten with random bytes, its histogram, fixed designs, exclusions and query log deleted, and it
 answers nothing again (the analyst gets 410; its collection is closed, so uploads get 409).
 

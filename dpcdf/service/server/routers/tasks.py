@@ -5,7 +5,7 @@ servers POST /tasks/{id}/sync and /tasks/{id}/verify. The protocols themselves l
 state (`state`, `peers`): these handlers only parse, call and answer."""
 from __future__ import annotations
 
-from fastapi import APIRouter, Response
+from fastapi import APIRouter, Request, Response
 
 from ....errors import DpcdfError
 from ...hpke import public_key
@@ -27,7 +27,7 @@ _CONFIG_BODY = {"requestBody": {"required": True, "content": {"application/json"
 
 @router.post("", status_code=201, response_model=TaskRegistered, responses=errors(400, 401, 403, 409),
              openapi_extra=_CONFIG_BODY)
-def register(srv: ServerDep, _: OperatorDep, raw: RawBody) -> TaskRegistered:
+def register(request: Request, srv: ServerDep, _: OperatorDep, raw: RawBody) -> TaskRegistered:
     """Registers a task (the operator only): the config must name this server's HPKE key as its own
     and a valid key for the other server. The same config again is a no-op; another one under its id
     is 409."""
@@ -44,6 +44,9 @@ def register(srv: ServerDep, _: OperatorDep, raw: RawBody) -> TaskRegistered:
     except (DpcdfError, ValueError) as exc:
         raise HttpError(400, f"server {1 - party}'s HPKE key in the task is not a {config.kem} key: {exc}") from None
     srv.register(config)
+    gone = request.app.state.retention.gone(config.task_id)  # issue 24: its id stays taken, its seed gone
+    if gone:
+        raise HttpError(409, f"task {config.task_id} is {gone}: register a new task (a new id) instead")
     return TaskRegistered(task_id=config.task_id, fingerprint=config.fingerprint.hex())
 
 
