@@ -2,6 +2,14 @@
 
     python bench/bench_accuracy.py [--runs 20] [--relation substitution|add-remove] [--zcdp]
         [--only paper|skewed|sparse] [--n 10000 (values in the sparse set)]
+    python bench/bench_accuracy.py --bands [--runs 100] [--level 0.95] [--zcdp] [--only ...]
+
+--bands: `Release.confidence_band` instead (the tables above are not printed): per relation, data set
+(the same three) and epsilon, the default release ("auto") and the tree's, `--runs` releases each:
+how often the band contained the data's ECDF at every threshold (coverage; goal >= 93% at level 0.95)
+and its mean width in F over the thresholds; then the width at eps 1, n = 5,000 on the 2^10 grid
+(each data shape redrawn at n = 5,000; goal <= 0.05). With --zcdp also the zCDP default and the
+discrete Gaussian tree at rho = 0.005, 0.125, 0.5. Each cell: coverage, then mean width.
 
 Rows: the paper's path mechanism (eq. 2, scale (L+1)/eps) and its theory 2 (L+1)^3 / eps^2; the same
 with the exact sensitivity; ours: the default ("auto": under substitution on grids of >= 256 points
@@ -168,7 +176,12 @@ def main() -> None:
     ap.add_argument("--n", type=int, default=10_000, help="how many values the sparse data set has (1e3 .. 1e6)")
     ap.add_argument("--zcdp", action="store_true", help="also compare rho-zCDP releases at rho = eps^2 / 2")
     ap.add_argument("--only", choices=["paper", "skewed", "sparse"], help="one data set (e.g. sparse at another --n)")
+    ap.add_argument("--bands", action="store_true", help="coverage and width of Release.confidence_band instead")
+    ap.add_argument("--level", type=float, default=0.95, help="the bands' level (with --bands)")
     args = ap.parse_args()
+    if args.bands:
+        bands(args.runs, args.level, args.n, args.only, args.zcdp)
+        return
     rel, runs = args.relation, args.runs
     d_in = 2 if rel == "substitution" else 1
     for name, (data, size) in datasets(args.n).items():
@@ -262,6 +275,71 @@ def zcdp_block(data, grid, prefix, hist, total, rel, runs) -> None:
     for k, r in enumerate(rhos):
         print(f"rho={r}: ours / OpenDP b=2 = {mses[ours][k] / b2[k]:.2f} (goal <= 0.75); "
               f"/ OpenDP b={b_default} = {mses[ours][k] / bd[k]:.2f} (goal <= 0.5)")
+
+def shapes(n: int, size: int) -> dict[str, np.ndarray]:
+    """The three data shapes redrawn with n values on a grid of `size` points (the band's width goal)."""
+    rng = np.random.default_rng(11)  # data only
+    paper = rng.integers(0, size, n)  # Poisson(n / size) counts per grid point: n uniform grid points
+    skewed = np.minimum(rng.exponential(25 * size / N, n).astype(np.int64), size - 1)
+    centres = (np.array([300, 310, 1800, 2600, 3900]) * size) // SPARSE_N
+    sparse = np.clip(np.rint(rng.normal(centres[rng.integers(0, 5, n)], 2)), 0, size - 1).astype(np.int64)
+    return {"paper": paper, "skewed": skewed, "sparse": sparse}
+
+
+def band_cells(data, grid, relation, runs, level, **release) -> tuple[float, float]:
+    """(coverage, mean width) of `runs` releases' bands at `level`."""
+    truth = dpcdf.prefix_counts(data, grid) / data.size
+    hits, widths = 0, []
+    for _ in range(runs):
+        lo, hi = dpcdf.release_ecdf(data, grid, relation=relation, **release).confidence_band(level)
+        hits += bool(np.all((lo <= truth + 1e-12) & (truth <= hi + 1e-12)))
+        widths.append(float(np.mean(hi - lo)))
+    return hits / runs, float(np.mean(widths))
+
+
+def bands(runs: int, level: float, n_sparse: int, only: str | None, zcdp: bool) -> None:
+    """--bands: coverage of the data's ECDF and mean width of `Release.confidence_band`. The headers
+    are the accuracy tables' (method, then one column per eps or rho); a cell is coverage, width."""
+    epsilons, rhos = (0.1, 0.5, 1.0), (0.005, 0.125, 0.5)
+    print(f"confidence bands at level {level}, {runs} releases per cell: coverage of the data's ECDF at every "
+          "threshold, mean width in F")
+    print(f"{'method':<44}" + "".join(f"{'eps=' + str(e):>22}" for e in epsilons))
+    worst, rows, pooled = 1.0, [], []
+    for relation in ("substitution", "add-remove"):
+        for name, (data, size) in datasets(n_sparse).items():
+            short = name.split()[0].rstrip(":")
+            if only and short != only:
+                continue
+            grid = Grid.integers(size)
+            for mechanism in ("auto", "tree"):
+                cells = [band_cells(data, grid, relation, runs, level, epsilon=e, mechanism=mechanism) for e in epsilons]
+                worst, pooled = min(worst, *(c for c, _ in cells)), pooled + [c for c, _ in cells]
+                print(f"{relation + ' ' + short + ' ' + mechanism:<44}" + "".join(f"{c:>13.0%} {w:>8.4f}" for c, w in cells))
+            rows.append((relation, short, data, grid))
+    if zcdp:
+        print(f"{'method':<44}" + "".join(f"{'rho=' + str(r):>22}" for r in rhos))
+        for relation, short, data, grid in rows:
+            for mechanism, label in (("auto", "zcdp default"), ("tree", "zcdp tree")):
+                cells = [band_cells(data, grid, relation, runs, level, privacy="zcdp", rho=r, mechanism=mechanism) for r in rhos]
+                worst, pooled = min(worst, *(c for c, _ in cells)), pooled + [c for c, _ in cells]
+                print(f"{relation + ' ' + short + ' ' + label:<44}" + "".join(f"{c:>13.0%} {w:>8.4f}" for c, w in cells))
+    below = sum(c < 0.93 for c in pooled)
+    sd = np.sqrt(level * (1 - level) / (runs * len(pooled)))
+    print(f"lowest coverage {worst:.0%} (goal >= 93% at level 0.95); {below} of {len(pooled)} cells below 93%; pooled "
+          f"{np.mean(pooled):.1%} of {runs * len(pooled)} releases (a correct band: >= {level:.0%} - 3 sd = {level - 3 * sd:.1%})")
+    print(f"width at eps=1, n = 5000, N = {N}, each shape redrawn: mean width in F (coverage), {runs} releases")
+    widest = 0.0
+    for relation in ("substitution", "add-remove"):
+        for short, data in shapes(5000, N).items():
+            if only and short != only:
+                continue
+            cells = []
+            for mechanism in ("auto", "tree"):
+                c, w = band_cells(data, Grid.integers(N), relation, runs, level, epsilon=1.0, mechanism=mechanism)
+                widest = max(widest, w) if mechanism == "auto" else widest
+                cells.append(f"{mechanism} {w:.4f} ({c:.0%})")
+            print((relation + " " + short).ljust(24) + "   ".join(cells))
+    print(f"widest default band {widest:.4f} (goal <= 0.05)")
 
 if __name__ == "__main__":
     main()
