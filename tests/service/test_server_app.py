@@ -203,3 +203,10 @@ def test_a_refused_query_is_a_400_with_its_message(client_and_task):
                           (b'{"kind": "prefix", "indices": [1, 99999]}', "indices must be a non-empty list of grid indices in [0, ")):
         res = client.post(f"/tasks/{task_id}/query", content=body, headers=auth)
         assert res.status_code == 400 and res.json()["error"].startswith(message), body
+
+
+def test_every_query_type_has_one_handler_and_nothing_else_does():
+    assert set(answers._HANDLERS) == set(Q.QUERY_TYPES) == set(models.MODELS)
+    assert len({id(h) for h in answers._HANDLERS.values()}) == len(Q.QUERY_TYPES)
+    with pytest.raises(answers.QueryRefused, match="kind must be"):
+        answers.handler({"kind": "prefix", "indices": [1]})  # a dict is no query: the server parses first

@@ -7,7 +7,7 @@ Free of HTTP: a query the task does not answer is a `QueryRefused` (HTTP 400, `e
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, ClassVar
+from typing import TYPE_CHECKING, Callable, ClassVar
 
 import numpy as np
 
@@ -39,22 +39,25 @@ class Handler:
     is this server's answer from the task's key shares or histogram share (`source`)."""
 
     answered_by: ClassVar[frozenset[str]] = frozenset({"prefix"})  # the task families that answer it (`family`)
-    every_element: ClassVar[bool] = False  # a calibration task answers only its probabilities' ECDF, unless
+    every_element: ClassVar[bool] = False  # False: a calibration task answers its probabilities' ECDF only
 
     def check(self, q: Query, config: "TaskConfig", agg: "Aggregator") -> None:
         """QueryRefused unless the task answers `q`."""
 
     def designs(self, q: Query, config: "TaskConfig") -> list[tuple[str, str, str]]:
+        """The release designs `q` fixes for good (none for most types)."""
         return []
 
     def shares(self, q: Query, config: "TaskConfig", agg: "Aggregator", source: "list | Histogram") -> np.ndarray:
+        """This server's shares of the answer (uint64; a trailing axis per payload element)."""
         raise NotImplementedError
 
 
 _HANDLERS: dict[type, Handler] = {}
 
 
-def _handles(query_type: type):
+def _handles(query_type: type) -> Callable[[type[Handler]], type[Handler]]:
+    """Registers a Handler subclass (one instance) as the handler of `query_type`."""
     def register(cls: type[Handler]) -> type[Handler]:
         _HANDLERS[query_type] = cls()
         return cls
