@@ -2,6 +2,7 @@
 store that is being written, segment files checked against their recorded SHA-256 (a stale one left
 out with its records, to be rebuilt), a manifest that catches a changed file, and the refusals."""
 import hashlib
+import os
 import secrets
 import sqlite3
 import subprocess
@@ -81,3 +82,17 @@ def test_the_cli_errors_are_one_line(tmp_path):
     run = subprocess.run([sys.executable, "-m", "dpcdf", "serve", "--party", "0", "--port", "1", "--data", str(tmp_path / "d"),
                           "--retention", "forever"], capture_output=True, text=True)
     assert run.returncode == 2 and "a retention must be a positive duration" in run.stderr and run.stderr.count("\n") == 1
+
+
+@pytest.mark.parametrize("args,says", [
+    (["admin"], "required: ACTION"),
+    (["admin", "delete", "--server", "http://127.0.0.1:1"], "required: TASK_ID"),
+    (["admin", "tasks", "--server", "http://127.0.0.1:1"], "operator token"),
+    (["admin", "tasks", "--server", "http://127.0.0.1:1", "--token-file", "/nonexistent"], "cannot read the operator token"),
+    (["serve", "--party", "0", "--port", "1", "--data", "/tmp/none", "--sweep-every", "0"], "--sweep-every must be a positive"),
+])
+def test_admin_mistakes_are_one_line(args, says):
+    env = {k: v for k, v in os.environ.items() if k != "DPCDF_ADMIN_TOKEN"}
+    run = subprocess.run([sys.executable, "-m", "dpcdf", *args], capture_output=True, text=True, env=env)
+    assert run.returncode == 2 and run.stderr.startswith("dpcdf: ") and run.stderr.count("\n") == 1, run.stderr
+    assert says in run.stderr, run.stderr
