@@ -23,9 +23,10 @@ public) and A public. The law of the error does not depend on the data. Per thre
 joined by a union bound over up to 2^16 thresholds would be loose, as the errors are strongly
 correlated (neighbouring prefixes share most of their noise); instead the law of the studentised
 maximum M = max_i |(A z)_i| / s_i is simulated (s_i the error's sd at i, from a separate pilot
-simulation), and h_i = q s_i with q the ceil((sims + 1) level)-th smallest of `sims` simulated draws
-of M. The release's own M and the simulated ones are i.i.d., so by the rank argument (as in conformal
-prediction) P(M <= q) >= r / (sims + 1) >= level for any number of draws, not only asymptotically.
+simulation), and h_i = q s_i with q the r-th smallest of `sims` simulated draws of M, r at least
+ceil((sims + 1) level) (`rank_quantile`, with the margin below). The release's own M and the
+simulated ones are i.i.d., so by the rank argument (as in conformal prediction) P(M <= q) >=
+r / (sims + 1) >= level for any number of draws, not only asymptotically.
 The simulation draws the exact noise laws (discrete Laplace as the difference of two geometric
 variables floor(t E), E exponential; discrete Gaussian by the rejection sampler of Canonne, Kamath
 and Steinke 2020 from discrete Laplace proposals), exact up to float64 rounding, from a numpy
