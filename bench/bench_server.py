@@ -1,17 +1,22 @@
 """The servers' speed: report ingest and query latency, on real server processes on loopback.
 
-    python bench/bench_server.py [--sizes 10000 100000 1000000]
+    python bench/bench_server.py [--sizes 10000 100000 1000000] [--close-only]
 
 Unverified tasks (`verify=False`); docs/verification.md measures verified ones. Ingest: reports sealed beforehand (client work not counted), uploaded in batches of 1000 to one
 server; each report is parsed, HPKE-opened, checked to be a key of the task, and committed to SQLite
 before the acknowledgement. Queries: the analyst's latency for 1 and 1024 thresholds (both servers,
 shares added), after a first query that loads the key cache. For n above the ingest run, the key
 shares are written into the servers' databases directly (as if ingested), since sealing a million
-reports on the client would take far longer than the queries being measured.
+reports on the client would take far longer than the queries being measured. "close" is the
+analyst's close of an unverified task: both servers freeze and reconcile their sets, and each writes
+its key shares into segments (server 1 as its reconciliation ends, server 0 after). `--close-only`
+skips the queries. The first line names the CPU and the load average before and after the run.
 """
 from __future__ import annotations
 
 import argparse
+import os
+import platform
 import sqlite3
 import tempfile
 import time
@@ -50,7 +55,9 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", nargs="*", type=int, default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--ingest", type=int, default=5000)
+    ap.add_argument("--close-only", action="store_true", help="time the close only (no ingest run, no queries)")
     args = ap.parse_args()
+    load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="dpcdf-bench-") as tmp:
         dirs = [f"{tmp}/s0", f"{tmp}/s1"]
         procs = [start_server(p, dirs[p]) for p in (0, 1)]
@@ -60,24 +67,33 @@ def main() -> None:
                 time.sleep(0.2)
             # unverified tasks: direct_insert writes bare key shares, which a verified task (the default on a
             # 2^16 grid) would refuse at the close (each of its shares carries the check's extras)
+            if args.close_only:
+                args.ingest = 0
             config, token = create_task(urls, GRID, 1.0, "path", "substitution", min_batch=1, verify=False)
             make_reports(config, [0.5])  # the client's kernels compiled (or loaded) before the clock starts
-            t = time.perf_counter()
-            reports = [r.to_bytes() for r in make_reports(config, np.random.default_rng(0).uniform(0, 1, args.ingest))]
-            seal = time.perf_counter() - t
-            t = time.perf_counter()
-            for start in range(0, len(reports), 1000):
-                http("POST", f"{urls[0]}/tasks/{config.task_id}/reports/batch", encode_batch(reports[start : start + 1000]),
-                     content_type="application/octet-stream")
-            ingest = time.perf_counter() - t
-            print(f"client: {args.ingest / seal:.0f} reports/s made and sealed (both shares), one core")
-            print(f"server ingest: {args.ingest / ingest:.0f} reports/s (parse, HPKE open, key check, SQLite commit)\n")
+            if args.ingest:
+                t = time.perf_counter()
+                reports = [r.to_bytes() for r in make_reports(config, np.random.default_rng(0).uniform(0, 1, args.ingest))]
+                seal = time.perf_counter() - t
+                t = time.perf_counter()
+                for start in range(0, len(reports), 1000):
+                    http("POST", f"{urls[0]}/tasks/{config.task_id}/reports/batch", encode_batch(reports[start : start + 1000]),
+                         content_type="application/octet-stream")
+                ingest = time.perf_counter() - t
+            print(f"# {cpu_name()}, {os.cpu_count()} cores; load average {load_start:.1f} at the start")
+            if args.ingest:
+                print(f"client: {args.ingest / seal:.0f} reports/s made and sealed (both shares), one core")
+                print(f"server ingest: {args.ingest / ingest:.0f} reports/s (parse, HPKE open, key check, SQLite commit)\n")
             print(f"{'n':>9} {'close s':>8} {'load keys s':>11} {'1 threshold s':>13} {'1024 thresholds s':>17}")
             for n in args.sizes:
                 cfg, tok = create_task(urls, GRID, 1.0, "path", "substitution", min_batch=1, verify=False)
                 direct_insert(cfg, dirs, n)
                 analyst = Analyst(cfg, tok)
+                os.sync()  # the inserted rows on disk, so the close's own fsyncs are what it pays for
                 close = _timed(analyst.close)  # the close and the servers' reconciliation
+                if args.close_only:
+                    print(f"{n:>9} {close:>8.2f}")
+                    continue
                 t = time.perf_counter()
                 analyst.prefix_counts([123])
                 load = time.perf_counter() - t
@@ -88,6 +104,26 @@ def main() -> None:
         finally:
             for proc, _ in procs:
                 stop(proc)
+    print(f"# load average {os.getloadavg()[0]:.1f} at the end")
+
+
+def cpu_name() -> str:
+    """The CPU's model name and its AVX-512 and VAES flags (/proc/cpuinfo), else what platform says."""
+    name, flags = platform.processor() or platform.machine(), set()
+    try:
+        with open("/proc/cpuinfo") as f:
+            for line in f:
+                key, _, value = line.partition(":")
+                if key.strip() == "model name":
+                    name = value.strip()
+                elif key.strip() == "flags":
+                    flags = set(value.split())
+                    break
+    except OSError:
+        pass
+    if flags:
+        name += ", " + ("AVX-512" if "avx512f" in flags else "no AVX-512") + (", VAES" if "vaes" in flags else "")
+    return name
 
 
 def _timed(fn) -> float:

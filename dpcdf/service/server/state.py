@@ -177,10 +177,16 @@ class TaskState:
         return self.ctx.check_leader()
 
     def _reconciled(self) -> None:
-        """Server 1 just reconciled: round one of the check, or the segments, while server 0 goes on."""
+        """Server 1 just reconciled: round one of the check, or the segments, while server 0 goes on
+        (and writes its own: the two builds overlap). The segments are built under `answering`, so
+        server 0's DONE, and so the analyst's close, and any query wait for them."""
         if self.config.verify:
             self.prepare_in_background()
         else:
+            threading.Thread(target=self._build_segments, name=f"segments-{self.config.task_id}", daemon=True).start()
+
+    def _build_segments(self) -> None:
+        with self.answering:
             self.refresh(self.store, self.store.frozen(self.config.task_id).seq)
 
     def helper(self) -> CheckHelper:
