@@ -92,10 +92,7 @@ def cmd_task(args) -> None:
     from .service.task import TaskConfig
 
     privacy = "pure" if args.rho is None else "zcdp"
-    if args.payload != "count":
-        mechanism = args.mechanism or "tree"
-    else:
-        mechanism = args.mechanism or TaskConfig.default_mechanism(grid_spec, args.relation, privacy, args.epsilon)
+    mechanism = args.mechanism or TaskConfig.default_mechanism(grid_spec, args.relation, privacy, args.epsilon, args.payload)
     config, token = create_task(args.servers, grid_spec, args.epsilon, mechanism, args.relation, _min_batch(args),
                                 args.kem, payload=args.payload, admin_tokens=admin,
                                 verify=False if args.unverified else None, rho=args.rho)
@@ -287,8 +284,8 @@ def build_parser() -> Parser:
     budget.add_argument("--rho", type=float, help="rho-zCDP, discrete Gaussian noise (grids of up to 2^16 points)")
     t.add_argument("--mechanism", choices=["adaptive", "tree", "path", "factorization"],
                    help="default: adaptive (epsilon, substitution, count tasks on grids of 2^8 to 2^20 points: two rounds, "
-                   "the second chosen from the first), else tree (epsilon; label and calibration tasks), factorization "
-                   "(rho: the square-root factorization, up to 2^13 points)")
+                   "the second chosen from the first), else tree (label and calibration tasks, with --epsilon or --rho), "
+                   "factorization (rho, count tasks: the square-root factorization, up to 2^13 points)")
     t.add_argument("--payload", default="count", choices=["count", "label", "calibration"],
                    help="count: the ECDF of the values; label: values are scores with a 0/1 label each, released "
                    "as a ROC curve (query --roc); calibration: values are predicted probabilities in [0, 1] with "

@@ -10,6 +10,14 @@ addition, either both in one curve (2 x epsilon/2) or one in each (epsilon/2 + e
 epsilon-DP under substitution (n public; P and N are not, so they are estimated from the curves).
 The two curves draw their node noise from separate id domains, so a deterministic noise function
 (like the servers' PRF) never gives both the same noise, which would cancel in their difference.
+
+Under zCDP (`privacy="zcdp", rho=...`, as `release_ecdf` takes it) each curve is the discrete
+Gaussian tree at rho/2 under add/remove (Delta2 = 1 per level, the root noised), with the exact
+discrete Gaussian from the OS CSPRNG (centrally) or each server's PRF. One person joining or leaving
+changes one curve: rho/2-zCDP under add/remove. A substitution moves a value within one curve (L2
+squared sensitivity 2 per level, twice the add/remove one: 2 x rho/2) or across the two (rho/2 +
+rho/2): rho-zCDP under substitution, which implies (rho + 2 sqrt(rho log(1/delta)), delta)-DP for any
+delta in (0, 1). `RocRelease.statement` states the exact rational accounting of the two curves.
 """
 from __future__ import annotations
 
@@ -23,7 +31,8 @@ from ..errors import ParameterError
 from ..release.grid import Grid
 from ..release.ecdf import Release, release_ecdf, secure_node_noise
 from ..release.mechanisms import TreeMechanism
-from ..release.policy import curve_budget
+from ..release.policy import auto_mechanism, check_budget, curve_budget
+from ..release.zcdp import gaussian_tree, zcdp_to_dp
 
 if TYPE_CHECKING:
     from ..service.client.analyst import Analyst
@@ -36,7 +45,8 @@ class RocRelease:
     tpr: np.ndarray
     positives: Release
     negatives: Release
-    epsilon: float
+    epsilon: float | None  # the budget under pure DP (None under zCDP)
+    rho: float | None = None  # the budget under zCDP
 
     @property
     def auc(self) -> float:
@@ -46,8 +56,14 @@ class RocRelease:
 
     @property
     def statement(self) -> str:
-        return (f"{self.epsilon:g}-DP under substitution (n public): two ECDFs (positives, negatives), each "
-                f"{self.epsilon / 2:g}-DP under add/remove")
+        if self.rho is None:
+            return (f"{self.epsilon:g}-DP under substitution (n public): two ECDFs (positives, negatives), each "
+                    f"{self.epsilon / 2:g}-DP under add/remove")
+        per_curve = max(r.mechanism.exact_rho("add-remove") for r in (self.positives, self.negatives))
+        sub = max(2 * per_curve, max(r.mechanism.exact_rho("substitution") for r in (self.positives, self.negatives)))
+        return (f"{float(sub):.6g}-zCDP under substitution (n public; at most rho = {self.rho:g}), {float(per_curve):.6g}-zCDP "
+                f"under add/remove: two ECDFs (positives, negatives), each {float(per_curve):.6g}-zCDP under add/remove "
+                f"(discrete Gaussian trees); implies ({zcdp_to_dp(float(sub), 1e-6):.4g}, 1e-6)-DP under substitution")
 
 
 def rates(release: Release) -> np.ndarray:
@@ -57,10 +73,14 @@ def rates(release: Release) -> np.ndarray:
     return np.clip((total - c) / total, 0.0, 1.0) if total > 0 else np.zeros(c.size)
 
 
-def roc(scores, labels, grid: Grid, epsilon: float, mechanism: str = "auto", noise=secure_node_noise) -> RocRelease:
-    """The epsilon-DP ROC curve of classifier scores against binary labels, on `grid` (see the module
-    docstring for the privacy statement). Raises ParameterError for NaN scores, labels other than 0/1,
-    or data without both classes."""
+def roc(scores, labels, grid: Grid, epsilon: float | None = None, mechanism: str = "auto", noise=secure_node_noise,
+        privacy: str = "pure", rho: float | None = None) -> RocRelease:
+    """The epsilon-DP ROC curve of classifier scores against binary labels, on `grid`, or with
+    privacy="zcdp" and `rho` (no epsilon) the rho-zCDP one (each curve a discrete Gaussian tree at rho/2,
+    add/remove; mechanism "auto" or "tree", as a zCDP label task's). See the module docstring for the
+    privacy statement. Raises ParameterError for NaN scores, labels other than 0/1, data without both
+    classes, or a budget release_ecdf would refuse (epsilon with zCDP, rho without it)."""
+    budget = check_budget(privacy, epsilon, rho)
     s = np.asarray(scores, dtype=np.float64).reshape(-1)
     y = np.asarray(labels).reshape(-1)
     if s.size != y.size or s.size == 0:
@@ -71,12 +91,24 @@ def roc(scores, labels, grid: Grid, epsilon: float, mechanism: str = "auto", noi
         raise ParameterError("labels must be 0 or 1")
     if y.min() == y.max():
         raise ParameterError("a ROC curve needs both classes in the data")
-    eps, relation = curve_budget("label", epsilon, "add-remove")  # the policy table's, as a label task's
-    if mechanism in ("auto", "tree"):  # the plan its tables were made with (no root share; as a label task's)
-        mechanism = TreeMechanism(grid.size, eps, relation, root_share=0)
-    pos = release_ecdf(s[y == 1], grid, eps, mechanism, relation, "monotone", noise=_domain(noise, 1))
-    neg = release_ecdf(s[y == 0], grid, eps, mechanism, relation, "monotone", noise=_domain(noise, 2))
-    return RocRelease(np.concatenate([grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg, float(epsilon))
+    share, relation = curve_budget("label", budget, "add-remove")  # the policy table's, as a label task's
+    if not isinstance(grid, Grid):
+        raise ParameterError(f"grid must be a dpcdf.Grid, got {type(grid).__name__}")
+    if mechanism == "auto":
+        mechanism = auto_mechanism(grid.size, relation, privacy, share, payload="label")
+    if privacy == "zcdp":
+        if mechanism == "tree":  # a zCDP label task's curves (`TaskConfig.make_mechanism`)
+            mechanism = gaussian_tree(grid.size, share, relation)
+        eps, zcdp = None, dict(privacy="zcdp", rho=share)
+    else:
+        if mechanism == "tree":  # the plan its tables were made with (no root share; as a label task's)
+            mechanism = TreeMechanism(grid.size, share, relation, root_share=0)
+        eps, zcdp = share, {}
+    pos = release_ecdf(s[y == 1], grid, eps, mechanism, relation, "monotone", noise=_domain(noise, 1), **zcdp)
+    neg = release_ecdf(s[y == 0], grid, eps, mechanism, relation, "monotone", noise=_domain(noise, 2), **zcdp)
+    pure = privacy == "pure"
+    return RocRelease(np.concatenate([grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg,
+                      budget if pure else None, None if pure else budget)
 
 
 def roc_from_servers(analyst: Analyst) -> RocRelease:
@@ -86,7 +118,7 @@ def roc_from_servers(analyst: Analyst) -> RocRelease:
         raise ParameterError("this task releases an ECDF: use release()")
     pos, neg = analyst.releases("monotone")  # the plain fit, as the central roc (its tables were made with it)
     return RocRelease(np.concatenate([analyst.grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg,
-                      analyst.config.epsilon)
+                      analyst.config.epsilon, analyst.config.rho)
 
 
 def _domain(noise, k: int):

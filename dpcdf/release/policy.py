@@ -5,13 +5,16 @@
 the same mechanism and the same per-curve budget. A choice made here from public parameters (grid
 size, epsilon or rho, relation, payload) is post-processing of nothing private: it costs no privacy.
 
-| privacy | relation     | "auto" picks                                                           |
-|---------|--------------|------------------------------------------------------------------------|
-| pure    | substitution | adaptive, on grids of >= MIN_ADAPTIVE_GRID points and epsilon >=       |
-|         |              | MIN_ADAPTIVE_EPSILON; else the b-ary tree                              |
-| pure    | add-remove   | the b-ary tree (the adaptive design needs n public)                    |
-| zcdp    | either       | the square-root factorization on 2..MAX_FACTOR_GRID points; else the   |
-|         |              | Gaussian tree                                                          |
+| privacy | payload     | relation     | "auto" picks                                                |
+|---------|-------------|--------------|-------------------------------------------------------------|
+| pure    | count       | substitution | adaptive, on grids of >= MIN_ADAPTIVE_GRID points and       |
+|         |             |              | epsilon >= MIN_ADAPTIVE_EPSILON; else the b-ary tree        |
+| pure    | count       | add-remove   | the b-ary tree (the adaptive design needs n public)         |
+| zcdp    | count       | either       | the square-root factorization on 2..MAX_FACTOR_GRID points; |
+|         |             |              | else the Gaussian tree                                      |
+| either  | label,      | either       | the tree (pure: the b-ary tree without a root share; zcdp:  |
+|         | calibration |              | the Gaussian tree): the servers answer groups and both      |
+|         |             |              | classes' curves from prefixes and nodes                     |
 
 | payload     | curves released                   | epsilon (or rho) of each curve, relation            |
 |-------------|-----------------------------------|-----------------------------------------------------|
@@ -19,17 +22,33 @@ size, epsilon or rho, relation, payload) is post-processing of nothing private: 
 | label       | the ECDF of each class (ROC)      | half of it, add-remove (a person is in one class;   |
 |             |                                   | the class sizes are not public)                     |
 | calibration | the ECDF of the probabilities,    | `split` of it for the ECDF, the rest for the group  |
-|             | then the groups' sums (HL)        | sums (`calibration.group_scales`)                   |
+|             | then the groups' sums (HL)        | sums (`calibration.group_scales`: a third each to   |
+|             |                                   | n, O and E)                                         |
+
+The second table holds for both kinds of privacy, because both compose additively: epsilons under
+pure DP, rhos under zCDP (Bun and Steinke 2016, Lemma 2.3). So a label task at rho releases two
+rho/2-zCDP (add/remove) curves: rho/2-zCDP under add/remove (a person is in one curve) and rho-zCDP
+under substitution (the Gaussian tree's L2 sensitivity for one value moved within a curve is twice its
+add/remove one, and a move across curves is one removal and one addition). A calibration task at rho
+releases a split*rho-zCDP ECDF and three (1 - split)*rho/3-zCDP discrete Gaussian group vectors:
+rho-zCDP under substitution. rho-zCDP implies (rho + 2 sqrt(rho log(1/delta)), delta)-DP for every
+delta in (0, 1) (`zcdp.zcdp_to_dp`).
 """
 from __future__ import annotations
 
+from ..errors import ParameterError
 from .adaptive import MIN_ADAPTIVE_EPSILON, MIN_ADAPTIVE_GRID
 from .factorization import MAX_FACTOR_GRID
+from .mechanisms import check_epsilon
+from .zcdp import check_rho
 
 
-def auto_mechanism(size: int, relation: str, privacy: str = "pure", epsilon: float | None = None) -> str:
+def auto_mechanism(size: int, relation: str, privacy: str = "pure", epsilon: float | None = None,
+                   payload: str = "count") -> str:
     """The mechanism "auto" stands for (the first table above). `epsilon=None`: not yet known, taken
     as large enough for the adaptive design."""
+    if payload != "count":
+        return "tree"
     if privacy == "zcdp":
         return "factorization" if 2 <= size <= MAX_FACTOR_GRID else "tree"
     small = epsilon is not None and epsilon < MIN_ADAPTIVE_EPSILON
@@ -44,3 +63,17 @@ def curve_budget(payload: str, budget: float, relation: str, split: float = 0.5)
     if payload == "calibration":
         return budget * split, relation
     return budget, relation
+
+
+def check_budget(privacy: str, epsilon: object, rho: object) -> float:
+    """The budget of a release that takes (privacy, epsilon, rho) as `release_ecdf` does: epsilon for
+    privacy="pure" (no rho), rho for privacy="zcdp" (no epsilon); ParameterError for anything else."""
+    if privacy == "zcdp":
+        if epsilon is not None:
+            raise ParameterError("privacy='zcdp' takes rho, not epsilon")
+        return check_rho(rho)
+    if privacy == "pure":
+        if rho is not None:
+            raise ParameterError("rho is for privacy='zcdp'")
+        return check_epsilon(epsilon)
+    raise ParameterError(f"privacy must be 'pure' or 'zcdp', got {privacy!r}")

@@ -93,7 +93,9 @@ class TaskConfig:
     each curve epsilon/2 under add/remove, epsilon under substitution, as in `dpcdf.roc`);
     "calibration": each report carries (1, label, probability in units of 2^-16) for the
     Hosmer-Lemeshow statistic (split * epsilon for the ECDF of the probabilities, the rest for the
-    group sums, as in `dpcdf.hosmer_lemeshow`).
+    group sums, as in `dpcdf.hosmer_lemeshow`). Under privacy "zcdp" the same split of rho (the policy
+    table, `dpcdf/release/policy.py`): a label task's curves rho/2-zCDP each under add/remove, a
+    calibration task's ECDF split * rho, its group sums the rest, all with the exact discrete Gaussian.
 
     verify: the servers check every report at the close and count only well-formed ones (keys over
     F_p plus the client's check randomness; `dpcdf.service.protocols.check.maths`, docs/verification.md) and answer
@@ -167,7 +169,7 @@ class TaskConfig:
                                      f"{MAX_VERIFIED_GRID} points (this grid has {size}); use verify=false")
             self.check()  # raises for a payload that cannot be verified
         if self.payload == "calibration":
-            group_scales(self.epsilon, self.split)  # the group sums' noise scales are in range
+            self.group_scales()  # the group sums' noise scales are in range
 
     def _check_root_share(self) -> None:
         """The add/remove tree's root share of epsilon (`mechanisms.ROOT_SHARE`), pinned in the config so a
@@ -187,7 +189,9 @@ class TaskConfig:
         rounds, `dpcdf.release.adaptive`: the servers answer round one's bins, then one round-two
         design, fixed by the analyst's first round-two query). zcdp: rho-zCDP with
         the exact discrete Gaussian, mechanism 'factorization' (the square-root factorization, grids of
-        up to 2^13 points) or 'tree', one ECDF per task (payload 'count'), no epsilon."""
+        up to 2^13 points, payload 'count': it releases one ECDF) or 'tree' (any payload: a label task's
+        two curves and a calibration task's ECDF and group sums, as the policy table splits rho), no
+        epsilon."""
         if self.privacy == "pure":
             check_epsilon(self.epsilon)
             if self.rho is not None:
@@ -200,8 +204,9 @@ class TaskConfig:
             check_rho(self.rho)
             if self.mechanism not in ("factorization", "tree"):
                 raise ParameterError(f"a zCDP task's mechanism is 'factorization' or 'tree', got {self.mechanism!r}")
-            if self.payload != "count":
-                raise ParameterError("a zCDP task releases one ECDF: payload 'count'")
+            if self.payload != "count" and self.mechanism != "tree":
+                raise ParameterError(f"a zCDP {self.payload!r} task uses the Gaussian tree (mechanism 'tree'): the "
+                                     "factorization releases one ECDF (payload 'count')")
         else:
             raise ParameterError(f"privacy must be 'pure' or 'zcdp', got {self.privacy!r}")
 
@@ -213,11 +218,13 @@ class TaskConfig:
         return grid
 
     @staticmethod
-    def default_mechanism(grid: dict, relation: str, privacy: str = "pure", epsilon: float | None = None) -> str:
+    def default_mechanism(grid: dict, relation: str, privacy: str = "pure", epsilon: float | None = None,
+                          payload: str = "count") -> str:
         """What `dpcdf task` picks without --mechanism: `dpcdf.release_ecdf`'s "auto" (the policy table
-        in `dpcdf/release/policy.py`), with the tree past MAX_TREE_SIZE, where a task takes none."""
+        in `dpcdf/release/policy.py`; the tree for label and calibration payloads), with the tree past
+        MAX_TREE_SIZE, where a task takes none."""
         size = grid_from_spec(grid).size
-        choice = auto_mechanism(size, relation, privacy, epsilon)
+        choice = auto_mechanism(size, relation, privacy, epsilon, payload)
         return "tree" if choice == "adaptive" and size > MAX_TREE_SIZE else choice
 
     @property
@@ -233,10 +240,11 @@ class TaskConfig:
     def make_mechanism(self) -> Mechanism:
         """The mechanism of each released ECDF (for a label payload: of each of the two curves)."""
         size = self.make_grid().size
-        if self.privacy == "zcdp":
+        if self.privacy == "zcdp":  # rho of each curve: the policy table's (all of it for a count task)
+            rho, relation = curve_budget(self.payload, self.rho, self.relation, self.split)
             if self.mechanism == "factorization":
-                return sqrt_factorization(size, self.rho, self.relation)
-            return gaussian_tree(size, self.rho, self.relation)
+                return sqrt_factorization(size, rho, relation)
+            return gaussian_tree(size, rho, relation)
         if self.mechanism == "adaptive":  # its round-two tree's plan is ROOT_SHARE's: a new plan needs a new name
             return AdaptiveMechanism(size, self.epsilon, self.relation)
         if self.mechanism == "tree" and self.payload == "count":
@@ -245,6 +253,16 @@ class TaskConfig:
         if self.mechanism == "path":
             return PathMechanism(size, eps, relation)
         return TreeMechanism(size, eps, relation, root_share=0)  # label and calibration tasks keep their plan
+
+    @property
+    def budget(self) -> float:
+        """The task's whole budget: epsilon, or rho under privacy "zcdp"."""
+        return self.rho if self.privacy == "zcdp" else self.epsilon
+
+    def group_scales(self) -> list:
+        """The noise of a calibration task's group sums (n, O, E): discrete Laplace scales, or under zCDP
+        discrete Gaussian variances (`calibration.group_scales`)."""
+        return group_scales(self.budget, self.split, self.privacy)
 
     @_derived
     def dcf(self) -> DCF:

@@ -165,11 +165,19 @@ class Aggregator:
 
     def group_shares(self, shards: list[KeyBatch], edges: np.ndarray, scales: list) -> np.ndarray:
         """Shares of every payload element summed over the index groups (.., e_1], (e_1, e_2], ...,
-        (e_last, size-1], plus this server's noise: one scale per element, its own PRF domain."""
+        (e_last, size-1], plus this server's noise: one scale per element (`calibration.group_scales`:
+        DLap scales, or under zCDP `GaussianVariance`s, for which the noise is the exact N_Z(0, sigma^2),
+        `prf_dgauss`), each element its own PRF domain of the task's group key."""
         points = np.concatenate([np.asarray(edges, np.int64), [self.mechanism.size - 1]])
         groups = self._interval_shares(shards, points)
         ids = np.arange(points.size, dtype=np.uint64)
         for e, scale in enumerate(scales):
-            eta = np.zeros(ids.size, np.int64) if not self.noise_on else prf_noise(self.group_key, ids + np.uint64((e + 1) << 32), scale)
+            domain = ids + np.uint64((e + 1) << 32)
+            if not self.noise_on:
+                eta = np.zeros(ids.size, np.int64)
+            elif isinstance(scale, GaussianVariance):  # a zCDP task: the exact discrete Gaussian
+                eta = prf_dgauss(self.group_key, domain, scale)
+            else:
+                eta = prf_noise(self.group_key, domain, scale)
             groups[:, e] = self._plus(groups[:, e], eta)
         return groups

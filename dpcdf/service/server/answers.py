@@ -13,7 +13,6 @@ import numpy as np
 
 from ...errors import ParameterError
 from ...release.adaptive import RoundTwo
-from ...release.calibration import group_scales
 from ...release.queries import QUERY_TYPES, BinsQuery, CoordinatesQuery, GroupsQuery, NodesQuery, PrefixQuery, Query
 
 if TYPE_CHECKING:
@@ -145,7 +144,7 @@ class _Groups(Handler):
         return [("groups", json.dumps(list(q.edges)), SPENT_GROUPS)]
 
     def shares(self, q: GroupsQuery, config, agg, source) -> np.ndarray:
-        return agg.group_shares(source, np.array(q.edges, np.int64), group_scales(config.epsilon, config.split))
+        return agg.group_shares(source, np.array(q.edges, np.int64), config.group_scales())  # DLap, or N_Z under zCDP
 
 
 assert set(_HANDLERS) == set(QUERY_TYPES), "every query type has its handler"
