@@ -104,12 +104,13 @@ def members(ids: list[bytes], which: np.ndarray, wanted) -> dict[int, list[bytes
     return out
 
 
-def bucket_digests(key: bytes, ids: list[bytes]) -> bytes:
-    """BUCKETS digests of DIGEST bytes: per bucket, the XOR of its ids' values under a second PRF key."""
-    out = np.zeros((BUCKETS, DIGEST), np.uint8)
+def bucket_digests(key: bytes, ids: list[bytes], which: np.ndarray | None = None) -> bytes:
+    """BUCKETS digests of DIGEST bytes: per bucket, the XOR of its ids' values under a second PRF key.
+    `which`: the ids' buckets, if the caller has them. (The XOR runs on 64-bit words, the same bytes.)"""
+    out = np.zeros((BUCKETS, DIGEST // 8), np.uint64)
     if ids:
-        values = _prf(_subkey(key, b"digest"), ids)
-        np.bitwise_xor.at(out, buckets(key, ids), values)
+        values = _prf(_subkey(key, b"digest"), ids).view(np.uint64)
+        np.bitwise_xor.at(out, buckets(key, ids) if which is None else which, values)
     return out.tobytes()
 
 
@@ -183,8 +184,9 @@ def differences(key: bytes, ids: list[bytes], digests: bytes) -> bytes:
     server 1's ids in each."""
     if len(digests) != BUCKETS * DIGEST:
         raise SyncError("the sync message has the wrong length")
-    differ = differing(bucket_digests(key, ids), digests)
-    return bitmap(differ) + id_table(differ, members(ids, buckets(key, ids), differ))
+    which = buckets(key, ids)
+    differ = differing(bucket_digests(key, ids, which), digests)
+    return bitmap(differ) + id_table(differ, members(ids, which, differ))
 
 
 def drops(key: bytes, ids: list[bytes], answer: bytes, chunk_ids: int | None = None) -> Drops:
@@ -196,13 +198,13 @@ def drops(key: bytes, ids: list[bytes], answer: bytes, chunk_ids: int | None = N
         raise SyncError("the sync message has the wrong length")
     differ = from_bitmap(answer[:BUCKETS // 8])
     theirs = read_id_table(answer[BUCKETS // 8:], differ)
-    grouped = members(ids, buckets(key, ids), differ)
+    grouped = members(ids, buckets(key, ids), differ) if differ.size else {}  # no PRF pass when the sets agree
     drop: set[bytes] = set()
     they_drop: set[bytes] = set()
     for b in differ.tolist():
         drop |= set(grouped[b]) - theirs[b]
         they_drop |= theirs[b] - set(grouped[b])
-    final = _raw_hash(key, [i for i in ids if i not in drop])
+    final = _raw_hash(key, [i for i in ids if i not in drop] if drop else ids)
     listed, size = sorted(they_drop), chunk_ids or CHUNK_IDS
     starts = range(0, max(len(listed), 1), size)
     bodies = tuple(k.to_bytes(4, "big") + (b"\x01" if start + size >= len(listed) else b"\x00") + final
@@ -218,9 +220,10 @@ def take_drops(key: bytes, ids: list[bytes], body: bytes) -> Taken:
     can never leave the two servers reconciled on different sets."""
     if len(body) < _CHUNK_HEAD:
         raise SyncError("the sync message is truncated")
-    drop = frozenset(read_id_list(body[_CHUNK_HEAD:])) & frozenset(ids)
+    listed = read_id_list(body[_CHUNK_HEAD:])
+    drop = frozenset(listed) & frozenset(ids) if listed else frozenset()  # no set of every id for an empty chunk
     last = body[4:5] == b"\x01"
-    mine = _raw_hash(key, [i for i in ids if i not in drop]) if last else _NO_HASH
+    mine = _raw_hash(key, [i for i in ids if i not in drop] if drop else ids) if last else _NO_HASH
     return Taken(drop, _ack(body, mine), last and hmac.compare_digest(mine, body[5:_CHUNK_HEAD]))
 
 
