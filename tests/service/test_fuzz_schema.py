@@ -15,7 +15,7 @@ from hypothesis import strategies as st
 from schemathesis import GenerationMode
 
 from dpcdf.service.server import create_app
-from fuzzing import (AUTH, BINARY, CLOSE, FUZZ, OPEN, POSITIVE_ONLY, QUERIES, TASK_IDS, TestClient, World, check_answer,
+from fuzzing import (ADMIN, AUTH, BINARY, CLOSE, OPERATOR, PURGES, WRONG, FUZZ, OPEN, POSITIVE_ONLY, QUERIES, TASK_IDS, TestClient, World, check_answer,
                      check_state, content_type, make_world, send, task_configs)
 from dpcdf.service.client import make_reports
 
@@ -32,7 +32,8 @@ def world(tmp_path_factory) -> World:
 def operations(world):
     schema = schemathesis.openapi.from_asgi("/openapi.json", world.apps[0])
     ops = [result.ok() for result in schema.get_all_operations()]
-    assert {op.path for op in ops} == {"/health", "/health/operator", "/hpke", "/tasks", "/tasks/{task_id}", CLOSE, "/tasks/{task_id}/query"} | BINARY
+    assert {op.path for op in ops} == {"/health", "/health/operator", "/hpke", "/tasks", "/tasks/{task_id}", CLOSE,
+                                       "/tasks/{task_id}/query"} | BINARY | ADMIN
     strategies = []
     for op in ops:
         # the deepest code (the aggregation) and the close, which its coverage check below needs reached with
@@ -59,6 +60,8 @@ def schema_requests(draw, strategies, world):
     if "task_id" in case.path_parameters and draw(st.integers(0, 4)) > 0:
         case.path_parameters["task_id"] = draw(TASK_IDS)
     auth = draw(AUTH)
+    if case.path in PURGES and auth == f"Bearer {OPERATOR}":
+        auth = draw(st.sampled_from(WRONG))
     if auth == "DROP":
         case.headers.pop("Authorization", None)
     elif auth is not None:
@@ -96,6 +99,8 @@ def test_requests_from_the_schema(world, operations):
     assert {200, 400} <= reached["/tasks/{task_id}/query"], reached
     assert reached[CLOSE] & {200, 403, 502}, reached
     assert {400, 403} <= reached["/tasks"] and 400 in reached["/tasks/{task_id}/sync"], reached
+    assert {200, 401} <= reached["/admin/tasks"] and {200, 401} <= reached["/metrics"], reached  # the operator's
+    assert reached["/admin/tasks/{task_id}"] <= {401, 403, 404, 422}, reached  # no purge went through
 
 
 # --- the harness catches what it is meant to ------------------------------------------------------------------
