@@ -195,13 +195,13 @@ def cmd_query(args) -> None:
         print(f"AUC = {roc.auc:.4f}")
         for f_, t_ in zip(*_roc_points(roc)):
             print(f"FPR {f_:.3f}  TPR {t_:.4f}")
-        print(analyst.mechanism.statement())
+        print(roc.statement)  # both curves' guarantee (one curve's mechanism states half of it)
         return
     if args.hosmer_lemeshow is not None:
         hl = analyst.hosmer_lemeshow(args.hosmer_lemeshow)
         print(f"Hosmer-Lemeshow H = {hl.statistic:.3f}, p = {hl.p_value:.4f}"
               + (f", noise-aware p = {hl.noise_aware_p_value:.4f}" if getattr(hl, "noise_aware_p_value", None) is not None else ""))
-        print(analyst.mechanism.statement())
+        print(hl.statement)  # the ECDF's and the group sums' guarantee together
         return
     source = analyst if args.bisect else analyst.release(args.postprocess)
     band = None if args.bisect or not args.ecdf else source.confidence_band(0.95, ts=args.ecdf)  # post-processing
