@@ -58,3 +58,17 @@ def test_each_payload_spends_its_budget_as_the_table_says_and_a_task_follows_it(
                         token_hash="0" * 64, verify=False, task_id="t1", payload=payload, split=0.3)
     mech = config.make_mechanism()
     assert mech.epsilon == pytest.approx(want[0]) and mech.relation == want[1]
+
+
+@pytest.mark.parametrize("payload, want", [("count", (1.0, "substitution")), ("label", (0.5, "add-remove")),
+                                           ("calibration", (0.3, "substitution"))])
+def test_a_zcdp_task_splits_rho_as_the_table_splits_epsilon(payload, want):
+    """zCDP composes additively in rho: the same table, the Gaussian tree at each curve's share (issue 25)."""
+    assert curve_budget(payload, 1.0, "substitution", split=0.3) == want
+    config = TaskConfig(grid={"kind": "uniform", "lo": 0, "hi": 1, "bits": 6}, epsilon=None, mechanism="tree",
+                        relation="substitution", min_batch=0, servers=("http://a", "http://b"), hpke_keys=("00", "01"),
+                        token_hash="0" * 64, verify=False, task_id="t1", payload=payload, split=0.3, privacy="zcdp", rho=1.0)
+    mech = config.make_mechanism()
+    assert isinstance(mech, GaussianTreeMechanism)
+    assert mech.rho == pytest.approx(want[0]) and mech.relation == want[1]
+    assert auto_mechanism(64, "substitution", "zcdp", payload=payload) == ("factorization" if payload == "count" else "tree")
