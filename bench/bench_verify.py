@@ -73,7 +73,8 @@ from bench_fss import best_of, ecb_blocks_per_s, peak_blocks_per_s  # one AES bo
 
 from dpcdf.service.protocols.check import round_one
 from dpcdf.service.protocols.reconciliation import maths as reconcile
-from dpcdf.service.protocols.channel import CHECK, Channel
+from dpcdf.service.protocols.channel import CHECK
+from dpcdf.service.protocols.context import StepContext
 from dpcdf.service.protocols.check.exchange import CheckHelper, CheckLeader
 from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, make_reports
@@ -409,7 +410,7 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
     from dpcdf.service.server.state import pair_key  # the servers' own derivation of their shared key
 
     single_core(True)
-    task, fp = config.task_id, config.fingerprint
+    task = config.task_id
     for d in dirs:  # the close is done: let round one and `finish` run again on these throwaway stores
         db = sqlite3.connect(f"{d}/server.sqlite")
         db.execute("UPDATE tasks SET verified_at = NULL, answered_at = NULL WHERE task_id = ?", (task,))  # run again
@@ -421,6 +422,7 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
     keys = [pair_key(config, p, ServerKeys(Path(dirs[p]))) for p in (0, 1)]
     assert keys[0] == keys[1]
     key, rows = keys[0], []
+    ctxs = [StepContext.of(config, p, stores[p], key) for p in (0, 1)]  # each server's context of the task
     try:
         t0 = time.perf_counter()
         ids = [s.frozen_ids(task) for s in stores]  # the reconciliation's arithmetic, both servers
@@ -431,19 +433,18 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
         for party in (0, 1):
             acc: dict[str, float] = {}
             with timers(acc):
-                t, _ = timed(lambda: round_one.catch_up(stores[party], config, party, key))
+                t, _ = timed(lambda: round_one.catch_up(ctxs[party]))
             rows.append((f"round one, server {party} (while reports arrive)", t))
             rows.append(("  read the shares, store the batches", t - sum(acc.values())))
             rows += [(f"  {name}", acc[name]) for name in ("decode", "eval_grid", "round_one_sums")]
         local = []
         for party in (0, 1):
-            t, loc = timed(lambda: round_one.prepare(stores[party], config, party, key))
+            t, loc = timed(lambda: round_one.prepare(ctxs[party]))
             local.append(loc)
             rows.append((f"prepare, server {party} (batches of R, id order)", t))
-        channels = [Channel(key, fp, task, stores[p], role) for p, role in ((0, "leader"), (1, "helper"))]
-        helper = CheckHelper(channels[1], stores[1], config, key, local[1], secrets.token_bytes(32))
-        leader = CheckLeader(channels[0], stores[0], config, key, local[0])
-        t, _ = timed(lambda: leader.run(lambda m: helper.answer(channels[1].open(m, CHECK, helper.context))))
+        helper = CheckHelper(ctxs[1], local[1], secrets.token_bytes(32))
+        leader = CheckLeader(ctxs[0], local[0])
+        t, _ = timed(lambda: leader.run(lambda m: helper.answer(ctxs[1].channel.open(m, CHECK, helper.context))))
         assert all(not s.rejections(task) for s in stores)
         rows.append(("messages 5-12 with both finishes (in process, no HTTP)", t))
     finally:

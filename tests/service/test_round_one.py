@@ -15,6 +15,7 @@ from dpcdf.service.protocols.check import sketch, round_one
 from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, make_reports, submit
 from dpcdf.service.http import http
+from dpcdf.service.protocols.context import StepContext
 from dpcdf.service.storage.store import Store
 from dpcdf.service.task import TaskConfig
 from dpcdf.service.wire import encode_batch, join_share
@@ -84,10 +85,11 @@ def test_batches_are_stored_once_whoever_computes_them_and_prepare_matches_a_fre
             store.add_many(task, items[start:start + 37])
             store.add_many(other, [(bytes([start % 256]) * 16, items[0][1])])
         errors = []
+        ctx = StepContext.of(config, party, store, KEY)
 
         def run(limit: int) -> None:
             try:
-                while round_one.step(store, config, party, KEY, limit):
+                while round_one.step(ctx, limit):
                     pass
             except Exception as exc:  # noqa: BLE001 - reported below
                 errors.append(exc)
@@ -103,7 +105,7 @@ def test_batches_are_stored_once_whoever_computes_them_and_prepare_matches_a_fre
         assert ids == b"".join(rid for rid, _ in items)  # each report in exactly one batch, in upload order
         store.freeze(task, lambda ids: str(len(ids)))
         store.exclude(task, [items[5][0], items[200][0]], lambda ids: str(len(ids)))  # the reconciliation's drops
-        local = round_one.prepare(store, config, party, KEY)
+        local = round_one.prepare(ctx)
         kept = sorted((rid, share) for rid, share in items if rid not in (items[5][0], items[200][0]))
         assert local.ids == [rid for rid, _ in kept]
         batch, x = round_one.decode_shares(config.key_dcf(), config.check().extras, [s for _, s in kept], party)

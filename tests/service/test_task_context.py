@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pytest
 
+from dpcdf.service.protocols.context import StepContext
 from dpcdf.service.protocols.reconciliation.exchange import ReconcileHelper, ReconcileLeader
 from dpcdf.service.server import errors
 from dpcdf.service.server.answers import QueryRefused
@@ -33,6 +34,7 @@ def test_the_context_is_built_once_from_the_configs_own_objects(two):
     assert contexts[0].pair_key == contexts[1].pair_key == pair_key(config, 0, servers[0].keys)  # the shared key
     for p, ctx in enumerate(contexts):
         assert ctx.party == p and ctx.store is servers[p].store and ctx.task_id == "ctx"
+        assert isinstance(ctx, StepContext)  # what the protocol steps take whole
         assert ctx.channel.role == ("leader" if p == 0 else "helper")
         assert ctx.grid is config.make_grid() and ctx.dcf is config.key_dcf() and ctx.check is config.check()
         assert ctx.mechanism is ctx.aggregator.mechanism and ctx.aggregator.dcf is config.dcf()

@@ -54,7 +54,7 @@ class Checker:
             try:
                 st = self.server.task(task_id)
                 if st.config.verify and not self.server.store.marked(task_id, "verified"):
-                    round_one.catch_up(self.server.store, st.config, self.server.party, st.pair_key)
+                    round_one.catch_up(st.ctx)
             except Exception:  # noqa: BLE001 - retried at the next upload or at the close
                 log.exception("round one of task %s failed; the close will do it", task_id)
             finally:

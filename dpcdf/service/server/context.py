@@ -4,10 +4,9 @@ mechanism are the config's own objects (`TaskConfig` derives each once); the con
 this server's: its party, store, the key it shares with the other server, the task's channel and its
 aggregator (with this server's noise seed).
 
-The protocol steps (`protocols.reconciliation`, `protocols.check`) still take their parts one by one
-(their tests and benchmarks call them so); the task's state calls them through the context. (The
-background `Checker` still hands `round_one.catch_up` its parts itself: its test drives it with a
-stand-in server whose tasks carry only a config and a pair key.)
+It is the protocols' own context (`protocols.context.StepContext`, which the protocol steps of
+`protocols.reconciliation` and `protocols.check` take whole) with the aggregator besides, so the task's
+state hands the steps the context itself.
 
 Also here: the refusals of a task's state (`NotClosed`, `TooFewReports`, `BudgetSpent`), which
 `errors.STATUS` answers with their HTTP status."""
@@ -22,10 +21,10 @@ from ...errors import DpcdfError
 from ...release.grid import Grid
 from ...release.mechanisms import Mechanism
 from ..hpke import ServerKeys
-from ..protocols.channel import Channel
 from ..protocols.check import round_one
 from ..protocols.check.exchange import CheckHelper, CheckLeader
 from ..protocols.check.maths import Check
+from ..protocols.context import StepContext
 from ..protocols.reconciliation import maths as reconcile
 from ..protocols.reconciliation.exchange import ReconcileHelper, ReconcileLeader
 from ..storage.store import Store
@@ -53,13 +52,9 @@ def pair_key(config: TaskConfig, party: int, keys: ServerKeys) -> bytes:
 
 
 @dataclass(frozen=True, eq=False)
-class TaskContext:
-    """What one server holds for one task, built once (`build`)."""
-    config: TaskConfig
-    party: int
-    store: Store
-    pair_key: bytes
-    channel: Channel
+class TaskContext(StepContext):
+    """What one server holds for one task, built once (`build`): the protocol steps' context (config,
+    party, store, pair key, channel) and the task's aggregator."""
     aggregator: Aggregator
 
     @classmethod
@@ -69,15 +64,11 @@ class TaskContext:
         (every server-to-server message journalled in `store`), its aggregator (noise from `seed`; off
         for `noise=False`, the test-only switch), evaluating in-process or with `evaluator`."""
         key = pair_key(config, party, keys)
-        channel = Channel(key, config.fingerprint, config.task_id, store, "leader" if party == 0 else "helper")
+        channel = cls.channel_of(config, party, store, key)
         aggregator = Aggregator(config.dcf(), config.make_mechanism(), seed, config.task_id, noise, evaluator)
         return cls(config, party, store, key, channel, aggregator)
 
     # --- the config's derived objects (each built once per config by TaskConfig) --------------------
-    @property
-    def task_id(self) -> str:
-        return self.config.task_id
-
     @property
     def grid(self) -> Grid:
         return self.config.make_grid()
@@ -96,31 +87,30 @@ class TaskContext:
     def mechanism(self) -> Mechanism:
         return self.aggregator.mechanism
 
-    # --- the protocol steps, handed this server's parts ---------------------------------------------
+    # --- the protocol steps, handed this context ---------------------------------------------------
     def catch_up(self) -> int:
         """Round one of the check over the reports not yet through it (`round_one.catch_up`)."""
-        return round_one.catch_up(self.store, self.config, self.party, self.pair_key)
+        return round_one.catch_up(self)
 
     def round_one(self) -> round_one.Local:
         """Round one over the reconciled set, read back for the check (`round_one.prepare`)."""
-        return round_one.prepare(self.store, self.config, self.party, self.pair_key)
+        return round_one.prepare(self)
 
     def reconciliation(self, on_drop: Callable[[], None],
                        on_reconciled: Callable[[], None]) -> ReconcileLeader | ReconcileHelper:
         """This server's side of the reconciliation: `on_drop` after the report set shrank, and (server
         1) `on_reconciled` once its set is final."""
         if self.party == 0:
-            return ReconcileLeader(self.channel, self.store, self.task_id, self.pair_key, on_drop)
-        return ReconcileHelper(self.channel, self.store, self.task_id, self.pair_key, on_drop, on_reconciled)
+            return ReconcileLeader(self, on_drop)
+        return ReconcileHelper(self, on_drop, on_reconciled)
 
     def check_leader(self) -> CheckLeader:
         """Server 0's side of the report check, over its round one read back."""
-        local = round_one.prepare(self.store, self.config, 0, self.pair_key)
-        return CheckLeader(self.channel, self.store, self.config, self.pair_key, local)
+        return CheckLeader(self, self.round_one())
 
     def check_helper(self, nonces: bytes) -> CheckHelper:
         """Server 1's side of the report check (its round one computed now), with its commitment nonces."""
-        return CheckHelper(self.channel, self.store, self.config, self.pair_key, self.round_one(), nonces)
+        return CheckHelper(self, self.round_one(), nonces)
 
     def set_hash(self, ids: list[bytes]) -> str:
         """The keyed hash of a report set (`protocols.reconciliation.maths.set_hash`)."""

@@ -81,7 +81,7 @@ class TaskState:
         message = self._open(raw, (*RECONCILIATION, Kind.DONE))
         with self.answering:
             if message.kind == Kind.DONE:
-                return finish(self.channel, self.store, self.config.task_id, message, ready_mark(self.config))
+                return finish(self.ctx, message, ready_mark(self.config))
             return self.reconciliation().answer(message)
 
     def answer_check(self, raw: bytes) -> bytes:

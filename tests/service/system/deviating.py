@@ -84,7 +84,7 @@ class Deviant0:
         st.reconciliation().run(self.send_to(config, "sync"))
 
     def local(self, config: TaskConfig) -> round_one.Local:
-        return round_one.prepare(self.server.store, config, 0, self.state(config).pair_key)
+        return round_one.prepare(self.state(config).ctx)
 
     def message_5(self, config: TaskConfig, local: round_one.Local, delta: int = 0, chunk: int = 0) -> bytes:
         """Server 0's message 5 for a chunk, its e_0 moved by `delta` (0: the honest one)."""

@@ -30,6 +30,7 @@ from dpcdf.service.http import ServerError, fetch, http
 from dpcdf.service.processes import free_port, start_server, stop
 from dpcdf.service.protocols.channel import CHECK, Kind
 from dpcdf.service.server.state import pair_key
+from dpcdf.service.protocols.context import StepContext
 from dpcdf.service.storage.store import Store
 from dpcdf.service.task import TaskConfig, token_hash
 from dpcdf.service.wire import encode_batch
@@ -138,7 +139,7 @@ def test_a_shifted_opening_gets_no_check_value_and_a_second_one_no_answer(server
     # the positive control: what a server 1 without the MAC would send at e + 1, from its own state
     store1 = Store(servers.base / "s1" / "server.sqlite")
     try:
-        local1 = round_one.prepare(store1, config, 1, st.pair_key)
+        local1 = round_one.prepare(StepContext.of(config, 1, store1, st.pair_key))
     finally:
         store1.close()
     honest = F.add(local.message, msg_1)
@@ -455,7 +456,7 @@ def server_local(servers, config: TaskConfig, party: int) -> round_one.Local:
     data = servers.base / f"s{party}"
     store = Store(data / "server.sqlite")
     try:
-        return round_one.prepare(store, config, party, pair_key(config, party, ServerKeys(data)))
+        return round_one.prepare(StepContext.of(config, party, store, pair_key(config, party, ServerKeys(data))))
     finally:
         store.close()
 
@@ -653,10 +654,10 @@ def _verified_through_values(deviant0, seed):
     V_0 acknowledged), message 11 not sent: (config, state, local, the honest message 11's payload)."""
     config, _ = deviant0.task(GRID, values(N_REVIEW, seed) % 64, verify=True)
     deviant0.reconcile(config)
-    st, local, store = deviant0.state(config), deviant0.local(config), deviant0.server.store
+    st, local = deviant0.state(config), deviant0.local(config)
     verify = deviant0.send_to(config, "verify")
     verdicts = st.check_leader()._chunk(0, local.chunks()[0], 1, len(local.ids), lambda m: patiently(verify, m))
-    mine = outcome.finish(store, config, 0, st.pair_key, local, verdicts)
+    mine = outcome.finish(st.ctx, local, verdicts)
     return config, st, local, (1).to_bytes(4, "big") + local.context + bytes.fromhex(mine)
 
 

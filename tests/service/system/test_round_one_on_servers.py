@@ -26,6 +26,7 @@ from dpcdf.service.client import create_task, make_reports, submit
 from dpcdf.service.hpke import ServerKeys
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.processes import free_port, start_server, stop
+from dpcdf.service.protocols.context import StepContext
 from dpcdf.service.server.checker import Checker
 from dpcdf.service.server.state import pair_key
 from dpcdf.service.storage.store import Store
@@ -268,10 +269,11 @@ def test_every_report_dropped_and_a_batch_taken_across_the_freeze(tmp_path):
         with pytest.raises(Exception):
             store.add_many(config.task_id, items[25:])
         assert len(ids) == 25
-        round_one.step(store, config, party, key)
-        assert round_one.step(store, config, party, key) == 0
+        ctx = StepContext.of(config, party, store, key)
+        round_one.step(ctx)
+        assert round_one.step(ctx) == 0
         store.exclude(config.task_id, [rid for rid, _ in items[:25]], lambda ids: str(len(ids)))
-        local = round_one.prepare(store, config, party, key)
+        local = round_one.prepare(ctx)
         assert local.ids == [] and not local.total.any()
     finally:
         store.close()
@@ -292,10 +294,11 @@ def test_one_sided_reports_cost_the_server_two_grid_walks_each(tmp_path, monkeyp
         store.add_task(config.task_id, config.to_json(), b"fp", b"seed")
         honest, lonely = _shares(config, 50, party, 4), _shares(config, 200, party, 5)
         store.add_many(config.task_id, honest + lonely)
-        round_one.catch_up(store, config, party, key)
+        ctx = StepContext.of(config, party, store, key)
+        round_one.catch_up(ctx)
         store.freeze(config.task_id, lambda ids: str(len(ids)))
         store.exclude(config.task_id, [rid for rid, _ in lonely], lambda ids: str(len(ids)))
-        local = round_one.prepare(store, config, party, key)
+        local = round_one.prepare(ctx)
         assert len(local.ids) == 50
         assert sum(walked) == 50 + 2 * 200
     finally:
@@ -357,11 +360,13 @@ class _FakeServer:
             def marked(self, task_id, mark):
                 return False
 
-        class _St:
-            config = type("C", (), {"verify": True, "task_id": "t"})()
-            pair_key = b"k" * 32
+        store = _Store()
 
-        self.store, self._st = _Store(), _St()
+        class _St:  # a task's state holds its context (`TaskState.ctx`); the worker hands it on whole
+            config = type("C", (), {"verify": True, "task_id": "t"})()
+            ctx = type("Ctx", (), {"config": config, "party": 0, "store": store, "pair_key": b"k" * 32})()
+
+        self.store, self._st = store, _St()
 
     def task(self, task_id):
         return self._st
@@ -370,8 +375,8 @@ class _FakeServer:
 def test_the_worker_survives_a_failing_round_one_and_takes_the_next_wake(monkeypatch):
     calls = []
 
-    def catch_up(store, config, party, key):
-        calls.append(config.task_id)
+    def catch_up(ctx):
+        calls.append(ctx.config.task_id)
         if len(calls) == 1:
             raise RuntimeError("disk full")
         return 0

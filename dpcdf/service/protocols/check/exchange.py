@@ -39,9 +39,9 @@ import numpy as np
 from fss import field as F
 
 from ...storage.records import Mark
-from ...storage.store import Store
 from ...task import TaskConfig
-from ..channel import Channel, Kind, Message, Refused
+from ..channel import Kind, Message, Refused
+from ..context import StepContext
 from ..reconciliation.maths import SyncError
 from . import outcome
 from .maths import Check, mac_ok
@@ -60,11 +60,13 @@ def commitment(nonce: bytes, sigma: np.ndarray) -> bytes:
 
 
 class CheckLeader:
-    """Server 0's part: per chunk, messages 5 (e_0, top_0), 7 (sigma_0) and 9 (V_0); then 11."""
+    """Server 0's part (`ctx`: its context on server 0), over its round one read back for R (`local`):
+    per chunk, messages 5 (e_0, top_0), 7 (sigma_0) and 9 (V_0); then 11."""
 
-    def __init__(self, channel: Channel, store: Store, config: TaskConfig, key: bytes, local: Local):
-        self.channel, self.store, self.config, self.key, self.local = channel, store, config, key, local
-        self.check: Check = config.check()
+    def __init__(self, ctx: StepContext, local: Local):
+        self.ctx, self.local = ctx, local
+        self.channel, self.store, self.config, self.key = ctx.channel, ctx.store, ctx.config, ctx.pair_key
+        self.check: Check = ctx.config.check()
 
     def run(self, send: Send) -> None:
         """Checks every report of R with server 1, excludes the failures and marks the task verified
@@ -75,7 +77,7 @@ class CheckLeader:
         verdicts = np.zeros(n, np.uint8)
         for c, part in enumerate(chunks):
             verdicts[part] = self._chunk(c, part, len(chunks), n, send)
-        mine = outcome.finish(self.store, self.config, 0, self.key, local, verdicts)
+        mine = outcome.finish(self.ctx, local, verdicts)
         final = len(chunks).to_bytes(4, "big") + ctx + bytes.fromhex(mine)
         theirs = self.channel.exchange(Kind.CHECK_FINISH, 0, final, send, _a_set_hash, ctx)
         if not outcome.mark_if_agreed(self.store, self.config.task_id, mine, theirs.hex()):
@@ -120,12 +122,13 @@ class CheckLeader:
 
 
 class CheckHelper:
-    """Server 1's part: answers 5, 7, 9 and 11, each step once, from its round one over R (`local`);
-    `secret` (known to server 1 only) derives its commitments' nonces."""
+    """Server 1's part (`ctx`: its context on server 1): answers 5, 7, 9 and 11, each step once, from
+    its round one over R (`local`); `secret` (known to server 1 only) derives its commitments' nonces."""
 
-    def __init__(self, channel: Channel, store: Store, config: TaskConfig, key: bytes, local: Local, secret: bytes):
-        self.channel, self.store, self.config, self.key, self.local = channel, store, config, key, local
-        self.check: Check = config.check()
+    def __init__(self, ctx: StepContext, local: Local, secret: bytes):
+        self.ctx, self.local = ctx, local
+        self.channel, self.store, self.config, self.key = ctx.channel, ctx.store, ctx.config, ctx.pair_key
+        self.check: Check = ctx.config.check()
         self.chunks = local.chunks()
         self.secret = secret
 
@@ -232,7 +235,7 @@ class CheckHelper:
         local = self.local
         if body[:4] != len(self.chunks).to_bytes(4, "big") or len(body) != 4 + 32 + 32 or body[4:36] != local.context:
             raise SyncError("server 0 finished a check of another report set")
-        return bytes.fromhex(outcome.finish(self.store, self.config, 1, self.key, local, self._verdicts()))
+        return bytes.fromhex(outcome.finish(self.ctx, local, self._verdicts()))
 
 
 def _column(v: np.ndarray) -> np.ndarray:

@@ -49,7 +49,7 @@ from fss import field as F
 
 from ...storage.records import Mark
 from ...storage.store import Store
-from ...task import TaskConfig
+from ..context import StepContext
 from ..reconciliation import maths as reconcile
 from ..reconciliation.maths import SyncError
 from .maths import OK, REASONS
@@ -78,11 +78,11 @@ def digest(body: bytes) -> bytes:
     return body[:4] + hashlib.sha256(body).digest()
 
 
-def finish(store: Store, config: TaskConfig, party: int, pair_key: bytes, local: Local, verdicts: np.ndarray) -> str:
+def finish(ctx: StepContext, local: Local, verdicts: np.ndarray) -> str:
     """Excludes every failed report under its reason class (idempotent), stores this server's
     histogram share over the passing reports (the sum over R minus the failures' values, recomputed),
     and returns the keyed hash of the passing set."""
-    task_id = config.task_id
+    store, pair_key, task_id = ctx.store, ctx.pair_key, ctx.config.task_id
     if store.marked(task_id, Mark.VERIFIED):  # done before (a repeated close): the same verdicts, nothing to change
         return store.frozen(task_id).digest
     set_hash = lambda ids: reconcile.set_hash(pair_key, ids)  # noqa: E731
@@ -91,7 +91,7 @@ def finish(store: Store, config: TaskConfig, party: int, pair_key: bytes, local:
         ids = [local.ids[k] for k in np.flatnonzero(verdicts == code)]
         if ids:
             frozen = store.exclude(task_id, ids, set_hash, reason=name)
-    histogram = F.sub(local.total, grid_sum(store, config, party, [local.ids[k] for k in np.flatnonzero(verdicts != OK)]))
+    histogram = F.sub(local.total, grid_sum(ctx, [local.ids[k] for k in np.flatnonzero(verdicts != OK)]))
     store.save_histogram(task_id, frozen.digest, histogram.shape, histogram.astype("<u8").tobytes())
     return frozen.digest
 

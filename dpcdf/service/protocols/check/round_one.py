@@ -41,7 +41,7 @@ from fss import field as F
 
 from ...storage.records import CheckBatch
 from ...storage.store import Store
-from ...task import TaskConfig
+from ..context import StepContext
 from ..reconciliation import maths as reconcile
 from ..reconciliation.maths import SyncError
 from . import sketch
@@ -128,9 +128,10 @@ class Local:
         return [slice(s, min(s + per, n)) for s in range(0, n, per)]
 
 
-def step(store: Store, config: TaskConfig, party: int, pair_key: bytes, limit: int | None = None) -> int:
+def step(ctx: StepContext, limit: int | None = None) -> int:
     """Round one for the task's next stored reports not yet in a batch (one pass at most): evaluates
     their keys over the grid and stores the batch. Returns how many reports it took (0: caught up)."""
+    store, config, party, pair_key = ctx.store, ctx.config, ctx.party, ctx.pair_key
     task_id, dcf, check = config.task_id, config.key_dcf(), config.check()
     size = config.make_grid().size
     seqs, ids, shares = store.unchecked(task_id, limit or keys_per_pass(size, dcf.width))
@@ -154,21 +155,22 @@ def lock(store: Store, task_id: str) -> threading.Lock:
         return _locks.setdefault((str(store.path), task_id), threading.Lock())
 
 
-def catch_up(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> int:
+def catch_up(ctx: StepContext) -> int:
     """Round one for every stored report of the task not yet in a batch; returns how many."""
     done = 0
-    with lock(store, config.task_id):
-        while (k := step(store, config, party, pair_key)):
+    with lock(ctx.store, ctx.config.task_id):
+        while (k := step(ctx)):
             done += k
     return done
 
 
-def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Local:
+def prepare(ctx: StepContext) -> Local:
     """After the reconciliation: every report of R's round one (catching up first), in the order
     of the sorted ids (both servers' order in the messages), and the sum of R's grid values."""
+    store, config, pair_key = ctx.store, ctx.config, ctx.pair_key
     task_id, dcf, check = config.task_id, config.dcf(), config.check()
     size = config.make_grid().size
-    catch_up(store, config, party, pair_key)
+    catch_up(ctx)
     ids = store.reconciled_ids(task_id)
     raw_hash = bytes.fromhex(reconcile.set_hash(pair_key, ids))
     batches = store.check_batches(task_id)
@@ -186,14 +188,15 @@ def prepare(store: Store, config: TaskConfig, party: int, pair_key: bytes) -> Lo
     dropped = store.dropped_ids(task_id)
     if dropped:  # the reconciliation's drops: out of R, their grid values out of the sum
         keep = ~np.isin(np.frombuffer(stored.tobytes(), f"S{width}"), np.frombuffer(b"".join(dropped), f"S{width}"))
-        total = F.sub(total, grid_sum(store, config, party, [bytes(stored[k]) for k in np.flatnonzero(~keep)]))
+        total = F.sub(total, grid_sum(ctx, [bytes(stored[k]) for k in np.flatnonzero(~keep)]))
     order = sorting(ids, stored[keep])
     return Local(ids, raw_hash, extras[keep][order], message[keep][order], state[keep][order], total)
 
 
-def grid_sum(store: Store, config: TaskConfig, party: int, ids: list[bytes]) -> np.ndarray:
+def grid_sum(ctx: StepContext, ids: list[bytes]) -> np.ndarray:
     """The sum of these stored reports' grid values, (size, width) in F_p: their keys evaluated
     again (the reports a close takes out of a sum it already holds), a pass at a time."""
+    store, config, party = ctx.store, ctx.config, ctx.party
     dcf, check, size = config.key_dcf(), config.check(), config.make_grid().size
     total = np.zeros((size, config.width), np.uint64)
     per = keys_per_pass(size, dcf.width)

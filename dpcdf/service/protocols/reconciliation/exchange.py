@@ -8,8 +8,8 @@ from __future__ import annotations
 from typing import Callable
 
 from ...storage.records import AlreadyAnswered, Mark
-from ...storage.store import Store
 from ..channel import Channel, Kind, Message, Refused
+from ..context import StepContext
 from . import maths as reconcile
 from .maths import SyncError
 
@@ -17,8 +17,11 @@ Send = Callable[[bytes], bytes]
 
 
 class _Side:
-    def __init__(self, channel: Channel, store: Store, task_id: str, key: bytes, on_drop: Callable[[], None]):
-        self.channel, self.store, self.task_id, self.key, self.on_drop = channel, store, task_id, key, on_drop
+    """One server's side, on its task's context `ctx`; `on_drop` runs before its report set shrinks."""
+
+    def __init__(self, ctx: StepContext, on_drop: Callable[[], None]):
+        self.ctx, self.on_drop = ctx, on_drop
+        self.channel, self.store, self.task_id, self.key = ctx.channel, ctx.store, ctx.config.task_id, ctx.pair_key
 
     def _exclude(self, drop: frozenset[bytes]) -> None:
         if not drop:
@@ -58,9 +61,8 @@ class ReconcileLeader(_Side):
 class ReconcileHelper(_Side):
     """Server 1's part: answers message 1 with 2 and each chunk of 3 with 4, each once."""
 
-    def __init__(self, channel: Channel, store: Store, task_id: str, key: bytes, on_drop: Callable[[], None],
-                 on_reconciled: Callable[[], None]):
-        super().__init__(channel, store, task_id, key, on_drop)
+    def __init__(self, ctx: StepContext, on_drop: Callable[[], None], on_reconciled: Callable[[], None]):
+        super().__init__(ctx, on_drop)
         self.on_reconciled = on_reconciled
 
     def answer(self, message: Message) -> bytes:
@@ -88,12 +90,12 @@ class ReconcileHelper(_Side):
         return sealed
 
 
-def finish(channel: Channel, store: Store, task_id: str, message: Message, ready: Mark) -> bytes:
+def finish(ctx: StepContext, message: Message, ready: Mark) -> bytes:
     """Server 1's answer to DONE: accepted once the close is over here (`ready`: reconciled, or verified
     for a verified task); from then on the channel answers nothing (`Channel.finished`)."""
-    if not store.marked(task_id, ready):
+    if not ctx.store.marked(ctx.config.task_id, ready):
         raise Refused(f"server 0 said the close is over before this server was {ready.value}")
-    return channel.answer_once(message, lambda payload: b"")
+    return ctx.channel.answer_once(message, lambda payload: b"")
 
 
 def say_done(channel: Channel, send: Send) -> None:
