@@ -9,7 +9,10 @@ from dpcdf.service.protocols.context import StepContext
 from dpcdf.service.protocols.reconciliation.exchange import ReconcileHelper, ReconcileLeader
 from dpcdf.service.server import errors
 from dpcdf.service.server.answers import QueryRefused
-from dpcdf.service.server.context import BudgetSpent, NotClosed, TaskContext, TooFewReports, pair_key
+from dpcdf.service.protocols.channel import Refused
+from dpcdf.service.protocols.reconciliation.maths import SyncError
+from dpcdf.service.server.context import (BudgetSpent, CloseRefused, NotClosed, PeerFailed, TaskContext, TaskNotFound,
+                                          TooFewReports, pair_key)
 from dpcdf.service.server.state import Server, TaskState
 from dpcdf.service.task import TaskConfig, token_hash
 
@@ -70,9 +73,34 @@ def test_the_states_refusals_are_domain_errors_with_their_status(two):
     st.store.mark("ctx", "reconciled")
     with pytest.raises(TooFewReports, match="the task has 1 reports after reconciliation; queries need at least 2"):
         st.open_for_query([])
-    assert {cls: errors.status_of(cls("x")) for cls in (QueryRefused, NotClosed, TooFewReports, BudgetSpent)} == \
-        {QueryRefused: 400, NotClosed: 409, TooFewReports: 403, BudgetSpent: 403}
+    classes = (QueryRefused, TaskNotFound, NotClosed, TooFewReports, BudgetSpent, CloseRefused, PeerFailed)
+    assert {cls: errors.status_of(cls("x")) for cls in classes} == \
+        {QueryRefused: 400, TaskNotFound: 404, NotClosed: 409, TooFewReports: 403, BudgetSpent: 403, CloseRefused: 409,
+         PeerFailed: 502}
     assert all(errors.HANDLERS[cls] is errors.domain_error for cls in errors.STATUS)
+
+
+def test_an_unknown_task_and_the_closes_refusals_are_domain_errors(two):
+    """Server.task's 404 and close()'s 403, 409 and 502, with the messages they had as HttpError."""
+    servers, config = two
+    with pytest.raises(TaskNotFound, match="^unknown task nope$") as info:
+        servers[0].task("nope")
+    assert errors.status_of(info.value) == 404 and info.value.task_id == "nope"
+    st = servers[0].task("ctx")
+    with pytest.raises(TooFewReports, match="^the task has 0 reports; queries need at least 2$"):
+        st.close(lambda path, message: b"")
+    st.store.add_many("ctx", [(bytes([i]) * 16, b"share") for i in range(2)])
+
+    def refusing(path, message):
+        raise Refused("server 1 refused: no")
+
+    def deviating(path, message):
+        raise SyncError("not its answer")
+
+    with pytest.raises(CloseRefused, match="^the close cannot go on: server 1 refused: no$"):
+        st.close(refusing)
+    with pytest.raises(PeerFailed, match=r"^server 1 did not take part in the close as the protocol says \(not its answer\)$"):
+        st.close(deviating)
 
 
 def test_a_second_design_is_budget_spent(two):

@@ -8,8 +8,8 @@ It is the protocols' own context (`protocols.context.StepContext`, which the pro
 `protocols.reconciliation` and `protocols.check` take whole) with the aggregator besides, so the task's
 state hands the steps the context itself.
 
-Also here: the refusals of a task's state (`NotClosed`, `TooFewReports`, `BudgetSpent`), which
-`errors.STATUS` answers with their HTTP status."""
+Also here: the refusals of the server's state (`TaskNotFound`, `NotClosed`, `TooFewReports`,
+`BudgetSpent`, `CloseRefused`, `PeerFailed`), which `errors.STATUS` answers with their HTTP status."""
 from __future__ import annotations
 
 from dataclasses import dataclass
@@ -32,17 +32,35 @@ from ..task import TaskConfig
 from .aggregate import Aggregator, Evaluator
 
 
+class TaskNotFound(DpcdfError):
+    """No task with this id on this server (`Server.task`, the operator's delete): HTTP 404."""
+
+    def __init__(self, task_id: str):
+        super().__init__(f"unknown task {task_id}")
+        self.task_id = task_id
+
+
 class NotClosed(DpcdfError):
     """A query before the task is closed (reconciled, or verified): HTTP 409."""
 
 
 class TooFewReports(DpcdfError):
-    """Fewer reports than the task's min_batch: HTTP 403."""
+    """Fewer reports than the task's min_batch (a query, or a close before the freeze): HTTP 403."""
 
 
 class BudgetSpent(DpcdfError):
     """A release design other than the one the task's first query fixed (its groups, its round two):
     answering it would spend the budget again. HTTP 403."""
+
+
+class CloseRefused(DpcdfError):
+    """Server 1 refused a step of the close (it cannot drop any more reports, it finished already):
+    HTTP 409."""
+
+
+class PeerFailed(DpcdfError):
+    """Server 1 did not take part in the close: no answer, or one that is not its own or does not
+    fit the protocol. HTTP 502."""
 
 
 def pair_key(config: TaskConfig, party: int, keys: ServerKeys) -> bytes:

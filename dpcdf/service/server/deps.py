@@ -11,7 +11,7 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..storage import retention
 from ..task import token_hash
-from .errors import HttpError
+from .errors import HttpError, TaskNotFound
 from .models import Error
 from .state import Server, TaskState
 
@@ -56,9 +56,7 @@ def analyst_task(task_id: str, srv: Annotated[Server, Depends(server)],
         raise HttpError(401, UNAUTHORIZED)
     try:
         st = srv.task(task_id)
-    except HttpError as exc:
-        if exc.status != 404:
-            raise
+    except TaskNotFound:
         raise HttpError(401, UNAUTHORIZED) from None
     if not secrets.compare_digest(token_hash(credentials.credentials), st.config.token_hash):
         raise HttpError(401, UNAUTHORIZED)

@@ -11,7 +11,7 @@ from starlette.exceptions import HTTPException
 
 from ...errors import DpcdfError
 from .answers import QueryRefused
-from .context import BudgetSpent, NotClosed, TooFewReports
+from .context import BudgetSpent, CloseRefused, NotClosed, PeerFailed, TaskNotFound, TooFewReports
 
 NOT_JSON = "the body must be JSON"
 
@@ -35,7 +35,8 @@ def problem(error: dict) -> str:
     return f"{where}: {error['msg']}" if where else error["msg"]
 
 
-STATUS: dict[type[DpcdfError], int] = {QueryRefused: 400, NotClosed: 409, TooFewReports: 403, BudgetSpent: 403}
+STATUS: dict[type[DpcdfError], int] = {QueryRefused: 400, TaskNotFound: 404, NotClosed: 409, TooFewReports: 403,
+                                       BudgetSpent: 403, CloseRefused: 409, PeerFailed: 502}
 """The domain errors of the state and protocol layer, each answered with its status (the most
 specific class listed wins)."""
 

@@ -23,7 +23,7 @@ from typing import TYPE_CHECKING
 
 from ..storage import retention as policy
 from ..storage.records import UnknownTask
-from .errors import HttpError
+from .errors import TaskNotFound
 
 if TYPE_CHECKING:
     from .state import Server
@@ -77,7 +77,7 @@ class Retention:
             try:
                 return self._purge(task_id, "deleted")
             except UnknownTask:
-                raise HttpError(404, f"unknown task {task_id}") from None
+                raise TaskNotFound(task_id) from None
 
     def _purge(self, task_id: str, reason: str) -> policy.Purged:
         st = self.server._tasks.get(task_id)  # loaded state, if any: its close or query finishes first

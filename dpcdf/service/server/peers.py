@@ -10,7 +10,7 @@ from ..http import ServerError, fetch
 from ..protocols.channel import NotReady, Refused, Unopened
 from ..protocols.reconciliation.maths import SyncError
 from ..storage import retention
-from .errors import HttpError
+from .errors import HttpError, PeerFailed, TaskNotFound
 
 if TYPE_CHECKING:
     from .state import Server, TaskState
@@ -28,7 +28,7 @@ def poster(st: "TaskState") -> Callable[[str, bytes], bytes]:
 
 
 def _post(url: str, message: bytes, patient: bool = False) -> bytes:
-    """One message to server 1 and its answer; 502 if it does not come (PEER_TIMEOUT per socket
+    """One message to server 1 and its answer; PeerFailed (502) if it does not come (PEER_TIMEOUT per socket
     operation, so a peer that accepts but never answers holds the close for a minute, not forever),
     `Refused` if server 1 refuses it (409). `patient`: a 503 (server 1 still evaluating its reports
     for the check) is sent again each second for up to CHECK_WAIT seconds."""
@@ -42,7 +42,7 @@ def _post(url: str, message: bytes, patient: bool = False) -> bytes:
                 continue
             if exc.status == 409:
                 raise Refused(f"server 1 refused: {exc}") from None
-            raise HttpError(502, f"server 1 did not take part in the close ({exc}); close again to retry") from None
+            raise PeerFailed(f"server 1 did not take part in the close ({exc}); close again to retry") from None
 
 
 def answer(srv: "Server", task_id: str, what: str, raw: bytes) -> bytes:
@@ -69,7 +69,7 @@ def _peer_task(srv: "Server", task_id: str, what: str) -> "TaskState":
         raise HttpError(400, f"only server 1 takes {what} messages")
     try:
         st = srv.task(task_id)
-    except HttpError:
+    except TaskNotFound:
         raise HttpError(400, FORGED) from None
     purged = retention.purge_reason(srv.store, task_id)  # issue 24: a task whose key shares are deleted
     if purged in retention.GONE:

@@ -34,6 +34,7 @@ from ..task import TaskConfig, token_hash
 from .aggregate import Evaluator, Histogram
 from .checker import Checker
 from .context import BudgetSpent, NotClosed, TaskContext, TooFewReports, pair_key  # noqa: F401 (pair_key: its old home)
+from .context import CloseRefused, PeerFailed, TaskNotFound
 from .errors import HttpError
 
 CLOSED = "collection is closed: the analyst has closed the task"
@@ -131,19 +132,20 @@ class TaskState:
 
     def close(self, post: Callable[[str, bytes], bytes]) -> dict:
         """Server 0's POST /tasks/{id}/close under the task's `answering` lock: 403 below min_batch
-        reports (before anything is frozen), then the freeze and `close_as_leader`; 409 if server 1
-        refused a step, 502 if it deviated or failed. Returns the reconciled `view`."""
+        reports (TooFewReports, before anything is frozen), then the freeze and `close_as_leader`; 409
+        (CloseRefused) if server 1 refused a step, 502 (PeerFailed) if it deviated or failed. Returns the
+        reconciled `view`."""
         store, task_id = self.store, self.config.task_id
         with self.answering:
             if store.frozen(task_id) is None and store.count(task_id) < self.config.min_batch:
-                raise HttpError(403, f"the task has {store.count(task_id)} reports; queries need at least {self.config.min_batch}")
+                raise TooFewReports(f"the task has {store.count(task_id)} reports; queries need at least {self.config.min_batch}")
             store.freeze(task_id, self.set_hash)
             try:
                 self.close_as_leader(post)
             except Refused as exc:
-                raise HttpError(409, f"the close cannot go on: {exc}") from None
+                raise CloseRefused(f"the close cannot go on: {exc}") from None
             except SyncError as exc:  # an answer that is not server 1's, or that does not fit
-                raise HttpError(502, f"server 1 did not take part in the close as the protocol says ({exc})") from None
+                raise PeerFailed(f"server 1 did not take part in the close as the protocol says ({exc})") from None
             return self.view()
 
     def open_for_query(self, fixes: list[tuple[str, str, str]]) -> tuple["list[KeyBatch] | Histogram", int, str]:
@@ -359,9 +361,9 @@ class Server:
         threading.Thread(target=run, name="warm-up", daemon=True).start()
 
     def task(self, task_id: str) -> TaskState:
-        """The task's state, loaded from the store the first time; 404 for an unknown task. The state is
-        built outside the server-wide lock, under a lock of its own task id: a slow build holds up
-        only requests for that task."""
+        """The task's state, loaded from the store the first time; TaskNotFound (404) for an unknown
+        task. The state is built outside the server-wide lock, under a lock of its own task id: a slow
+        build holds up only requests for that task."""
         st = self._tasks.get(task_id)
         if st is not None:
             return st
@@ -373,7 +375,7 @@ class Server:
                 if st is None:
                     row = self.store.task(task_id)
                     if row is None:
-                        raise HttpError(404, f"unknown task {task_id}")
+                        raise TaskNotFound(task_id)
                     st = TaskState(TaskConfig.from_json(row[0]), self.party, row[1], self.noise, self.keys, self.store,
                                    self.evaluator)
                     with self._tasks_lock:

@@ -21,7 +21,7 @@ from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import http
 from dpcdf.service.processes import start_server, stop
 from dpcdf.service.server import state as state_module
-from dpcdf.service.server.errors import HttpError
+from dpcdf.service.server.errors import TaskNotFound, status_of
 from dpcdf.service.server.state import Server, Throttled
 from dpcdf.service.task import TaskConfig, token_hash
 from helpers import OPERATOR
@@ -220,9 +220,9 @@ def test_a_slow_task_build_does_not_block_other_tasks(tmp_path, monkeypatch):
     second.join(30)
     assert got["x1"] is got["x2"] is srv.task("X")
     assert builds == ["X", "Y"]  # X built once
-    with pytest.raises(HttpError) as info:
+    with pytest.raises(TaskNotFound) as info:
         srv.task("nope")
-    assert info.value.status == 404
+    assert status_of(info.value) == 404
     assert srv._building == {}  # no per-id locks left behind
 
 

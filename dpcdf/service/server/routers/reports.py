@@ -22,7 +22,7 @@ from fss import FssError
 from ... import hpke
 from ...wire import FOREIGN, Report, ReportError, decode_batch, open_share, split_share
 from ..deps import RawBody, ServerDep
-from ..errors import HttpError
+from ..errors import HttpError, TaskNotFound
 from ..limits import client_address
 from ..models import Accepted, BatchAccepted, Error, Rejected, errors
 from ..state import CLOSED, Server, TaskState
@@ -49,9 +49,7 @@ def known_task(task_id: str, srv: Server) -> TaskState | None:
     """The task, or None for an id this server does not know (answered as a foreign task's reports)."""
     try:
         return srv.task(task_id)
-    except HttpError as exc:
-        if exc.status != 404:
-            raise
+    except TaskNotFound:
         return None
 
 
