@@ -5,15 +5,18 @@ Two servers (party 0 and 1) share a verified task whose report check ran to its 
   no check or reconciliation message again, replays included, although the purge deleted the journal
   of the check's messages; a deleted task's id is not registered again with a fresh seed; a backup is
   0700 / 0600 even into an existing 0755 directory.
-- xfail(strict=True) tests are real findings of the review (see each reason):
-  1. a report-check message to a *released* task is answered 409 before it is opened, so anyone can
-     tell a released verified task from an unknown id (an unknown or expired/deleted task: 400);
-  2. a check message that passed `peers._peer_task` before an 'expired'/'deleted' purge and waits on
-     the task's `answering` lock while the purge runs is answered afterwards from the in-memory round
-     one, as a new step: the purge deleted the journal, so the step is answered twice;
-  3. a backup restored on server 1 rolls back the journal: a step answered since is answered again.
+- the review's findings, each with its attack test:
+  1. (fixed) a report-check message to a *released* task was answered 409 before it was opened, so
+     anyone could tell a released verified task from an unknown id (an unknown or gone task: 400);
+     now 400 FORGED, as unknown (`peers._peer_task`);
+  2. (fixed) a check message that passed `peers._peer_task` before an 'expired'/'deleted' purge and
+     waited on the task's `answering` lock while the purge ran was answered afterwards from the
+     in-memory round one, as a new step (the purge deleted the journal); now refused under the lock
+     (`TaskState._not_purged`);
+  3. (open, xfail strict) a backup restored on server 1 rolls back the journal: a step answered since
+     is answered again (docs/service.md says a restore is a rollback of the once-only state).
 In 2 and 3 the check's MAC still keeps values hidden (the shifted opening gets no V_1): the journal is
-the second line of defence that docs/verification.md says holds, and here it does not.
+the second line of defence that docs/verification.md says holds.
 """
 from __future__ import annotations
 
@@ -112,10 +115,6 @@ def test_a_deleted_task_is_not_registered_again_with_a_fresh_seed(world):
     assert clients[1].post(f"/tasks/{tid}/verify", content=b"x" * 64).status_code == 400  # as unknown
 
 
-@pytest.mark.xfail(strict=True, reason="review finding (low): peers._peer_task answers a report-check message to a "
-                   "released task 409 before opening it, so an unauthenticated caller tells a released verified task "
-                   "from an unknown id (400); fix: open the message first, or answer released tasks' check messages "
-                   "with FORGED 400 as unknown and gone ones are")
 def test_an_unauthenticated_caller_cannot_tell_a_released_task_from_an_unknown_one(world):
     apps, clients, config, _ = world
     tid = config.task_id
@@ -127,12 +126,6 @@ def test_an_unauthenticated_caller_cannot_tell_a_released_task_from_an_unknown_o
     assert (known.status_code, known.json()) == (unknown.status_code, unknown.json())
 
 
-@pytest.mark.xfail(strict=True, reason="review finding (low; the MAC still keeps values hidden): a check message "
-                   "that passed peers._peer_task before an expired/deleted purge and waited on the task's answering "
-                   "lock is answered after it as a new step, from the helper object it captured, because the purge "
-                   "deleted the journal: step 5 of chunk 0 is answered twice, for two different messages. Fix: "
-                   "re-check purge_reason under `answering` (in TaskState.answer_check/answer_sync, or in "
-                   "Channel.answer_once/record_exchange inside the journal's transaction), refusing once purged")
 def test_a_check_step_is_not_answered_again_across_a_purge(world):
     apps, clients, config, _ = world
     tid = config.task_id

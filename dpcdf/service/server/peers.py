@@ -72,8 +72,9 @@ def _peer_task(srv: "Server", task_id: str, what: str) -> "TaskState":
     except TaskNotFound:
         raise HttpError(400, FORGED) from None
     purged = retention.purge_reason(srv.store, task_id)  # issue 24: a task whose key shares are deleted
-    if purged in retention.GONE:
-        raise HttpError(400, FORGED)  # expired or deleted: as unknown to the protocol
-    if purged and what == "report-check":  # released: its check is over (and its round one deleted)
-        raise HttpError(409, "this task's report check is over")
+    if purged in retention.GONE or (purged and what == "report-check"):
+        # expired or deleted: as unknown to the protocol; released: its check is over (its round one
+        # deleted), and an honest server 0 sends nothing after its DONE, so the same answer as an unknown
+        # id (a 409 here, before the message is opened, told anyone which tasks are released)
+        raise HttpError(400, FORGED)
     return st

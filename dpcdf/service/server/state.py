@@ -27,7 +27,7 @@ from ..protocols.check import round_one
 from ..protocols.check.exchange import CheckHelper, CheckLeader, ready_mark
 from ..protocols.reconciliation.exchange import ReconcileHelper, ReconcileLeader, finish, say_done
 from ..protocols.reconciliation.maths import SyncError
-from ..storage import segments
+from ..storage import retention, segments
 from ..storage.records import CollectionClosed, Mark
 from ..storage.store import Store
 from ..task import TaskConfig, token_hash
@@ -81,6 +81,7 @@ class TaskState:
         """Server 1's answer to a reconciliation message or DONE (Unopened, Refused, SyncError)."""
         message = self._open(raw, (*RECONCILIATION, Kind.DONE))
         with self.answering:
+            self._not_purged()
             if message.kind == Kind.DONE:
                 return finish(self.ctx, message, ready_mark(self.config))
             return self.reconciliation().answer(message)
@@ -98,7 +99,17 @@ class TaskState:
             raise NotReady("server 1 is still evaluating its reports for the check; send again shortly")
         message = self._open(raw, CHECK, helper.context)
         with self.answering:
+            self._not_purged()
             return helper.answer(message)
+
+    def _not_purged(self) -> None:
+        """Under `answering`: Unopened (answered as a forged message) once an expiry or a delete purged
+        the task, deleting its key shares and its journal of answered steps. A message that got past the
+        routers' purge check before the purge took the lock would otherwise be answered as a new step,
+        from a round one still in memory: the once-only rule lives in the journal (security review of
+        issue 24). A released task keeps its DONE, so its channel refuses every step already."""
+        if retention.purge_reason(self.store, self.config.task_id) in retention.GONE:
+            raise Unopened("the task's reports are deleted")
 
     def _open(self, raw: bytes, kinds: tuple, context: bytes = b"") -> Message:
         try:
