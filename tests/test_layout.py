@@ -150,3 +150,10 @@ def test_routers_reach_the_store_and_protocols_only_through_the_state():
 def test_no_module_is_longer_than_450_lines(module):
     lines = len(modules()[module].read_text().splitlines())
     assert lines <= MAX_LINES, f"{module} has {lines} lines (at most {MAX_LINES}: split it by concept)"
+
+
+def test_no_two_test_modules_share_a_name():
+    """The tests are imported by basename (no __init__.py, pytest's rootdir import): two files of one
+    name in different folders make a collection error that stops the whole run."""
+    names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
+    assert sorted({n for n in names if names.count(n) > 1}) == []
