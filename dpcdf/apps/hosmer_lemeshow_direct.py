@@ -103,6 +103,15 @@ def _check_bounds(floor: float, clip: float) -> tuple[float, float]:
     return float(floor), float(clip)
 
 
+def chi2_pdf(u: float, half: float, log_norm: float) -> float:
+    """The chi-square density with 2 * half degrees of freedom at u, from its closed form (log_norm =
+    half * ln 2 + ln Gamma(half)): the integrand of `laplace_p_value`, called a few hundred times per
+    release, where scipy.stats' generic pdf cost 0.15 ms a call (93% of a release)."""
+    if u <= 0:
+        return 0.0 if half > 1 else 0.5 if half == 1 else math.inf
+    return math.exp((half - 1) * math.log(u) - u / 2 - log_norm)
+
+
 def laplace_p_value(statistic: float, dof: int, noise_scale: float) -> float:
     """P(X + L >= statistic) for X ~ chi-square(dof) (H under calibration) and L ~ Laplace(noise_scale)
     (the release's noise, continuous in place of its fine discrete steps): the p-value of a released
@@ -110,11 +119,13 @@ def laplace_p_value(statistic: float, dof: int, noise_scale: float) -> float:
     A released 0 (clamped) has p-value 1."""
     if statistic <= 0:
         return 1.0
+    half = dof / 2
+    log_norm = half * math.log(2) + math.lgamma(half)
 
     def density(u: float) -> float:
         t = statistic - u  # P(L >= t)
         tail = 0.5 * math.exp(-t / noise_scale) if t >= 0 else 1 - 0.5 * math.exp(t / noise_scale)
-        return stats.chi2.pdf(u, dof) * tail
+        return chi2_pdf(u, half, log_norm) * tail
 
     below = integrate.quad(density, 0, statistic, limit=200)[0]
     above = integrate.quad(density, statistic, np.inf, limit=200)[0]

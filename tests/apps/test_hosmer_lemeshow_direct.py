@@ -1,5 +1,6 @@
 """Noise on the Hosmer-Lemeshow statistic alone: the sensitivity proof's steps by brute force, the
 noise-free value against the plain statistic, the noise's distribution and error formula."""
+import math
 from collections import Counter
 
 import numpy as np
@@ -12,7 +13,8 @@ import dpcdf
 from helpers import miscalibrated, null_rejections
 from dpcdf import ParameterError
 from dpcdf.apps.hosmer_lemeshow import exact_hosmer_lemeshow
-from dpcdf.apps.hosmer_lemeshow_direct import STEPS, bounded_statistic, default_clip, laplace_p_value, rank_groups, sensitivity
+from dpcdf.apps.hosmer_lemeshow_direct import (STEPS, bounded_statistic, chi2_pdf, default_clip, laplace_p_value, rank_groups,
+                                               sensitivity)
 from dpcdf.release.noise import dlaplace_variance, scale_fraction
 
 PROBS = st.one_of(st.sampled_from([0.0, 1.0, 0.5, 0.25]), st.floats(0, 1))
@@ -261,3 +263,10 @@ def test_a_miscalibrated_model_is_still_rejected():
     p, y = miscalibrated(20000, 9)
     r = dpcdf.hosmer_lemeshow_direct(p, y, 5.0, floor=100.0, clip=400.0)
     assert r.noise_aware_p_value < 1e-3 and r.p_value < 1e-3
+
+
+@given(st.floats(0.0, 200.0), st.integers(1, 40))
+def test_the_closed_form_chi2_density_is_scipys(u, dof):
+    half = dof / 2
+    ours = chi2_pdf(u, half, half * math.log(2) + math.lgamma(half))
+    assert ours == pytest.approx(stats.chi2.pdf(u, dof), rel=1e-9, abs=1e-300)
