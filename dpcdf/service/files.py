@@ -36,3 +36,12 @@ def private_dir(path: str | Path) -> Path:
     if path.stat().st_mode & 0o077:
         os.chmod(path, 0o700)
     return path
+
+
+def fsync_dir(path: str | Path) -> None:
+    """Makes the directory's entries durable (new, renamed or removed files): fsync on the directory."""
+    fd = os.open(path, os.O_RDONLY)
+    try:
+        os.fsync(fd)
+    finally:
+        os.close(fd)

@@ -25,7 +25,7 @@ import time
 from pathlib import Path
 
 from ...errors import DpcdfError
-from ..files import create_private, private_dir
+from ..files import create_private, fsync_dir, private_dir
 from .segments import task_dir
 
 STORE = "server.sqlite"
@@ -109,7 +109,7 @@ def backup(data_dir: str | Path, dest: str | Path) -> dict:
         f.flush()
         os.fsync(f.fileno())
     os.replace(tmp, dest / MANIFEST)
-    _fsync_dir(dest)
+    fsync_dir(dest)
     return {"files": len(files), "bytes": sum(v["bytes"] for v in files.values()), "tasks": tasks,
             "segments_left_out": sorted(left_out)}
 
@@ -131,11 +131,3 @@ def check(dest: str | Path) -> dict:
     if extra:
         raise BackupError(f"{dest} holds files its manifest does not list: {', '.join(extra[:3])}")
     return manifest
-
-
-def _fsync_dir(path: Path) -> None:
-    fd = os.open(path, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)

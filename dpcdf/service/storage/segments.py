@@ -32,7 +32,7 @@ from fss.keys import GROUP, groups, payload_dtype
 from fss.params import HEADER_LEN, LAMBDA_BYTES, TreeParams
 
 from ...errors import DpcdfError
-from ..files import private_dir
+from ..files import fsync_dir, private_dir
 from .records import SegmentFile
 from .store import Store
 
@@ -84,14 +84,6 @@ def _prepare(directory: Path) -> None:
     private_dir(directory)
     for old in directory.glob("*.npy*"):
         old.unlink()
-
-
-def _sync_dir(directory: Path) -> None:
-    fd = os.open(directory, os.O_RDONLY)
-    try:
-        os.fsync(fd)
-    finally:
-        os.close(fd)
 
 
 class _Shard:
@@ -158,7 +150,7 @@ def write(directory: str | Path, batches: Iterable[KeyBatch], set_hash: str) -> 
         except BaseException:
             out.abort()
             raise
-    _sync_dir(directory)
+    fsync_dir(directory)
     return records
 
 
@@ -291,7 +283,7 @@ def build(store: Store, task_id: str, dcf: DCF, party: int, directory: str | Pat
         raise
     if done != count:
         raise SegmentError(f"task {task_id}: the store's rows do not add up to its {count} reports")
-    _sync_dir(directory)
+    fsync_dir(directory)
     store.record_segments(task_id, records)
     return load(directory, records, dcf, party, verify=False)
 
