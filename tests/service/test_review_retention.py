@@ -147,8 +147,7 @@ def test_a_check_step_is_not_answered_again_across_a_purge(world):
         time.sleep(1.0)  # the message passed _peer_task and waits for `answering`
         retention.purge(srv1.store, tid, "expired", srv1.store.path.parent)
         st1.forget_keys()
-        with srv1._tasks_lock:
-            srv1._tasks.pop(tid, None)
+        srv1.unload(tid)
     thread.join(30)
     answer = out["answer"]
     if answer.status_code == 200:  # show what came back: server 1's answer to step 5 for the shifted message

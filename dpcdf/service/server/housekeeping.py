@@ -80,14 +80,13 @@ class Retention:
                 raise TaskNotFound(task_id) from None
 
     def _purge(self, task_id: str, reason: str) -> policy.Purged:
-        st = self.server._tasks.get(task_id)  # loaded state, if any: its close or query finishes first
+        st = self.server.loaded(task_id)  # loaded state, if any: its close or query finishes first
         with st.answering if st is not None else nullcontext():
             done = policy.purge(self.server.store, task_id, reason, self.data, after_commit=_crash_point)
             if st is not None:
                 st.forget_keys()  # unmaps the (now unlinked) segments, drops a helper's round one
                 if reason in policy.GONE:
-                    with self.server._tasks_lock:
-                        self.server._tasks.pop(task_id, None)
+                    self.server.unload(task_id)
         self.purged[reason] += 1
         return done
 

@@ -371,6 +371,15 @@ class Server:
 
         threading.Thread(target=run, name="warm-up", daemon=True).start()
 
+    def loaded(self, task_id: str) -> TaskState | None:
+        """The task's state if it is loaded, without loading it."""
+        return self._tasks.get(task_id)
+
+    def unload(self, task_id: str) -> None:
+        """Drops the task's loaded state (a purge of an expired or deleted task)."""
+        with self._tasks_lock:
+            self._tasks.pop(task_id, None)
+
     def task(self, task_id: str) -> TaskState:
         """The task's state, loaded from the store the first time; TaskNotFound (404) for an unknown
         task. The state is built outside the server-wide lock, under a lock of its own task id: a slow
