@@ -48,6 +48,9 @@ def cmd_admin(args) -> None:
         left = f"; segments left out (rebuilt on restore): {', '.join(out['segments_left_out'])}" if out["segments_left_out"] else ""
         print(f"backed up {args.data} to {args.to}: {out['tasks']} tasks, {out['files']} files, {out['bytes']} bytes "
               f"in {time.monotonic() - start:.2f} s{left}")
+        if out["unfinished"]:
+            print(f"{out['unfinished']} of the tasks were not finished: a server restored from this backup refuses "
+                  "their close and server-to-server steps (discard them on both servers and run them again)")
         return
     if args.admin_cmd == "check-backup":
         from .service.storage.backup import check
@@ -64,8 +67,9 @@ def cmd_admin(args) -> None:
         print(f"{'task':<34} {'state':<11} {'verified':>8} {'stored':>9} {'counted':>9} {'segments':>8} {'queries':>7}")
         for t in listing["tasks"]:
             counted = "-" if t["counted"] is None else t["counted"]
+            note = "  restored unfinished: refused, run it again" if t.get("restored") == "unfinished" else ""
             print(f"{t['task_id']:<34} {t['state']:<11} {'yes' if t['verified_task'] else 'no':>8} {t['stored']:>9} "
-                  f"{counted:>9} {t['segment_files']:>8} {t['queries']:>7}")
+                  f"{counted:>9} {t['segment_files']:>8} {t['queries']:>7}{note}")
     elif args.admin_cmd == "close":
         print(json.dumps(admin.close(args.server, token, args.task_id)))
     elif args.admin_cmd == "delete":

@@ -96,3 +96,38 @@ def test_admin_mistakes_are_one_line(args, says):
     run = subprocess.run([sys.executable, "-m", "dpcdf", *args], capture_output=True, text=True, env=env)
     assert run.returncode == 2 and run.stderr.startswith("dpcdf: ") and run.stderr.count("\n") == 1, run.stderr
     assert says in run.stderr, run.stderr
+
+
+def test_the_backup_marks_which_tasks_were_finished_and_a_backup_of_a_restore_keeps_the_marks(tmp_path):
+    """A task is finished in a backup once nothing but replays and DONE is left to exchange: a verified
+    task once verified, an unverified one once reconciled, any task once answered or with DONE journalled;
+    collecting, closed, and verified-but-unchecked tasks are not. The live store is not marked, and a
+    backup of a restored store keeps the first backup's marks (a task refused stays refused)."""
+    from dpcdf.service.storage.restore import states
+
+    data = tmp_path / "data"
+    data.mkdir()
+    store = Store(data / "server.sqlite")
+    verified, plain = '{"verify":true}', "{}"
+    for name, config in (("collecting", plain), ("closed", plain), ("unchecked", verified), ("checked", verified),
+                         ("reconciled", plain), ("answered", verified), ("done", verified)):
+        store.add_task(name, config, b"f" * 32, secrets.token_bytes(32))
+        store.add_many(name, [(secrets.token_bytes(16), secrets.token_bytes(64))])
+        if name != "collecting":
+            store.freeze(name, lambda ids: "h")
+    for name, marks in (("unchecked", "r"), ("checked", "rv"), ("reconciled", "r"), ("answered", "ra")):
+        for m in marks:
+            store.mark(name, {"r": Mark.RECONCILED, "v": Mark.VERIFIED, "a": Mark.ANSWERED}[m])
+    store.record_exchange("done", "helper", 13, 0, b"", b"")
+    summary = backup(data, tmp_path / "b1")
+    assert (summary["tasks"], summary["unfinished"]) == (7, 3)
+    first = states(Store(tmp_path / "b1" / "server.sqlite"))
+    assert first == {"collecting": "unfinished", "closed": "unfinished", "unchecked": "unfinished",
+                     "checked": "finished", "reconciled": "finished", "answered": "finished", "done": "finished"}
+    assert states(store) == {}
+    restored = Store(tmp_path / "b1" / "server.sqlite")
+    restored.mark("unchecked", Mark.VERIFIED)  # (as if it went on; on a restored server it cannot)
+    restored.close()
+    assert states(Store(tmp_path / "b1" / "server.sqlite")) == first
+    backup(tmp_path / "b1", tmp_path / "b2")
+    assert states(Store(tmp_path / "b2" / "server.sqlite")) == first

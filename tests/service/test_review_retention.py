@@ -13,8 +13,10 @@ Two servers (party 0 and 1) share a verified task whose report check ran to its 
      waited on the task's `answering` lock while the purge ran was answered afterwards from the
      in-memory round one, as a new step (the purge deleted the journal); now refused under the lock
      (`TaskState._not_purged`);
-  3. (open, xfail strict) a backup restored on server 1 rolls back the journal: a step answered since
-     is answered again (docs/service.md says a restore is a rollback of the once-only state).
+  3. (fixed) a backup restored on server 1 rolled back the journal: a step answered since was answered
+     again, for other content; now `dpcdf admin backup` marks the copy and a restored server refuses every
+     step of a task unfinished in it, in both roles, and any design the backup does not hold
+     (`storage.restore`, 409 saying the task must be run again).
 In 2 and 3 the check's MAC still keeps values hidden (the shifted opening gets no V_1): the journal is
 the second line of defence that docs/verification.md says holds.
 """
@@ -157,13 +159,6 @@ def test_a_check_step_is_not_answered_again_across_a_purge(world):
     assert answer.status_code in (400, 409), "step 5 of chunk 0 was answered a second time, for other content"
 
 
-@pytest.mark.xfail(strict=True, reason="review finding (medium-low, operational): a backup restored on server 1 "
-                   "rolls back the once-only journal (and the fixed designs, DONE, the answered mark): server 0 gets "
-                   "check steps answered since the backup answered again for other content. docs/service.md says only "
-                   "that a restore gives the same answers and brings back purged key shares; fix: document it as a "
-                   "rollback of the once-only state (restore only a store that has answered nothing since, or both "
-                   "servers' tasks discarded), and refuse server-to-server steps of unfinished tasks in a restored store "
-                   "(e.g. a restore marker written by `dpcdf admin backup` into the copy, checked at start)")
 def test_a_restored_backup_does_not_answer_a_check_step_again(tmp_path):
     from dpcdf.service.storage.backup import backup
 
@@ -184,6 +179,68 @@ def test_a_restored_backup_does_not_answer_a_check_step_again(tmp_path):
             break
         time.sleep(0.2)
     assert answer.status_code in (400, 409), "the restored server 1 answered step 5 of chunk 0 again, for other content"
+
+
+RESTORED = ("restored from a backup", "Discard the task on both servers", "run it again")
+
+
+def test_a_restored_server_takes_no_step_of_an_unfinished_task_in_either_role_and_says_why(tmp_path):
+    """Both operators back up after the reconciliation, before the check. Restored server 1 refuses even
+    server 0's honest first check message, as sent (409, saying what to do), and DONE; restored server 0
+    refuses the analyst's close before it freezes or sends anything (the task's servers "a" and "b" are
+    not reachable: a message sent would be a 502), and its channel asks nothing (a deviating server 1
+    would otherwise answer a step again and get V_0 computed on two inputs)."""
+    from dpcdf.service.storage.backup import backup
+    from dpcdf.service.storage.restore import Restored
+
+    summaries = []
+
+    def take(apps):
+        summaries.extend(backup(apps[p].state.server.store.path.parent, tmp_path / f"copy{p}") for p in (0, 1))
+
+    apps, _, config, sent = _world(tmp_path, take)
+    tid = config.task_id
+    assert [s["unfinished"] for s in summaries] == [1, 1]
+    restored = [create_app(p, tmp_path / f"copy{p}", warm_up=False, sweep_every=1e9) for p in (0, 1)]
+    r0, r1 = (TestClient(app) for app in restored)
+    for message in (sent[0], apps[0].state.server.task(tid).channel.seal(Kind.DONE, 0, b"")):
+        answer = r1.post(f"/tasks/{tid}/{'verify' if message is sent[0] else 'sync'}", content=message)
+        assert answer.status_code == 409 and all(part in answer.json()["error"] for part in RESTORED), answer.text
+    assert r1.post(f"/tasks/{tid}/verify", content=b"\x05" + b"\0" * 63).status_code == 400  # unopened: as forged
+    frozen = restored[0].state.server.store.frozen(tid)
+    closing = r0.post(f"/tasks/{tid}/close", headers={"authorization": f"Bearer {TOKEN}"})
+    assert closing.status_code == 409 and all(part in closing.json()["error"] for part in RESTORED), closing.text
+    assert restored[0].state.server.store.frozen(tid) == frozen
+    asked = []
+    with pytest.raises(Restored):
+        restored[0].state.server.task(tid).channel.exchange(Kind.CHECK_OPEN, 0, b"x", asked.append)
+    assert asked == []
+    listing = r1.get("/admin/tasks", headers=AUTH).json()["tasks"]
+    assert [(t["task_id"], t["restored"]) for t in listing] == [(tid, "unfinished")]
+    assert apps[1].state.server.store.path.parent != tmp_path / "copy1"
+    assert [t["restored"] for t in TestClient(apps[1]).get("/admin/tasks", headers=AUTH).json()["tasks"]] == [None]
+
+
+def test_a_restored_task_fixes_no_design_the_backup_does_not_hold(world, tmp_path):
+    """Server 1 fixes a design at a first query, is backed up, fixes another kind's since; restored, it
+    answers the design it holds, refuses the one it forgot (it may have been fixed otherwise: the
+    budget spent twice), and still refuses another design of the kind it holds (403)."""
+    from dpcdf.service.server.context import BudgetSpent
+    from dpcdf.service.storage.backup import backup
+    from dpcdf.service.storage.restore import Restored
+
+    apps, _, config, _ = world
+    tid = config.task_id
+    st1 = apps[1].state.server.task(tid)
+    assert st1.open_for_query([("groups", "A", "spent")])[1] == 12
+    assert backup(st1.store.path.parent, tmp_path / "copy")["unfinished"] == 0  # verified: finished here
+    st1.open_for_query([("bins", "B", "spent")])  # after the backup: the restore forgets it
+    st = create_app(1, tmp_path / "copy", warm_up=False, sweep_every=1e9).state.server.task(tid)
+    assert st.open_for_query([("groups", "A", "spent")])[1:] == st1.open_for_query([])[1:]
+    with pytest.raises(Restored, match="holds no design for this release"):
+        st.open_for_query([("bins", "B", "spent")])
+    with pytest.raises(BudgetSpent):
+        st.open_for_query([("groups", "C", "spent")])
 
 
 def test_a_backup_is_private_even_into_an_existing_open_directory(world, tmp_path):

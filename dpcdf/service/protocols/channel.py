@@ -18,6 +18,9 @@ The one-shot rule (what a deviating server faces; docs/verification.md § A devi
   of its replies (its check values V_0) on one input only.
 Each step's answer is thus a function of one request: no server can ask the other the same question
 about a report twice with different inputs (the two-message attack of issue 20).
+- A restored backup (security review of issue 24): the journal is the store's, so a server serving a
+  backup has forgotten the steps it took since. Both roles refuse every step (`storage.restore.Restored`,
+  HTTP 409) of a task that was not finished in the backup: the journal it would check is not the whole.
 """
 from __future__ import annotations
 
@@ -32,6 +35,7 @@ from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from ..storage.records import Mark
+from ..storage.restore import refuse_steps
 from ..storage.store import Store
 from .reconciliation.maths import SyncError
 
@@ -144,7 +148,9 @@ class Channel:
         """The sealed answer to `message`: the journalled one if this step was answered for the same
         payload, else `compute(payload)` journalled first. `Refused` for other content at an answered
         step, for a new step when `new_steps` is False (the protocol is past it), and for anything
-        once `finished`."""
+        once `finished`; `Restored` for any step of a task restored unfinished from a backup (its journal
+        may lack steps answered since: the restored server must not answer one again for other content)."""
+        refuse_steps(self.store, self.task_id)
         if self.finished():
             raise Refused("this task's exchange between the servers is finished: no further message is answered")
         kind, chunk = message.kind, message.chunk
@@ -173,7 +179,10 @@ class Channel:
         """The other server's answer payload to this server's step (kind, chunk): the journalled one,
         if any (then nothing is sent; `same`: the payload must equal what was sent, else SyncError);
         else `payload` is sent through `send` and the answer, once it opens as this step's and passes
-        `check` (which raises SyncError), is journalled before it is returned."""
+        `check` (which raises SyncError), is journalled before it is returned. `Restored` for a task
+        restored unfinished from a backup: an answer used since may be missing from its journal, and asking
+        again would let a deviating server 1 answer differently (its V_0 computed on two inputs)."""
+        refuse_steps(self.store, self.task_id)
         done = self.store.exchange(self.task_id, "leader", kind, chunk)
         if done is not None:
             if same and not hmac.compare_digest(done.request, payload() if callable(payload) else payload):

@@ -10,6 +10,7 @@ from fastapi.responses import JSONResponse
 from starlette.exceptions import HTTPException
 
 from ...errors import DpcdfError
+from ..storage.restore import Restored
 from .answers import QueryRefused
 from .context import BudgetSpent, CloseRefused, NotClosed, PeerFailed, TaskNotFound, TooFewReports
 
@@ -36,7 +37,7 @@ def problem(error: dict) -> str:
 
 
 STATUS: dict[type[DpcdfError], int] = {QueryRefused: 400, TaskNotFound: 404, NotClosed: 409, TooFewReports: 403,
-                                       BudgetSpent: 403, CloseRefused: 409, PeerFailed: 502}
+                                       BudgetSpent: 403, CloseRefused: 409, PeerFailed: 502, Restored: 409}
 """The domain errors of the state and protocol layer, each answered with its status (the most
 specific class listed wins)."""
 

@@ -21,6 +21,7 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
+from ..storage import restore
 from ..storage import retention as policy
 from ..storage.records import UnknownTask
 from .errors import TaskNotFound
@@ -94,7 +95,10 @@ class Retention:
         return policy.gone(self.server.store, task_id)
 
     def tasks(self, counts: bool = True) -> list[dict]:
-        return policy.tasks(self.server.store, counts)
+        """`retention.tasks`, each with `restored`: on a server restored from a backup, whether the task was
+        finished in it ('finished', or 'unfinished': it takes no step again), else None."""
+        marks = restore.states(self.server.store)
+        return [{**t, "restored": marks.get(t["task_id"])} for t in policy.tasks(self.server.store, counts)]
 
 
 def _crash_point() -> None:

@@ -27,7 +27,7 @@ from ..protocols.check import round_one
 from ..protocols.check.exchange import CheckHelper, CheckLeader, ready_mark
 from ..protocols.reconciliation.exchange import ReconcileHelper, ReconcileLeader, finish, say_done
 from ..protocols.reconciliation.maths import SyncError
-from ..storage import retention, segments
+from ..storage import restore, retention, segments
 from ..storage.records import CollectionClosed, Mark
 from ..storage.store import Store
 from ..task import TaskConfig, token_hash
@@ -82,17 +82,20 @@ class TaskState:
         message = self._open(raw, (*RECONCILIATION, Kind.DONE))
         with self.answering:
             self._not_purged()
+            restore.refuse_steps(self.store, self.config.task_id)  # before the reconciliation freezes the set
             if message.kind == Kind.DONE:
                 return finish(self.ctx, message, ready_mark(self.config))
             return self.reconciliation().answer(message)
 
     def answer_check(self, raw: bytes) -> bytes:
-        """Server 1's answer to a report-check message (Unopened, Refused, NotReady, SyncError)."""
+        """Server 1's answer to a report-check message (Unopened, Refused, NotReady, SyncError, Restored)."""
         store, task_id = self.store, self.config.task_id
-        if not self.config.verify or not store.marked(task_id, Mark.RECONCILED):
+        restored = restore.unfinished(store, task_id)  # refused once it opens, not after round one is redone
+        if restored or not self.config.verify or not store.marked(task_id, Mark.RECONCILED):
             if store.frozen(task_id) is None:
                 raise Unopened("no report set to check")
             self._open(raw, CHECK, self.check_context())  # Unopened unless the other server's, for this set
+            restore.refuse_steps(store, task_id)
             raise Refused("the report check starts once the task is verified and reconciled")
         helper = self.helper_if_ready()
         if helper is None:
@@ -145,9 +148,10 @@ class TaskState:
         """Server 0's POST /tasks/{id}/close under the task's `answering` lock: 403 below min_batch
         reports (TooFewReports, before anything is frozen), then the freeze and `close_as_leader`; 409
         (CloseRefused) if server 1 refused a step, 502 (PeerFailed) if it deviated or failed. Returns the
-        reconciled `view`."""
+        reconciled `view`. 409 (`Restored`) for a task restored unfinished from a backup."""
         store, task_id = self.store, self.config.task_id
         with self.answering:
+            restore.refuse_steps(store, task_id)  # restored unfinished: 409 before anything is frozen or sent
             if store.frozen(task_id) is None and store.count(task_id) < self.config.min_batch:
                 raise TooFewReports(f"the task has {store.count(task_id)} reports; queries need at least {self.config.min_batch}")
             store.freeze(task_id, self.set_hash)
@@ -171,6 +175,7 @@ class TaskState:
         upto, n, digest = store.frozen(task_id)
         if n < config.min_batch:
             raise TooFewReports(f"the task has {n} reports after reconciliation; queries need at least {config.min_batch}")
+        restore.refuse_new_designs(store, task_id, [kind for kind, _, _ in fixes])  # a restore forgot any since
         for kind, design, refusal in fixes:
             if store.fix_release(task_id, kind, design) != design:
                 raise BudgetSpent(refusal)

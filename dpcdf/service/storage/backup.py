@@ -13,7 +13,11 @@ lists every file with its size and SHA-256: a backup without it is incomplete.
 A backup holds everything the server does: key shares, HPKE private keys, noise seeds. It is made 0700
 / 0600 like the data directory; keep it as you keep the server. Retention does not reach it: restoring it
 brings back the key shares of tasks purged since, and the restored server's first sweep deletes those of
-tasks that are released or past its --retention again."""
+tasks that are released or past its --retention again.
+
+The copy is marked as a backup (`restore.mark_copy`, in the snapshot's store): a server restored from it
+refuses every server-to-server step of a task unfinished at the snapshot, and any release design the
+snapshot does not hold (`restore`: what a restore guarantees and what it refuses)."""
 from __future__ import annotations
 
 import hashlib
@@ -26,6 +30,8 @@ from pathlib import Path
 
 from ...errors import DpcdfError
 from ..files import create_private, fsync_dir, private_dir
+from .restore import mark_copy
+from .schema import migrate
 from .segments import task_dir
 
 STORE = "server.sqlite"
@@ -57,7 +63,8 @@ def _sha256(path: Path) -> str:
 
 def backup(data_dir: str | Path, dest: str | Path) -> dict:
     """Backs `data_dir` up into `dest` (a new or empty directory); returns a summary: files, bytes,
-    tasks, and the tasks whose segments were left out (to be rebuilt on restore)."""
+    tasks, how many of them were unfinished (a server restored from it refuses their steps), and the tasks
+    whose segments were left out (to be rebuilt on restore)."""
     data, dest = Path(data_dir), Path(dest)
     if not (data / STORE).is_file():
         raise BackupError(f"{data} is not a server's data directory (no {STORE})")
@@ -66,11 +73,16 @@ def backup(data_dir: str | Path, dest: str | Path) -> dict:
     if dest.resolve() == data.resolve() or data.resolve() in dest.resolve().parents:
         raise BackupError(f"{dest} is inside the data directory {data}")
     private_dir(dest)
+    created = time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime())
     create_private(dest / STORE)
     src = sqlite3.connect(str(data / STORE), timeout=30)
     dst = sqlite3.connect(str(dest / STORE), isolation_level=None)
     try:
         src.backup(dst)  # pages=-1: one step, one consistent snapshot
+        dst.execute("BEGIN IMMEDIATE")
+        migrate(dst, dest / STORE)
+        unfinished = mark_copy(dst, created)[1]  # the copy only: the snapshot's promises, not the live store's
+        dst.execute("COMMIT")
         recorded = dst.execute("SELECT task_id, file, sha256 FROM segments ORDER BY task_id, file").fetchall() \
             if dst.execute("SELECT 1 FROM sqlite_master WHERE name = 'segments'").fetchone() else []
         left_out = set()
@@ -101,7 +113,7 @@ def backup(data_dir: str | Path, dest: str | Path) -> dict:
         (dest / extra).unlink(missing_ok=True)
     files = {str(p.relative_to(dest)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
              for p in sorted(dest.rglob("*")) if p.is_file()}
-    manifest = {"format": 1, "created": time.strftime("%Y-%m-%dT%H:%M:%SZ", time.gmtime()), "source": str(data.resolve()),
+    manifest = {"format": 1, "created": created, "source": str(data.resolve()),
                 "files": files}
     tmp = dest / (MANIFEST + ".tmp")
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
@@ -111,7 +123,7 @@ def backup(data_dir: str | Path, dest: str | Path) -> dict:
     os.replace(tmp, dest / MANIFEST)
     fsync_dir(dest)
     return {"files": len(files), "bytes": sum(v["bytes"] for v in files.values()), "tasks": tasks,
-            "segments_left_out": sorted(left_out)}
+            "unfinished": unfinished, "segments_left_out": sorted(left_out)}
 
 
 def check(dest: str | Path) -> dict:

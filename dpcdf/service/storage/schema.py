@@ -127,6 +127,17 @@ RETENTION_SCHEMA = (
 )
 
 
+# Version 9: the restore marker (security review of issue 24, `dpcdf.service.storage.restore`), written by
+# `dpcdf admin backup` into the copy only: one row per task the backup holds, and whether the task's
+# exchange between the servers was over then. A live store's table stays empty.
+RESTORED_SCHEMA = """
+CREATE TABLE IF NOT EXISTS restored (
+    task_id TEXT PRIMARY KEY REFERENCES tasks (task_id), finished INTEGER NOT NULL, backup TEXT NOT NULL,
+    CHECK (finished IN (0, 1))
+) STRICT
+"""
+
+
 def _add_columns(*columns: tuple[str, str, str]):
     def step(db: sqlite3.Connection) -> None:
         for table, column, statement in columns:
@@ -151,6 +162,7 @@ MIGRATIONS = (
     _create(EXCHANGES_SCHEMA),  # 6: the server-to-server journal
     _create(COUNTED_VIEW),  # 7: the reports that count
     _add_columns(*RETENTION_SCHEMA),  # 8: retention
+    _create(RESTORED_SCHEMA),  # 9: the restore marker
 )
 LATEST = SCHEMA_VERSION + len(MIGRATIONS)
 

@@ -1,7 +1,8 @@
 """The operator's admin API (issue 24), every route behind the operator's bearer token (`deps.operator`:
 401 without one, 403 with another, before the task id is looked at, so a wrong token gets the same
 answer for a task that exists and one that does not):
-- GET /admin/tasks: every task with its state and counts;
+- GET /admin/tasks: every task with its state and counts (and, on a server restored from a backup,
+  whether the task was finished in it: an unfinished one takes no step again, `storage.restore`);
 - POST /admin/tasks/{id}/close: closes a task as its analyst's close does (server 0; server 1 is
   closed by server 0's close, so it answers 409), for a release the analyst left open;
 - DELETE /admin/tasks/{id}: deletes the task's key shares and all but its row (`storage.retention`:
@@ -40,6 +41,7 @@ class AdminTask(BaseModel):
     segment_files: int
     histogram: bool
     queries: int
+    restored: str | None = None  # from a backup: 'finished', or 'unfinished' (refused: run it again)
 
 
 class AdminTasks(BaseModel):

@@ -1,0 +1,102 @@
+"""What a server restored from a backup refuses (security review of issue 24, finding 3).
+
+A backup is the store as one committed moment left it. Serving it rolls back everything the server
+promised to do once after that moment: the journal of answered server-to-server steps
+(`protocols.channel`), DONE, the answered mark, the designs a first query fixed. Nothing in the copy says
+what was promised since, so `backup` marks the copy (`mark_copy`, in the copy only, from the snapshot
+itself): one row per task it holds, saying whether the task's exchange between the servers was over then
+("finished": purged, answered, DONE journalled, or its close's last mark set: verified for a verified
+task, else reconciled; after that mark a server takes no new step, only replays of journalled ones and
+DONE, which the rollback cannot change).
+
+The claims, each with its attack test in tests/service/test_review_retention.py:
+- a task unfinished in the backup takes no server-to-server step on the restored server, in either role
+  (`refuse_steps`: `Channel.answer_once`, `Channel.exchange`, and a close before it freezes anything).
+  As server 1 it would answer again, for other content, a step answered since the backup: a deviating
+  server 0 gets two answers about the same reports. As server 0 it would ask again a step whose answer
+  it used since: a deviating server 1 gets V_0 computed on two inputs.
+- no task the backup holds gets a release design fixed that the backup does not hold
+  (`refuse_new_designs`): one fixed since could be fixed again differently, spending the budget twice
+  if the other server colludes. Designs fixed in the backup, and queries that fix none, answer as before.
+Such a task is refused with `Restored` (HTTP 409): discard it on both servers and run it again.
+
+Trust boundary: this protects an honest operator who restores a `dpcdf admin backup`. The marker is a
+table of the store: an operator who deletes its rows, or who restores a copy made otherwise (a
+filesystem or VM snapshot, `cp` of the data directory: no marker), serves a rolled-back journal
+unguarded. A malicious operator gains nothing by it that running other code would not give: it is the
+deviating server of the threat model, and what protects the reports from it is the other server's own
+journal (each server asks and answers every step once) and the check's MAC, not this marker. A task
+created after the backup is unknown to the restored server: registering it again there starts it
+afresh, which is safe only once it is discarded on the other server too."""
+from __future__ import annotations
+
+import sqlite3
+from typing import Sequence
+
+from .records import StoreError
+from .retention import DONE_KIND
+from .store import Store
+
+# the snapshot's view of each task, as `restored` rows: finished when nothing but replays and DONE is left
+_MARK = f"""
+INSERT OR IGNORE INTO restored (task_id, finished, backup)
+SELECT task_id, purge_reason IS NOT NULL OR answered_at IS NOT NULL
+       OR (CASE WHEN json_extract(config, '$.verify') THEN verified_at ELSE reconciled_at END) IS NOT NULL
+       OR EXISTS (SELECT 1 FROM exchanges e WHERE e.task_id = tasks.task_id AND e.kind = {DONE_KIND}), ?
+FROM tasks
+"""
+
+
+class Restored(StoreError):
+    """A restored task's step or new design, refused (HTTP 409): the server may have promised otherwise
+    after the backup it was restored from."""
+
+
+def mark_copy(db: sqlite3.Connection, backup: str) -> tuple[int, int]:
+    """Marks a backup's store (its own connection, schema at the latest version) with each task's state
+    at the snapshot; a task marked by an earlier backup keeps its mark. Returns (tasks, unfinished)."""
+    db.execute(_MARK, (backup,))
+    tasks, unfinished = db.execute("SELECT COUNT(*), COUNT(*) - TOTAL(finished) FROM restored").fetchone()
+    return tasks, int(unfinished)
+
+
+def _row(store: Store, task_id: str) -> tuple[int, str] | None:
+    with store.lock:
+        return store.db.execute("SELECT finished, backup FROM restored WHERE task_id = ?", (task_id,)).fetchone()
+
+
+def unfinished(store: Store, task_id: str) -> bool:
+    """Whether the task was restored from a backup taken before its exchange between the servers was over."""
+    row = _row(store, task_id)
+    return row is not None and not row[0]
+
+
+def refuse_steps(store: Store, task_id: str) -> None:
+    """`Restored` if the task was unfinished in the backup this store was restored from."""
+    row = _row(store, task_id)
+    if row is not None and not row[0]:
+        raise Restored(f"task {task_id} was restored from a backup (of {row[1]}) taken before its close was over: "
+                       "this server may have answered or asked its server-to-server steps since, and takes none "
+                       "again. Discard the task on both servers (dpcdf admin delete) and run it again as a new task")
+
+
+def refuse_new_designs(store: Store, task_id: str, kinds: Sequence[str]) -> None:
+    """`Restored` if the task is in the backup this store was restored from and one of these release
+    kinds has no design fixed there (it may have been fixed since, otherwise)."""
+    row = _row(store, task_id)
+    if row is None or not kinds:
+        return
+    with store.lock:
+        fixed = {k for (k,) in store.db.execute("SELECT kind FROM releases WHERE task_id = ?", (task_id,))}
+    if not set(kinds) <= fixed:
+        raise Restored(f"task {task_id} was restored from a backup (of {row[1]}) that holds no design for this "
+                       "release: a first query may have fixed one since, so this server fixes none. Queries "
+                       "whose design the backup holds are answered as before; for this release run the task "
+                       "again as a new task on both servers")
+
+
+def states(store: Store) -> dict[str, str]:
+    """'finished' or 'unfinished' per task restored from a backup (for the admin listing)."""
+    with store.lock:
+        rows = store.db.execute("SELECT task_id, finished FROM restored").fetchall()
+    return {task_id: "finished" if finished else "unfinished" for task_id, finished in rows}
