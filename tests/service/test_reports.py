@@ -105,3 +105,53 @@ def test_task_configs_that_cannot_work_are_refused_when_made(change, message):
         TaskConfig.from_json(json.dumps(base | change))
     with pytest.raises(ParameterError, match="not a task configuration"):
         TaskConfig.from_json("[" * 100000)
+
+
+def test_the_batch_layout_takes_exactly_the_reports_the_parser_takes():
+    """`wire.Layout` (a batch's framing checked at once) says yes to a report exactly when
+    `Report.from_bytes` reads it with this task's fingerprint and both shares of the task's lengths,
+    and then finds the same id and share; `split_shares` refuses what `split_share` refuses, with
+    its message. Mutations: every framing byte changed, bytes cut or added, the shares' lengths
+    traded between them, another task's report."""
+    from dpcdf.service.wire import Layout, split_shares
+
+    config, keys = _config()
+    good = [r.to_bytes() for r in make_reports(config, [0.1, 0.5])]
+    enc_len, ct_len = (len(x) for x in Report.from_bytes(good[0]).sealed[0])
+    layout = Layout(config.fingerprint, enc_len, ct_len)
+    share = 2 + enc_len + 4 + ct_len
+    raws = list(good) + [r.to_bytes() for r in make_reports(_config()[0], [0.2])]
+    framing = [*range(0, 60), *range(52 + enc_len, 60 + enc_len), *range(52 + share, 60 + share),
+               *range(52 + share + enc_len, 60 + share + enc_len)]
+    for at in framing:
+        for delta in (1, 255):
+            b = bytearray(good[0])
+            b[at] = (b[at] + delta) % 256
+            raws.append(bytes(b))
+    raws += [good[0][:-1], good[0] + b"x", good[0][:52] + good[0][52:].replace(bytes([enc_len, 0]), bytes([enc_len + 1, 0]), 1)]
+    traded = bytearray(good[1])  # share 0's enc one byte longer and its ciphertext one shorter: parses, wrong lengths
+    traded[52:54] = (enc_len + 1).to_bytes(2, "little")
+    traded[53 + enc_len + 1 : 57 + enc_len + 1] = (ct_len - 1).to_bytes(4, "little")
+    raws.append(bytes(traded))
+    fits = layout.matches(raws)
+    assert fits[:2] == [True, True] and not all(fits)
+    for raw, fit in zip(raws, fits):
+        try:
+            r = Report.from_bytes(raw)
+            parsed = r.fingerprint == config.fingerprint and all(len(e) == enc_len and len(c) == ct_len for e, c in r.sealed)
+        except ReportError:
+            parsed = False
+        assert fit == parsed, raw.hex()
+        if fit:
+            for party in (0, 1):
+                assert layout.sealed(raw, party) == (r.report_id, r.sealed[party][0] + r.sealed[party][1])
+    size, extras = config.key_dcf().key_size, config.extras_bytes // 8
+    opened = [open_share(Report.from_bytes(good[0]), 0, keys[0], config.fingerprint)] * 4
+    opened[1] = opened[1][:-8] + (2**61 - 1).to_bytes(8, "little")  # p itself is not a field element
+    opened[2] = opened[2] + b"\x00"
+    fine, rows, bad = split_shares(opened, size, extras)
+    assert fine == [0, 3] and rows.tobytes() == split_share(opened[0], size, extras)[0] * 2
+    for i in (1, 2):
+        with pytest.raises(ReportError) as info:
+            split_share(opened[i], size, extras)
+        assert bad[i] == str(info.value)

@@ -17,10 +17,13 @@ import math
 
 from fastapi import APIRouter, Request
 
+import numpy as np
+
 from fss import FssError
+from fss.errors import KeyFormatError
 
 from ... import hpke
-from ...wire import FOREIGN, Report, ReportError, decode_batch, open_share, split_share
+from ...wire import FOREIGN, Layout, Opener, Report, ReportError, decode_batch, split_shares
 from ..deps import RawBody, ServerDep
 from ..errors import HttpError, TaskNotFound
 from ..limits import client_address
@@ -30,6 +33,7 @@ from ..state import CLOSED, Server, TaskState
 router = APIRouter(prefix="/tasks/{task_id}/reports", tags=["reports"])
 
 REJECTS_PER_BATCH = 16  # refused reports a batch may hold and still be taken
+RECHECK = 64  # shares opened between two readings of the address's allowance (without a refusal here)
 TAG_BYTES = 16  # AES-128-GCM's tag after each share
 RETRY_STATUS = {429: {"model": Error, "description": "this address sent too many reports that "
                       "did not open: send again after Retry-After seconds",
@@ -97,7 +101,8 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
     this task's DCF for this server (one vectorized decode for the whole batch; per key only to name
     a bad one). Charges the address one failure per refused report; raises 400 past
     REJECTS_PER_BATCH refusals, 409 for a closed collection, 429 when the address runs out of
-    failures while shares are opened."""
+    failures while shares are opened (its allowance is read again after each of this batch's
+    refusals and every RECHECK opened shares, so another request's refusals count within those)."""
     party = srv.party
     rejected: list[Rejected] = []
 
@@ -109,11 +114,16 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
             raise HttpError(400, f"batch refused: more than {REJECTS_PER_BATCH} of its reports are refused "
                             f"(report {first.index}: {first.error})")
 
-    candidates = []
+    candidates: list[tuple[int, bytes, bytes]] = []  # (index, report id, enc + ciphertext)
     if st is not None:
         fp, kem = st.config.fingerprint, st.config.kem
         enc_len, ct_len = hpke.enc_length(kem), st.dcf.key_size + st.config.extras_bytes + TAG_BYTES
+        layout = Layout(fp, enc_len, ct_len)
+    fits = layout.matches(raws) if st is not None else [False] * len(raws)
     for i, raw in enumerate(raws):  # the cheap checks, for every report, before any share is opened
+        if fits[i]:  # the framing of the whole batch checked at once (`wire.Layout`)
+            candidates.append((i, *layout.sealed(raw, party)))
+            continue
         try:
             report = Report.from_bytes(raw)
             if st is None or report.fingerprint != fp:
@@ -122,42 +132,49 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
             if len(enc) != enc_len or len(ct) != ct_len:
                 raise ReportError(f"this server's sealed share must be a {enc_len}-byte encapsulated key and a "
                                   f"{ct_len}-byte ciphertext for this task")
-            candidates.append((i, report))
+            candidates.append((i, report.report_id, enc + ct))
         except ReportError as exc:
             refuse(i, str(exc))
     if not candidates:
         return [], sorted(rejected, key=lambda r: r.index)
     if not st.collecting():
         raise HttpError(409, CLOSED)
-    private = srv.keys.private(kem)
-    opened = []
-    for i, report in candidates:
-        if failures.allowance(address) <= 0:
-            raise TooManyFailures(failures.refused_for(address))
+    opener = Opener(srv.keys.private(kem), fp, party, kem)
+    opened, allowance = [], 0
+    for k, (i, rid, sealed) in enumerate(candidates):
+        if allowance <= 0 or k % RECHECK == 0:
+            allowance = failures.allowance(address)
+            if allowance <= 0:
+                raise TooManyFailures(failures.refused_for(address))
         try:
-            opened.append((i, report.report_id, open_share(report, party, private, fp, kem)))
+            opened.append((i, rid, opener(rid, sealed)))
         except ReportError as exc:
             refuse(i, str(exc))
+            allowance -= 1
     size, extras = st.dcf.key_size, st.config.extras_bytes // 8
-    keys = []
-    for i, rid, share in opened:
-        try:
-            keys.append((i, rid, share, split_share(share, size, extras)[0]))
-        except ReportError as exc:
-            refuse(i, str(exc))
-    try:
-        st.dcf.batch_from_keys([k[3] for k in keys], party)
+    fine, rows, bad = split_shares([share for _, _, share in opened], size, extras)
+    for k, error in bad.items():
+        refuse(opened[k][0], error)
+    keys = [opened[k] for k in fine]
+    header = st.dcf.params.header(party)
+    heads = (rows[:, :len(header)] == np.frombuffer(header, np.uint8)).all(axis=1).tolist()
+    try:  # each key of this task's DCF for this server: its header here, its body in one decode
+        if not all(heads):
+            raise KeyFormatError("a key's header is not this task's")
+        st.dcf.batch_from_bytes(st.dcf.params.header(party, batch=True) + len(keys).to_bytes(8, "little")
+                                + rows[:, len(header):].tobytes(), party)
         valid = {k[0] for k in keys}
     except FssError:  # find the bad ones
         valid = set()
-        for i, _, _, key in keys:
+        for (i, _, share), head in zip(keys, heads):
             try:
-                st.dcf.key_from_bytes(key, party=party)
-                valid.add(i)
+                if head:
+                    st.dcf.key_from_bytes(share[:size], party=party)
+                    valid.add(i)
             except FssError:
                 pass
     good = []
-    for i, rid, share, _ in keys:
+    for i, rid, share in keys:
         if i in valid:
             good.append((rid, share))
         else:
