@@ -135,6 +135,8 @@ def current() -> str:
 
 
 def _fast_for(p: TreeParams) -> str | None:
+    if p.prime and _chosen == "auto":  # the portable backend's, whatever the tier: no kernel to choose or self-test
+        return None
     from . import fast
 
     name = current()
