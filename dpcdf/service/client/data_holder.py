@@ -23,7 +23,7 @@ from ...errors import DomainError, DpcdfError, ParameterError
 from .. import hpke
 from ..http import ServerError, http
 from ..task import TaskConfig, check_distinct_servers, token_hash
-from ..wire import ID_BYTES, MAX_BATCH, Report, encode_batch, hpke_info, join_share
+from ..wire import ID_BYTES, MAX_BATCH, Report, encode_batch, hpke_info
 from .spool import Spool, SpoolStatus, ranges, shown
 
 
@@ -53,41 +53,52 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
             raise ParameterError("labels belong to label tasks")
         betas = 1
     dcf = config.key_dcf()
+    extras = (None, None)
     if config.verify:  # keys with the check's MAC payload, then the client's check randomness (`wire.split_share`)
         rows = np.broadcast_to(np.asarray(betas, np.int64).reshape(-1, config.width), (v.size, config.width))
         betas, *extras = config.check().client_report(rows)
     k0, k1 = dcf.gen_batch(alphas, betas)
-    shares = [key_bytes(dcf, k0), key_bytes(dcf, k1)]
-    if config.verify:
-        shares = [[join_share(k, e) for k, e in zip(keys, np.asarray(extra))] for keys, extra in zip(shares, extras)]
+    rows = [share_rows(dcf, k, e) for k, e in zip((k0, k1), extras)]
+    width, flat0, flat1 = rows[0].shape[1], rows[0].tobytes(), rows[1].tobytes()
     fp = config.fingerprint
     pk0, pk1 = (hpke.public_key(config.kem, h) for h in config.hpke_keys)
     seal, enc_len = hpke.suite(config.kem).encrypt, hpke.enc_length(config.kem)
     ids = secrets.token_bytes(ID_BYTES * v.size)
     prefix = hpke_info(fp, b"", 0)[:-1]  # hpke_info(fp, rid, party) = prefix + rid + party
     reports = []
-    for i, (s0, s1) in enumerate(zip(*shares)):  # one pass: two seals per report, nothing else per key
-        rid = ids[i * ID_BYTES : (i + 1) * ID_BYTES]
-        c0 = seal(s0, pk0, info=prefix + rid + b"\x00")
-        c1 = seal(s1, pk1, info=prefix + rid + b"\x01")
+    for i in range(v.size):  # one pass: two seals per report, nothing else per key
+        rid, at = ids[i * ID_BYTES : (i + 1) * ID_BYTES], slice(i * width, (i + 1) * width)
+        c0 = seal(flat0[at], pk0, info=prefix + rid + b"\x00")
+        c1 = seal(flat1[at], pk1, info=prefix + rid + b"\x01")
         reports.append(Report(fp, rid, ((c0[:enc_len], c0[enc_len:]), (c1[:enc_len], c1[enc_len:]))))
     return reports
 
 
-def key_bytes(dcf, batch) -> list[bytes]:
-    """Each key of `batch` in the single-key wire format (`Key.to_bytes()`), from one serialization of
-    the whole batch: the batch format is a header, then the keys' bodies in order; a key is its
-    own shorter header, then its body (fss/codec.py)."""
-    n = batch.n
+def share_rows(dcf, batch, extras: np.ndarray | None = None) -> np.ndarray:
+    """Each key of `batch` in the single-key wire format (`Key.to_bytes()`), then (verified tasks) its
+    row of `extras` as 8-byte little-endian field elements (`wire.join_share`): one (n, width) uint8
+    row per key, from one serialization of the whole batch. The batch format is a header, then the
+    keys' bodies in order; a key is its own shorter header, then its body (fss/codec.py)."""
+    n, size = batch.n, dcf.key_size
+    x = 0 if extras is None else np.asarray(extras).shape[1]
+    rows = np.empty((n, size + 8 * x), np.uint8)
     if n == 0:
-        return []
+        return rows
     blob = batch.to_bytes()
-    body = dcf.key_size - HEADER_LEN
+    body = size - HEADER_LEN
     if len(blob) != BATCH_HEADER_LEN + n * body:
         raise ParameterError(f"a batch of {n} keys is {len(blob)} bytes, not {BATCH_HEADER_LEN} + {n} x {body}")
-    header = batch[0].to_bytes()[:HEADER_LEN]  # the same for every key of the batch
-    view = memoryview(blob)
-    return [header + view[BATCH_HEADER_LEN + i * body : BATCH_HEADER_LEN + (i + 1) * body] for i in range(n)]
+    rows[:, :HEADER_LEN] = np.frombuffer(batch[0].to_bytes()[:HEADER_LEN], np.uint8)  # the same for every key
+    rows[:, HEADER_LEN:size] = np.frombuffer(blob, np.uint8, offset=BATCH_HEADER_LEN).reshape(n, body)
+    if x:
+        rows[:, size:] = np.ascontiguousarray(extras, dtype="<u8").view(np.uint8).reshape(n, 8 * x)
+    return rows
+
+
+def key_bytes(dcf, batch) -> list[bytes]:
+    """Each key of `batch` in the single-key wire format (`Key.to_bytes()`), from one serialization."""
+    flat, size = share_rows(dcf, batch).tobytes(), dcf.key_size
+    return [flat[i * size : (i + 1) * size] for i in range(batch.n)]
 
 
 def create_task(servers: list[str], grid: dict, epsilon: float | None, mechanism: str, relation: str, min_batch: int,
