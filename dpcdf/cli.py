@@ -385,5 +385,20 @@ def main(argv: list[str] | None = None) -> int:
         return 2
 
 
+def run() -> None:
+    """The `dpcdf` command (`python -m dpcdf`, the console script): `main`, then, with stdout and
+    stderr flushed, an exit without the interpreter's teardown. Everything a command writes is
+    closed or committed by the time `main` returns (spools and stores are SQLite transactions,
+    files are written whole); the teardown only unloaded modules, numba's and LLVM's above all:
+    about 0.2 s of CPU per command, 10 us per report of a 20,000-row `dpcdf submit`."""
+    code = main()
+    for stream in (sys.stdout, sys.stderr):
+        try:
+            stream.flush()
+        except (OSError, ValueError):  # a closed pipe: what is left unsaid is lost either way
+            pass
+    os._exit(code)
+
+
 def _one_line(exc: BaseException) -> str:
     return " ".join(str(exc).split()) or exc.__class__.__name__
