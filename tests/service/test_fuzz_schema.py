@@ -53,9 +53,10 @@ class Strategies(list):
 
 
 @st.composite
-def schema_requests(draw, strategies, world):
+def schema_requests(draw, strategies, configs):
     """schemathesis' request for one operation; then often a real task id in the path, a right or
-    wrong bearer token, and (queries, registrations) a body that is valid or nearly so."""
+    wrong bearer token, and (queries, registrations) a body that is valid or nearly so (`configs`:
+    the registrations' strategy, built once, not validated again on every draw)."""
     case = draw(st.sampled_from(strategies).flatmap(lambda s: s))
     if "task_id" in case.path_parameters and draw(st.integers(0, 4)) > 0:
         case.path_parameters["task_id"] = draw(TASK_IDS)
@@ -67,7 +68,7 @@ def schema_requests(draw, strategies, world):
     elif auth is not None:
         case.headers["Authorization"] = auth
     if case.path in ("/tasks", "/tasks/{task_id}/query") and draw(st.integers(0, 2)) > 0:
-        case.body = draw(task_configs(world) if case.path == "/tasks" else QUERIES)
+        case.body = draw(configs if case.path == "/tasks" else QUERIES)
         case.media_type = "application/json"
     return case, draw(st.integers(0, 1))
 
@@ -78,7 +79,7 @@ def test_requests_from_the_schema(world, operations):
     seen: set[tuple[str, int]] = set()
 
     @FUZZ
-    @given(schema_requests(operations, world))
+    @given(schema_requests(operations, task_configs(world)))
     def run(drawn):
         case, party = drawn
         before = world.snapshot(party)
