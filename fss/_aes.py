@@ -187,6 +187,13 @@ class AesRounds:
     all of them in flight."""
 
     INFLIGHT = {"aesni": 8, "vaes256": 8, "vaes": 0, "aarch64": 0}  # 0: every register at once
+    # Round keys 1..REGKEYS of an inline chunk in registers (8 states + K_last + 6 keys: 15 of the 16),
+    # the rest memory operands. Zen 3 loads at most two 256-bit operands a cycle, so at two VAES a
+    # cycle with memory keys the key loads alone took every load slot, and each spill or node load
+    # of the kernels around the chunks cost AES throughput. On the Zen 3 class EPYC, same runs:
+    # DCF(32) eval 6.4-6.7 -> 9.0-9.5 M/s, the grid of width 2 over F_p +15-17%. The AES-NI tier
+    # (128-bit keys) measured no gain and is unchanged.
+    REGKEYS = {"aesni": 0, "vaes256": 6, "vaes": 0, "aarch64": 0}
 
     def __init__(self, builder: ir.IRBuilder, rk_ptr: ir.Value, tier):
         tier = require(tier)  # never emit instructions the CPU lacks
@@ -302,23 +309,27 @@ class AesRounds:
         """Rounds 1..10 of up to `INFLIGHT` registers as one inline-assembly block, round by round.
         With 16 vector registers, LLVM's scheduler otherwise runs the rounds of one register after
         the other (to save registers) and leaves one or two AES instructions in flight; the block
-        keeps every register's round r before any round r + 1 (the AES latency hidden). The round keys
-        are memory operands (broadcast to the register width, `_key_table`)."""
+        keeps every register's round r before any round r + 1 (the AES latency hidden). Round keys
+        1..REGKEYS come in registers, the others as memory operands (broadcast to the register width,
+        `_key_table`)."""
         b, k = self.b, len(st)
         vt = self.native
         size = 16 * self.per
         vex = "v" if self.avx else ""
+        nreg = min(self.REGKEYS[self.tier], 16 - 1 - k)  # 16 vector registers: k states, K_last, the keys
         lines = []
         for r in range(1, 10):
+            key = f"${2 * k + 1 + r}" if r <= nreg else f"{size * r}($$KEYS)"
             for j in range(k):
-                lines.append(f"{vex}aesenc {size * r}($$KEYS), ${j}" + (f", ${j}" if self.avx else ""))
+                lines.append(f"{vex}aesenc {key}, ${j}" + (f", ${j}" if self.avx else ""))
         for j in range(k):
             lines.append(f"{vex}aesenclast ${2 * k + 1}, ${j}" + (f", ${j}" if self.avx else ""))
-        text = "\n\t".join(lines).replace("$$KEYS", f"${2 * k}")  # operands: k outputs, k tied inputs, keys, last
+        # operands: k outputs, k tied inputs, the key table, K_last, round keys 1..nreg
+        text = "\n\t".join(lines).replace("$$KEYS", f"${2 * k}")
         ret = ir.LiteralStructType([vt] * k) if k > 1 else vt
-        cons = ",".join(["=x"] * k + [str(j) for j in range(k)] + ["r", "x"])
-        fty = ir.FunctionType(ret, [vt] * k + [self.table.type, vt])
-        call = b.asm(fty, text, cons, list(st) + [self.table, k_last], side_effect=True, name="aes")  # reads the key table: never moved above its stores
+        cons = ",".join(["=x"] * k + [str(j) for j in range(k)] + ["r", "x"] + ["x"] * nreg)
+        fty = ir.FunctionType(ret, [vt] * k + [self.table.type, vt] + [vt] * nreg)
+        call = b.asm(fty, text, cons, list(st) + [self.table, k_last] + self.keys[1 : 1 + nreg], side_effect=True, name="aes")  # reads the key table: never moved above its stores
         return [b.extract_value(call, j) for j in range(k)] if k > 1 else [call]
 
     def mmo(self, regs: list[ir.Value]) -> list[ir.Value]:
