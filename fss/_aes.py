@@ -190,9 +190,9 @@ class AesRounds:
     # Round keys 1..REGKEYS of an inline chunk in registers (8 states + K_last + 6 keys: 15 of the 16),
     # the rest memory operands. Zen 3 loads at most two 256-bit operands a cycle, so at two VAES a
     # cycle with memory keys the key loads alone took every load slot, and each spill or node load
-    # of the kernels around the chunks cost AES throughput. On the Zen 3 class EPYC, same runs:
-    # DCF(32) eval 6.4-6.7 -> 9.0-9.5 M/s, the grid of width 2 over F_p +15-17%. The AES-NI tier
-    # (128-bit keys) measured no gain and is unchanged.
+    # of the kernels around the chunks cost AES throughput. On the Zen 3 class EPYC, kernels built
+    # both ways in one process: eval_grid of width 2 over F_p +16% (the spill-heavy grid step), width
+    # 1 +3%, eval / gen / eval_sum unchanged. The AES-NI tier (128-bit keys) gained nothing: unchanged.
     REGKEYS = {"aesni": 0, "vaes256": 6, "vaes": 0, "aarch64": 0}
 
     def __init__(self, builder: ir.IRBuilder, rk_ptr: ir.Value, tier):
