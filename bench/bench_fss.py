@@ -19,9 +19,9 @@ count other programs' turns on our core):
   sum      `eval_sum` at one point, one thread: keys/s (64 blocks each)
   grid     `eval_grid` of DCF(10, F_p, x >= alpha) over all 2^10 points: points/s (4 blocks each)
   sketch   the verified close's work per report at 2^10 (count): what round one runs on each batch of
-           reports (`round_one.step`): `round_one.grid_values` (eval_grid of the task's keys over
-           the grid) + `Check.round_one_sums` (round one and the histogram share's column sums in one
-           pass; bench_verify.py, part 2): reports/s
+           reports (`round_one.step`, a pass of `keys_per_pass` keys): `round_one.grid_values` (eval_grid
+           of the task's keys over the grid) + `Check.round_one_sums` (round one and the histogram
+           share's column sums in one pass; bench_verify.py, part 2): reports/s
   % peak   AES blocks/s the operation drives divided by the tier's peak
 """
 from __future__ import annotations
@@ -157,7 +157,7 @@ class SketchWork:
     the check's payload with its MAC, width 2) over the grid, then `Check.round_one_sums` (round one
     and the histogram share's column sums, one pass over the grid values)."""
 
-    def __init__(self, n: int):
+    def __init__(self, n: int | None = None):
         from dpcdf.service.protocols.check import round_one
         from dpcdf.service.task import TaskConfig
 
@@ -166,7 +166,10 @@ class SketchWork:
         # the keys' DCF: a verified task's keys may carry more than the released payload (`key_dcf`)
         self.dcf = cfg.key_dcf()
         self.check, self.size = cfg.check(), cfg.make_grid().size
-        self.n = n
+        # one pass of round one (`round_one.keys_per_pass`: 1024 keys, 16 MiB of grid values). It was
+        # 2048 keys, whose 32 MiB result glibc maps fresh for every call (above its mmap threshold):
+        # about 14% of the time went to the kernel's page faults, which round one does not pay
+        self.n = n = n or round_one.keys_per_pass(self.size, self.dcf.width)
         rng = np.random.default_rng(10)
         betas = 1 if self.dcf.width == 1 else np.ones((n, self.dcf.width), np.int64)  # the values do not change the work
         with backend.using("portable"):
@@ -194,7 +197,7 @@ def tier_section(quick: bool, reps: int) -> dict:
     gn = 1000 if quick else 4000
     with backend.using("portable"):
         gkeys, _ = fg.gen_batch(rng.integers(0, 1024, gn), 1)
-    sketch = SketchWork(1024 if quick else 2048)
+    sketch = SketchWork()
     per_eval, per_gen, per_grid = eval_blocks(p), gen_blocks(p), grid_blocks(fg.params, 1024)
     before = backend.threads()
     backend.set_threads(1)
