@@ -49,14 +49,19 @@ def cmd_admin(args) -> None:
         print(f"backed up {args.data} to {args.to}: {out['tasks']} tasks, {out['files']} files, {out['bytes']} bytes "
               f"in {time.monotonic() - start:.2f} s{left}")
         if out["unfinished"]:
-            print(f"{out['unfinished']} of the tasks were not finished: a server restored from this backup refuses "
-                  "their close and server-to-server steps (discard them on both servers and run them again)")
+            print(f"{out['unfinished']} of the tasks were not finished (collecting or closing): a server restored from "
+                  "this backup refuses their uploads, close and server-to-server steps (discard them on both servers "
+                  "and run them again as new tasks, under new ids)")
         return
     if args.admin_cmd == "check-backup":
         from .service.storage.backup import check
 
         manifest = check(args.dir)
         print(f"{args.dir}: {len(manifest['files'])} files match the manifest of {manifest['created']}")
+        if not manifest["marked"]:
+            print("UNMARKED: made by a release before restore marks. Serve it unchanged, MANIFEST.json included, "
+                  "with this release or later: the server marks it at its first start and refuses its unfinished "
+                  "tasks; an older release serves it unguarded")
         return
     from .service.client import admin
 

@@ -260,3 +260,105 @@ def test_a_backup_is_private_even_into_an_existing_open_directory(world, tmp_pat
     for path in [dest, *dest.rglob("*")]:
         mode = stat.S_IMODE(path.stat().st_mode)
         assert mode == (0o700 if path.is_dir() else 0o600), (path, oct(mode))
+
+
+def as_old_backup(dest) -> None:
+    """Makes a `dpcdf admin backup` copy what the release before the restore marks wrote: store schema 8
+    without the `restored` table, a format 1 manifest listing that store's size and SHA-256."""
+    import hashlib
+    import json
+    import sqlite3
+
+    db = sqlite3.connect(dest / "server.sqlite", isolation_level=None)
+    db.execute("DROP TABLE restored")
+    db.execute("PRAGMA user_version = 8")
+    db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    db.close()
+    for extra in ("server.sqlite-wal", "server.sqlite-shm"):
+        (dest / extra).unlink(missing_ok=True)
+    manifest = json.loads((dest / "MANIFEST.json").read_text())
+    store = (dest / "server.sqlite").read_bytes()
+    manifest["format"] = 1
+    manifest["files"]["server.sqlite"] = {"sha256": hashlib.sha256(store).hexdigest(), "bytes": len(store)}
+    (dest / "MANIFEST.json").write_text(json.dumps(manifest))
+
+
+def test_a_backup_made_before_restore_marks_is_marked_at_its_first_start(tmp_path, capsys):
+    """Review finding 1: a backup without marks (the release before them) is flagged by check-backup, and
+    a server's first start on it, unchanged, marks it from its own snapshot: the two-message attack of
+    finding 3 is refused (409, not 200) on the first start and after a restart."""
+    from dpcdf.cli import main
+    from dpcdf.service.storage.backup import backup, check
+    from dpcdf.service.storage.restore import states
+
+    copy = tmp_path / "old"
+    apps, clients, config, _ = _world(tmp_path, lambda apps: backup(apps[1].state.server.store.path.parent, copy))
+    as_old_backup(copy)
+    assert check(copy)["marked"] is False
+    assert main(["admin", "check-backup", str(copy)]) in (None, 0) and "UNMARKED" in capsys.readouterr().out
+    tid = config.task_id
+    shifted = _shifted_open(apps, config)
+    for _ in range(2):  # the first start marks it; a restart finds the marks (its store no longer the snapshot)
+        app = create_app(1, copy, warm_up=False, sweep_every=1e9)
+        assert states(app.state.server.store) == {tid: "unfinished"}
+        answer = TestClient(app).post(f"/tasks/{tid}/verify", content=shifted)
+        assert answer.status_code == 409 and all(part in answer.json()["error"] for part in RESTORED), answer.text
+        app.state.server.store.close()
+    backup(copy, tmp_path / "new")  # a backup of the marked restore: format 2
+    assert check(tmp_path / "new")["marked"] is True
+
+
+def test_an_unmarked_backup_is_marked_only_while_it_is_the_snapshot(tmp_path):
+    """`mark_unmarked` marks a format 1 backup whose store still has the manifest's SHA-256, in one
+    transaction with the migration; a store written since (served: no longer the snapshot, whose marks
+    could be read from it) is left as it is, and so is a live data directory (no manifest)."""
+    import secrets
+    import shutil
+
+    from dpcdf.service.storage import Mark, Store
+    from dpcdf.service.storage.backup import backup, mark_unmarked
+    from dpcdf.service.storage.restore import states
+
+    data = tmp_path / "data"
+    data.mkdir()
+    store = Store(data / "server.sqlite")
+    for name in ("collecting", "reconciled"):
+        store.add_task(name, "{}", b"f" * 32, secrets.token_bytes(32))
+    store.freeze("reconciled", lambda ids: "h")
+    store.mark("reconciled", Mark.RECONCILED)
+    backup(data, tmp_path / "b")
+    as_old_backup(tmp_path / "b")
+    shutil.copytree(tmp_path / "b", tmp_path / "served")
+    served = Store(tmp_path / "served" / "server.sqlite")  # opened (migrated) as by an older release's start
+    served.close()
+    assert mark_unmarked(tmp_path / "served") is None and states(Store(tmp_path / "served" / "server.sqlite")) == {}
+    assert mark_unmarked(data) is None and store.restored is False
+    assert mark_unmarked(tmp_path / "b") == 1
+    marked = Store(tmp_path / "b" / "server.sqlite")
+    assert marked.restored and states(marked) == {"collecting": "unfinished", "reconciled": "finished"}
+    assert mark_unmarked(tmp_path / "b") is None  # once only: the store is no longer the manifest's
+
+
+def test_a_restored_unfinished_task_takes_no_upload_and_its_status_says_so(tmp_path):
+    """Review finding 2: server 1 backed up while the task collects; restored, a batch and a single upload
+    are refused (409, saying what to do) rather than acknowledged into a task that can never be closed,
+    and GET /tasks/{id} shows it restored unfinished (None on the live server)."""
+    from dpcdf.service.storage.backup import backup
+
+    apps = tuple(create_app(p, tmp_path / f"s{p}", warm_up=False, sweep_every=1e9) for p in (0, 1))
+    clients = [TestClient(a) for a in apps]
+    keys = tuple(c.get("/hpke").json()["keys"]["x25519"] for c in clients)
+    config = TaskConfig(GRID, 1.0, "tree", "substitution", 0, ("a", "b"), keys, token_hash(TOKEN), task_id="t2")
+    for c in clients:
+        assert c.post("/tasks", content=config.to_json(), headers=JSON | AUTH).status_code == 201
+    backup(apps[1].state.server.store.path.parent, tmp_path / "copy")
+    restored = TestClient(create_app(1, tmp_path / "copy", warm_up=False, sweep_every=1e9))
+    reports = [r.to_bytes() for r in make_reports(config, values(5, 3))]
+    for route, body in (("/batch", encode_batch(reports)), ("", reports[0])):
+        up = restored.post(f"/tasks/t2/reports{route}", content=body)
+        assert up.status_code == 409 and all(p in up.json()["error"] for p in (*RESTORED, "never register")), up.text
+    analyst = {"authorization": f"Bearer {TOKEN}"}
+    assert restored.get("/tasks/t2", headers=analyst).json()["restored"] == "unfinished"
+    assert restored.app.state.server.store.count("t2") == 0
+    assert clients[1].post("/tasks/t2/reports/batch", content=encode_batch(reports)).json()["accepted"] == 5
+    assert clients[1].get("/tasks/t2", headers=analyst).json()["restored"] is None

@@ -14,6 +14,7 @@ from fastapi import FastAPI
 
 from ...errors import DpcdfError
 from ..files import private_dir
+from ..storage.backup import mark_unmarked
 from .errors import HANDLERS
 from .limits import MAX_BODY, Failures, Guard, Limits, uvicorn_options  # noqa: F401 (MAX_BODY: the package's name)
 from .models import TaskSpec
@@ -51,6 +52,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bo
     app.state.limits = limits = limits or Limits()
     app.state.failures = failures = Failures(limits)
     app.state.bodies = private_dir(Path(data_dir) / "incoming")  # bodies over limits.memory_bytes, unlinked files
+    mark_unmarked(data_dir)  # a backup made before restore marks, first served: marked before its Store opens
     app.state.server = Server(party, data_dir, noise, admin_token_file, dask=dask)
     app.router.on_shutdown.append(app.state.server.close)
     app.state.metrics = metrics.Metrics()  # issue 24: GET /metrics, retention and the admin routes

@@ -71,6 +71,9 @@ class TaskStatus(BaseModel):
     reports: int | None = Field(description="stored (or, once closed, fixed) reports; None under add/remove")
     closed: bool
     min_batch: int
+    restored: Literal["finished", "unfinished"] | None = Field(
+        None, description="on a server restored from a backup: whether the task was finished in it; an unfinished "
+        "one takes no report, close or step again (409): run it again as a new task")
 
 
 class Accepted(BaseModel):

@@ -122,17 +122,19 @@ class TaskState:
 
     # --- what the routers ask of the store, as one call each -----------------------------------
     def collecting(self) -> bool:
-        """Whether the collection is still open (no report set fixed yet)."""
+        """Whether the collection is still open (no report set fixed yet); `Restored` (409) if restored
+        unfinished from a backup: never closed here, its reports would never count (`storage.restore`)."""
+        restore.refuse_uploads(self.store, self.config.task_id)
         return self.store.frozen(self.config.task_id) is None
 
-    def status(self) -> tuple[int | None, bool]:
-        """(reports, closed) for GET /tasks/{id}: while collecting, this server's count of stored
+    def status(self) -> tuple[int | None, bool, str | None]:
+        """(reports, closed, restored) for GET /tasks/{id}: while collecting, this server's count of stored
         reports; once closed, the reconciled count, none between the two (a count that changed at the
-        reconciliation would show what it dropped); n only where it is public."""
+        reconciliation would show what it dropped); n only where it is public; `restore.state`."""
         task_id = self.config.task_id
         closed = self.store.frozen(task_id) is not None
         n = self.view()["n"] if closed else self.store.count(task_id)
-        return (n if self.config.n_public else None), closed
+        return (n if self.config.n_public else None), closed, restore.state(self.store, task_id)
 
     def view(self) -> dict:
         """n (when public) and the report-set hash, once this server is reconciled; before, nothing

@@ -17,11 +17,14 @@ tasks that are released or past its --retention again.
 
 The copy is marked as a backup (`restore.mark_copy`, in the snapshot's store): a server restored from it
 refuses every server-to-server step of a task unfinished at the snapshot, and any release design the
-snapshot does not hold (`restore`: what a restore guarantees and what it refuses)."""
+snapshot does not hold (`restore`: what a restore guarantees and what it refuses). Its manifest is
+format 2 (FORMAT); one of format 1 was written by a release before the marks: `check` flags it, and a
+server's first start on it, unchanged, marks it (`mark_unmarked`)."""
 from __future__ import annotations
 
 import hashlib
 import json
+import logging
 import os
 import shutil
 import sqlite3
@@ -36,7 +39,10 @@ from .segments import task_dir
 
 STORE = "server.sqlite"
 MANIFEST = "MANIFEST.json"
-SKIP = {STORE, STORE + "-wal", STORE + "-shm", STORE + "-journal"}
+FORMAT = 2  # 2: the copy's store holds the restore marks (`restore.mark_copy`); 1: made before them
+# not copied as files: the store (copied above), and the manifest of the backup a restored server was
+# served from (its own is written last; copied, it listed itself, stale, and check refused the backup)
+SKIP = {STORE, STORE + "-wal", STORE + "-shm", STORE + "-journal", MANIFEST}
 
 
 class BackupError(DpcdfError):
@@ -113,7 +119,7 @@ def backup(data_dir: str | Path, dest: str | Path) -> dict:
         (dest / extra).unlink(missing_ok=True)
     files = {str(p.relative_to(dest)): {"sha256": _sha256(p), "bytes": p.stat().st_size}
              for p in sorted(dest.rglob("*")) if p.is_file()}
-    manifest = {"format": 1, "created": created, "source": str(data.resolve()),
+    manifest = {"format": FORMAT, "created": created, "source": str(data.resolve()),
                 "files": files}
     tmp = dest / (MANIFEST + ".tmp")
     with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
@@ -128,7 +134,8 @@ def backup(data_dir: str | Path, dest: str | Path) -> dict:
 
 def check(dest: str | Path) -> dict:
     """Checks a backup against its MANIFEST.json (every file there, of its size and SHA-256, and no
-    file the manifest does not list); BackupError on the first difference. Returns the manifest."""
+    file the manifest does not list); BackupError on the first difference. Returns the manifest, with
+    `marked`: False for a backup made before the restore marks (format 1; see `mark_unmarked`)."""
     dest = Path(dest)
     try:
         manifest = json.loads((dest / MANIFEST).read_text())
@@ -142,4 +149,40 @@ def check(dest: str | Path) -> dict:
     extra = sorted(str(p.relative_to(dest)) for p in dest.rglob("*") if p.is_file() and str(p.relative_to(dest)) not in listed)
     if extra:
         raise BackupError(f"{dest} holds files its manifest does not list: {', '.join(extra[:3])}")
-    return manifest
+    return {**manifest, "marked": manifest.get("format", 1) >= FORMAT}
+
+
+def mark_unmarked(data_dir: str | Path) -> int | None:
+    """At a server's start, before its Store opens: marks `data_dir` if it is a backup made before the
+    restore marks (a format 1 MANIFEST.json) whose store is still the snapshot (its SHA-256 is the
+    manifest's, and no write-ahead log holds anything on top); returns how many of its tasks are
+    unfinished, or None if there was nothing to mark.
+
+    Marking here rather than refusing to start is as safe as the marks `backup` writes: `mark_copy` reads
+    nothing but the store it marks, and a store byte for byte the one the manifest lists is the snapshot,
+    so its marks are those the backup would have written; the migration and the marks are one
+    transaction, so no crash leaves the store changed (no longer the snapshot) but unmarked. A refusal
+    would only add a step for the operator, who could get it wrong by serving the backup with an older
+    release. A store that differs from its manifest has been served since (by a release before the
+    marks: its rollback is past mending) and is left as it is."""
+    data = Path(data_dir)
+    store, wal = data / STORE, data / (STORE + "-wal")
+    try:
+        manifest = json.loads((data / MANIFEST).read_text())
+        listed = manifest["files"][STORE]["sha256"]
+        if manifest.get("format", 1) >= FORMAT or (wal.exists() and wal.stat().st_size) or _sha256(store) != listed:
+            return None
+    except (OSError, ValueError, KeyError, TypeError, AttributeError):
+        return None  # no manifest (a live data directory), or not one `backup` wrote
+    db = sqlite3.connect(str(store), isolation_level=None)
+    try:
+        db.execute("BEGIN IMMEDIATE")
+        migrate(db, store)
+        unfinished = mark_copy(db, str(manifest.get("created", "a backup before restore marks")))[1]
+        db.execute("COMMIT")
+    finally:
+        db.close()
+    logging.getLogger("dpcdf.restore").warning(
+        "%s is a backup made before restore marks: marked now, at its first start (%d unfinished tasks: refused, "
+        "run them again as new tasks)", data, unfinished)
+    return unfinished

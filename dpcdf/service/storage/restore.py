@@ -18,7 +18,13 @@ The claims, each with its attack test in tests/service/test_review_retention.py:
 - no task the backup holds gets a release design fixed that the backup does not hold
   (`refuse_new_designs`): one fixed since could be fixed again differently, spending the budget twice
   if the other server colludes. Designs fixed in the backup, and queries that fix none, answer as before.
-Such a task is refused with `Restored` (HTTP 409): discard it on both servers and run it again.
+- a task unfinished in the backup takes no upload either (`refuse_uploads`): it can never be closed
+  here, so a report acknowledged to a client would never count.
+Such a task is refused with `Restored` (HTTP 409): discard it on both servers and run it again as a new
+task. Unfinished includes a task still collecting at the snapshot, even if nothing happened to it since
+(a backup taken while the servers were stopped): only the other server could say so, and its word is
+what the mark must not rely on. A backup made before these marks (manifest format 1) is marked when a
+server first starts on it unchanged (`backup.mark_unmarked`).
 
 Trust boundary: this protects an honest operator who restores a `dpcdf admin backup`. The marker is a
 table of the store: an operator who deletes its rows, or who restores a copy made otherwise (a
@@ -26,8 +32,12 @@ filesystem or VM snapshot, `cp` of the data directory: no marker), serves a roll
 unguarded. A malicious operator gains nothing by it that running other code would not give: it is the
 deviating server of the threat model, and what protects the reports from it is the other server's own
 journal (each server asks and answers every step once) and the check's MAC, not this marker. A task
-created after the backup is unknown to the restored server: registering it again there starts it
-afresh, which is safe only once it is discarded on the other server too."""
+created after the backup is unknown to the restored server: never register it again under the same id,
+run it as a new task (registered afresh, it would answer again steps it answered before the restore, and
+a deviating other server need not have discarded the task to ask them).
+
+Cost: a Store caches at open whether the table has rows (`Store.restored`); a live store's is empty and a
+running server never writes it, so a live server does no lookup here."""
 from __future__ import annotations
 
 import sqlite3
@@ -47,6 +57,10 @@ FROM tasks
 """
 
 
+_AGAIN = ("Discard the task on both servers (dpcdf admin delete) and run it again as a new task, under a new id: "
+          "never register this id again")
+
+
 class Restored(StoreError):
     """A restored task's step or new design, refused (HTTP 409): the server may have promised otherwise
     after the backup it was restored from."""
@@ -61,6 +75,8 @@ def mark_copy(db: sqlite3.Connection, backup: str) -> tuple[int, int]:
 
 
 def _row(store: Store, task_id: str) -> tuple[int, str] | None:
+    if not store.restored:
+        return None
     with store.lock:
         return store.db.execute("SELECT finished, backup FROM restored WHERE task_id = ?", (task_id,)).fetchone()
 
@@ -76,8 +92,23 @@ def refuse_steps(store: Store, task_id: str) -> None:
     row = _row(store, task_id)
     if row is not None and not row[0]:
         raise Restored(f"task {task_id} was restored from a backup (of {row[1]}) taken before its close was over: "
-                       "this server may have answered or asked its server-to-server steps since, and takes none "
-                       "again. Discard the task on both servers (dpcdf admin delete) and run it again as a new task")
+                       "(collecting or closing): this server may have answered or asked its server-to-server steps "
+                       f"since, and takes none again. {_AGAIN}")
+
+
+def refuse_uploads(store: Store, task_id: str) -> None:
+    """`Restored` for a report upload to a task unfinished in the backup: it can never be closed here, so
+    a report acknowledged to a client would never count."""
+    row = _row(store, task_id)
+    if row is not None and not row[0]:
+        raise Restored(f"task {task_id} was restored from a backup (of {row[1]}) taken before its close was over "
+                       f"(collecting or closing): it can never be closed here, so its reports are refused. {_AGAIN}")
+
+
+def state(store: Store, task_id: str) -> str | None:
+    """'finished' or 'unfinished' for a task restored from a backup, else None (GET /tasks/{id})."""
+    row = _row(store, task_id)
+    return None if row is None else "finished" if row[0] else "unfinished"
 
 
 def refuse_new_designs(store: Store, task_id: str, kinds: Sequence[str]) -> None:

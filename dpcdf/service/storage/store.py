@@ -42,6 +42,9 @@ class Store:
             self.db.execute("PRAGMA foreign_keys=ON")
             with self._transaction():
                 migrate(self.db, path)
+            # a running server never writes the restore marks (only `backup` into its copy, and a first start
+            # on an unmarked backup, both before a Store opens): a live store's empty table costs no lookup
+            self.restored = self.db.execute("SELECT 1 FROM restored LIMIT 1").fetchone() is not None
         except BaseException:
             self.db.close()
             raise

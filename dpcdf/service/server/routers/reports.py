@@ -100,8 +100,8 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
     """Checks each report, cheap checks first, then opens its share and checks that it is a key of
     this task's DCF for this server (one vectorized decode for the whole batch; per key only to name
     a bad one). Charges the address one failure per refused report; raises 400 past
-    REJECTS_PER_BATCH refusals, 409 for a closed collection, 429 when the address runs out of
-    failures while shares are opened (its allowance is read again after each of this batch's
+    REJECTS_PER_BATCH refusals, 409 for a closed collection (or one restored unfinished from a backup),
+    429 when the address runs out of failures while shares are opened (its allowance is read again after each of this batch's
     refusals and every RECHECK opened shares, so another request's refusals count within those)."""
     party = srv.party
     rejected: list[Rejected] = []
@@ -137,7 +137,7 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
             refuse(i, str(exc))
     if not candidates:
         return [], sorted(rejected, key=lambda r: r.index)
-    if not st.collecting():
+    if not st.collecting():  # Restored (409) first if restored unfinished from a backup
         raise HttpError(409, CLOSED)
     opener = Opener(srv.keys.private(kem), fp, party, kem)
     opened, allowance = [], 0

@@ -55,8 +55,8 @@ def status(task_id: str, srv: ServerDep, st: AnalystTaskDep) -> TaskStatus:
     """While collecting, this server's count of stored reports (under substitution; reports that
     reached this server only are in it until the close); once closed, the reconciled count, none
     between the two (a count that changed at the reconciliation would show what it dropped)."""
-    n, closed = st.status()
-    return TaskStatus(task_id=task_id, reports=n, closed=closed, min_batch=st.config.min_batch)
+    n, closed, restored = st.status()
+    return TaskStatus(task_id=task_id, reports=n, closed=closed, min_batch=st.config.min_batch, restored=restored)
 
 
 @router.post("/{task_id}/close", response_model=CloseResponse, responses={**errors(401, 403, 404, 409, 502), **THROTTLED})
