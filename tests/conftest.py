@@ -35,16 +35,29 @@ def pytest_configure(config):
     workers = getattr(config.option, "numprocesses", None)
     if hasattr(config, "workerinput") or not workers:
         return
+    config.option.loadscopereorder = False  # xdist's default (most tests first) ignores LONGEST_FIRST below
     subprocess.run([sys.executable, "-m", "dpcdf", "warm-up"], capture_output=True, timeout=900)
 
 
-# The longest modules (minutes of the suite, measured in clean-clone runs), run first: with xdist a
-# module's tests stay on one worker, and one of these collected last left the other worker idle
-# for a minute or two at the end. Only the order changes; within a module it is the file's.
-LONGEST_FIRST = ("service/test_fuzz_schema.py", "service/test_fuzz_bodies.py", "service/test_cli_errors.py",
-                 "service/system/test_two_servers.py", "service/test_verify.py", "test_examples.py", "service/test_cli_resume.py",
-                 "apps/test_hosmer_lemeshow_direct.py", "service/system/test_dask.py")
+# The longest modules, longest first (seconds in a clean-clone run, numba's compiles of the other
+# tiers included), then the rest in file order: with xdist a module's tests stay on one worker, and
+# a long one handed out last leaves the other worker idle at the end (xdist's own order, modules
+# with the most tests first, handed the one-test fuzzing modules out last: 188 s of one worker alone
+# in a clean-clone run). Only the order changes; within a module it is the file's.
+LONGEST_FIRST = ("service/test_fuzz_schema.py", "service/test_cli_errors.py", "service/test_fuzz_bodies.py",
+                 "fss_tests/test_eval_grid.py", "test_examples.py", "service/system/test_two_servers.py",
+                 "service/system/test_round_one_on_servers.py", "service/system/test_adaptive_tasks.py",
+                 "service/test_cli_resume.py", "fss_tests/test_exhaustive.py", "service/system/test_dask.py",
+                 "fss_tests/test_backend.py", "fss_tests/test_properties.py", "service/system/test_zcdp_tasks.py",
+                 "service/system/test_check_exchange.py", "fss_tests/test_coldstart.py", "service/system/test_stalls.py",
+                 "service/system/test_zcdp_app_tasks.py", "release/test_mechanisms.py", "release/test_noise.py")
 
 
 def pytest_collection_modifyitems(items):
-    items.sort(key=lambda item: 0 if item.path.as_posix().endswith(LONGEST_FIRST) else 1)
+    rank = {name: k for k, name in enumerate(LONGEST_FIRST)}
+
+    def key(item):
+        path = item.path.as_posix()
+        return next((k for name, k in rank.items() if path.endswith("tests/" + name)), len(rank))
+
+    items.sort(key=key)  # stable: the file order within each module and among the rest
