@@ -105,7 +105,7 @@ def submit_table(n: int, batch: int, rounds: int) -> None:
     cores = os.cpu_count() or 1
     print(f"\ndpcdf submit --csv of n = {n} values, --batch {batch}, both servers on this machine ({cores} cores); "
           f"wall time, best of {rounds}; make_reports and the seals alone in the same rounds\n")
-    print(f"{'task':<30} {'submit reports/s':>16} {'re-run s':>8} {'make reports/s':>14} {'2 seals reports/s':>17} {'submit/make':>11} {'submit/seals':>12} {'client cpu us':>13} {'servers cpu us':>14} {'cpu-bound reports/s':>19}")  # noqa: E501 (one source line: test_docs reads the header from it)
+    print(f"{'task':<30} {'submit reports/s':>16} {'re-run s':>8} {'make reports/s':>14} {'2 seals reports/s':>17} {'submit/make':>11} {'submit/seals':>12} {'client cpu us':>13} {'servers cpu us':>14} {'cpu-bound reports/s':>19} {'start-up cpu s':>14}")  # noqa: E501 (one source line: test_docs reads the header from it)
 
     with tempfile.TemporaryDirectory(prefix="dpcdf-bench-client-") as tmp:
         # bytecode cached, as an installed package has it (this machine's sessions set PYTHONDONTWRITEBYTECODE,
@@ -155,14 +155,114 @@ def submit_table(n: int, batch: int, rounds: int) -> None:
                     t = time.perf_counter()
                     seals_only(config, n, share_len)
                     best["seals"].append(time.perf_counter() - t)
+                small = Path(tmp) / "ten.csv"  # the command's fixed CPU: the same command on 10 values
+                small.write_text("value\n" + "".join(f"{float(v)!r}\n" for v in vals[:10]))
+                client0 = children_cpu()
+                subprocess.run(command[:-4] + ["--csv", str(small), "--spool", str(small) + f".{bits}{verify}.spool"] + command[-2:], capture_output=True, env=env, check=True)
+                startup = children_cpu() - client0
                 submit, make, seals = n / min(best["submit"]), n / min(best["make"]), n / min(best["seals"])
                 client, servers = min(best["client"]), min(best["servers"])
                 print(f"{name:<30} {submit:>16.0f} {min(best['rerun']):>8.2f} {make:>14.0f} {seals:>17.0f} "
                       f"{submit / make:>11.2f} {submit / seals:>12.2f} {client * 1e6:>13.0f} {servers * 1e6:>14.0f} "
-                      f"{cores / (client + servers):>19.0f}")
+                      f"{cores / (client + servers):>19.0f} {startup:>14.2f}")
         finally:
             for proc, _ in procs:
                 stop(proc)
+
+
+class _NoSeal:
+    """Stands in for the HPKE suite in make_reports: a ciphertext of the real length, no sealing."""
+
+    def __init__(self, kem: str):
+        self.pad = bytes(hpke.enc_length(kem) + 16)
+
+    def encrypt(self, plaintext: bytes, public_key, info: bytes) -> bytes:
+        return self.pad[:32] + plaintext + self.pad[32:48]
+
+
+def breakdown_table(n: int, repeat: int) -> None:
+    """CPU per report of each stage of a verified 2^10 task's path, in this process on one core. The
+    HPKE calls are timed alone (the client's two seals, a server's open); the rest of make_reports
+    and of a server's checks (`reports.accept`) are timed with those calls stubbed out (the seal by
+    a ciphertext of the right length, the open by a lookup of its plaintext), so neither is the
+    difference of two noisy figures. Also the client's spool (each report committed, read back for
+    each server, each server's answer recorded) and one server's store and round one of the check
+    (its background thread held back, round one run after the uploads). Best of `repeat` rounds of
+    n reports, 1000 per batch, after one round not counted (kernels and the task's constants load)."""
+    from unittest import mock
+
+    from dpcdf.service.client import data_holder
+    from dpcdf.service.client.spool import Spool
+    from dpcdf.service.protocols.check import round_one
+    from dpcdf.service.server.limits import Failures, Limits
+    from dpcdf.service.server.routers import reports
+    from dpcdf.service.server.state import Server
+    from dpcdf.service.wire import Opener, Report, decode_batch, encode_batch
+
+    print(f"\nCPU per report by stage, count, 2^10 grid, verified: one core, in-process, n = {n}, best of {repeat}\n")
+    print(f"{'party':<8} {'stage':<48} {'us':>7}")
+    best: dict[str, float] = {}
+    with tempfile.TemporaryDirectory(prefix="dpcdf-bench-stages-") as tmp:
+        os.environ.setdefault("DPCDF_ADMIN_TOKEN", secrets.token_urlsafe(32))
+        servers = [Server(p, f"{tmp}/s{p}", noise=False) for p in (0, 1)]
+        keys = tuple(s.keys.public_hex("x25519") for s in servers)
+        srv = servers[0]
+        srv.checker.wake = lambda task_id: None  # round one timed on its own, below
+        no_seal = mock.patch.object(data_holder.hpke, "suite", _NoSeal)
+        for r in range(repeat + 1):
+            cfg = TaskConfig({"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 10}, 1.0, "tree", "substitution", 1,
+                             ("http://127.0.0.1:1", "http://127.0.0.1:2"), (keys[0], keys[1]), token_hash("t"), verify=True)
+            srv.register(cfg)
+            st, failures = srv.task(cfg.task_id), Failures(Limits())
+            vals = np.random.default_rng(r).uniform(0, 1, n)
+            times = dict.fromkeys(("seals", "make", "spool", "open", "checks", "store", "round one"), 0.0)
+            spool = Spool.open(f"{tmp}/spool{r}.sqlite", cfg.fingerprint)
+            admitted = spool.admit(spool.digests(vals), "bench")
+            opener = Opener(srv.keys.private("x25519"), cfg.fingerprint, 0)
+            for lo in range(0, n, 1000):
+                chunk = vals[lo : lo + 1000]
+                with no_seal:
+                    t = time.process_time()
+                    make_reports(cfg, chunk)
+                    times["make"] += time.process_time() - t
+                made = make_reports(cfg, chunk)
+                t = time.process_time()
+                seals_only(cfg, len(made), len(made[0].sealed[0][1]) - 16)
+                times["seals"] += time.process_time() - t
+                t = time.process_time()
+                spool.add(admitted, [(m.report_id, m.to_bytes(), b"d" * 16, lo + k) for k, m in enumerate(made)])
+                for party in (0, 1):
+                    rows = spool.unacknowledged(party, 1000, lo - 1)
+                    body = encode_batch([b for _, b in rows])
+                    spool.record(party, [row for row, _ in rows], {})
+                times["spool"] += time.process_time() - t
+                raws = decode_batch(body)
+                sealed = [(rep.report_id, rep.sealed[0][0] + rep.sealed[0][1]) for rep in map(Report.from_bytes, raws)]
+                t = time.process_time()
+                plain = {rid: opener(rid, share) for rid, share in sealed}
+                times["open"] += time.process_time() - t
+                with mock.patch.object(reports, "Opener", lambda *a: lambda rid, share: plain[rid]):
+                    t = time.process_time()
+                    good, _ = reports.accept(srv, st, raws, "bench", failures)
+                    times["checks"] += time.process_time() - t
+                t = time.process_time()
+                srv.add_reports(st, good)
+                times["store"] += time.process_time() - t
+            t = time.process_time()
+            round_one.catch_up(st.ctx)
+            times["round one"] += time.process_time() - t
+            spool.close()
+            for k, v in times.items():  # round 0 loads the kernels and the task's constants: not counted
+                best[k] = min(best.get(k, 1e9), v / n * 1e6) if r else 1e9
+    rows = [("client", "2 HPKE seals (pyca/cryptography)", best["seals"]),
+            ("client", "make_reports without its seals", best["make"]),
+            ("client", "spool: commit, read back, record 2 answers", best["spool"]),
+            ("server", "HPKE open", best["open"]),
+            ("server", "upload's checks without the open (accept)", best["checks"]),
+            ("server", "store (SQLite)", best["store"]),
+            ("server", "round one of the check", best["round one"])]
+    for party, stage, us in rows:
+        print(f"{party:<8} {stage:<48} {us:>7.1f}")
 
 
 def main() -> None:
@@ -193,6 +293,7 @@ def main() -> None:
         made, seals = (t / args.n * 1e6 for t in best_of_interleaved(
             [lambda: make_reports(cfg, vals, labels), lambda: seals_only(cfg, args.n, share_len)], args.repeat))
         print(f"{name:<34} {made:>15.1f} {seals:>10.1f} {made / seals:>6.2f} {1e6 / made:>10.0f}")
+    breakdown_table(args.n, args.repeat)
     if args.submit > 0:
         submit_table(args.submit, args.batch, args.rounds)
 
