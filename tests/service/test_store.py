@@ -444,3 +444,20 @@ def test_share_blocks_read_the_counted_rows_in_order_whatever_the_span(tmp_path,
     assert b"".join(b for _, b in blocks) == b"".join(want) and sum(n for n, _ in blocks) == len(want)
     assert b"".join(b for _, b in store.share_blocks(TASK, store.frozen(TASK).seq - 3, span)) == b"".join(want[:-3])
     assert list(store.share_blocks("other", 10**12, span))[-1][1].endswith(share(9))  # a bound past the table's end
+
+
+def test_share_blocks_keep_every_byte_and_refuse_shares_of_different_lengths(tmp_path):
+    """SQLite joins a block's shares (group_concat): zero bytes and bytes that are no valid UTF-8 come
+    back as they were stored, with and without exclusions; told the shares' size, a block with a share
+    of another length is refused, not cut into keys at the wrong places."""
+    store = new_store(tmp_path / "server.sqlite", TASK, "other")
+    odd = [bytes([0, 255, 0, 0xC3, i]) * 8 for i in range(6)]
+    store.add_many(TASK, [(rid(i), odd[i]) for i in range(6)])
+    store.freeze(TASK, set_hash)
+    assert list(store.share_blocks(TASK, store.frozen(TASK).seq, 4, 40)) == [(4, b"".join(odd[:4])), (2, b"".join(odd[4:]))]
+    store.exclude(TASK, [rid(1)], set_hash)
+    assert b"".join(b for _, b in store.share_blocks(TASK, store.frozen(TASK).seq, 4)) == b"".join(odd[:1] + odd[2:])
+    store.add_many("other", [(rid(10), b"\x00" * 40), (rid(11), b"\x00" * 41)])
+    store.freeze("other", set_hash)
+    with pytest.raises(StoreError, match="is not 40 bytes"):
+        list(store.share_blocks("other", store.frozen("other").seq, 4, 40))

@@ -154,7 +154,7 @@ class TaskState:
         store, task_id = self.store, self.config.task_id
         with self.answering:
             restore.refuse_steps(store, task_id)  # restored unfinished: 409 before anything is frozen or sent
-            if store.frozen(task_id) is None and store.count(task_id) < self.config.min_batch:
+            if store.frozen(task_id) is None and not store.holds(task_id, self.config.min_batch):
                 raise TooFewReports(f"the task has {store.count(task_id)} reports; queries need at least {self.config.min_batch}")
             store.freeze(task_id, self.set_hash)
             try:

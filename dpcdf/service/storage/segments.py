@@ -267,7 +267,7 @@ def build(store: Store, task_id: str, dcf: DCF, party: int, directory: str | Pat
     shard: _Shard | None = None
     done = 0
     try:
-        for n, blob in _ahead(_blocks(store.share_blocks(task_id, frozen.seq, block), p.key_size, block)):
+        for n, blob in _ahead(_blocks(store.share_blocks(task_id, frozen.seq, block, p.key_size), p.key_size, block)):
             if done + n > count:
                 raise SegmentError(f"task {task_id}: the store has more rows than its {count} reports")
             if shard is None:

@@ -36,6 +36,7 @@ class Store:
         self.db = sqlite3.connect(str(path), check_same_thread=False, isolation_level=None)
         self.lock = threading.RLock()  # handlers run in a thread pool; one connection, one writer at a time
         self._reconciled: dict[str, list[bytes]] = {}  # reconciled_ids per task, until its next exclusion
+        self._first: dict[str, int] = {}  # a frozen task's first seq (`_before_first`: a scan of its index entries)
         try:
             self.db.execute("PRAGMA journal_mode=WAL")
             self.db.execute("PRAGMA synchronous=FULL")
@@ -122,7 +123,9 @@ class Store:
             # the ids alone, then their last seq: a pair per row to Python cost 1.29 s of CPU per 10^6 reports, this 0.76 s
             ids = list(chain.from_iterable(self.db.execute("SELECT report_id FROM reports WHERE task_id = ? ORDER BY report_id",
                                                            (task_id,))))
-            last = self.db.execute("SELECT coalesce(max(seq), 0) FROM reports WHERE task_id = ?", (task_id,)).fetchone()[0]
+            first, last = self.db.execute("SELECT coalesce(min(seq), 1), coalesce(max(seq), 0) FROM reports WHERE task_id = ?",
+                                          (task_id,)).fetchone()
+            self._first[task_id] = first  # seqs only grow (AUTOINCREMENT): a lower bound for good
             fixed = Frozen(last, len(ids), set_hash(ids))
             self.db.execute("UPDATE tasks SET frozen_seq = ?, report_count = ?, set_hash = ?, closed_at = ? WHERE task_id = ?",
                             (*fixed, time.time(), task_id))
@@ -134,7 +137,8 @@ class Store:
     def _before_first(self, task_id: str) -> int:
         """One less than the task's first sequence number: where a scan of its rows in table order
         starts (the range keeps SQLite on the rowid, not the whole table)."""
-        first = self.db.execute("SELECT min(seq) FROM reports WHERE task_id = ?", (task_id,)).fetchone()[0]
+        first = self._first.get(task_id) or self.db.execute("SELECT min(seq) FROM reports WHERE task_id = ?",
+                                                             (task_id,)).fetchone()[0]
         return (first or 1) - 1
 
     def frozen_ids(self, task_id: str) -> list[bytes]:
@@ -300,6 +304,12 @@ class Store:
             row = self.db.execute("SELECT set_hash, shape, data FROM histograms WHERE task_id = ?", (task_id,)).fetchone()
         return None if row is None else (row[0], tuple(int(v) for v in row[1].split(",")), bytes(row[2]))
 
+    def holds(self, task_id: str, n: int) -> bool:
+        """Whether the task has at least n stored reports (reads at most n index entries, not all)."""
+        with self.lock:
+            return self.db.execute("SELECT count(*) FROM (SELECT 1 FROM reports WHERE task_id = ? LIMIT ?)",
+                                   (task_id, int(n))).fetchone()[0] >= n
+
     def count(self, task_id: str) -> int:
         """How many distinct reports the task has stored (excluded ones included)."""
         with self.lock:
@@ -390,23 +400,31 @@ class Store:
             seq = rows[-1][0]
             yield [r[1] for r in rows]
 
-    def share_blocks(self, task_id: str, upto: int, span: int) -> Iterator[tuple[int, bytes]]:
+    def share_blocks(self, task_id: str, upto: int, span: int, size: int | None = None) -> Iterator[tuple[int, bytes]]:
         """The key shares with seq <= `upto`, excluded ones left out, in order, as (count, their bytes
         end to end): one block per `span` sequence numbers (so at most `span` shares; empty ranges are
         skipped), each read under the lock, none held between blocks. For the segments' build: a
-        rowid range scan from the task's first row, the shares only (no seq, no list of them per
-        block), joined in C. The `counted` view's rule, as a list subquery: SQLite runs the view's
-        correlated NOT EXISTS once per row, which cost about 0.5 s more per 10^6 rows
-        (`tests/service/test_store.py` holds the two to the same rows)."""
+        rowid range scan from the task's first row, the shares only, joined by SQLite (group_concat,
+        byte for byte in a UTF-8 database: one value per block, where a row per share to Python and
+        a join cost 1.8 s of CPU per 10^6 shares of 420 bytes, this 1.0 s); with `size`, StoreError
+        unless every share is `size` bytes (each was checked at upload). The `counted` view's rule, as a list
+        subquery, and only if the task has exclusions: SQLite runs the view's correlated NOT EXISTS
+        once per row, which cost about 0.5 s more per 10^6 rows (`tests/service/test_store.py` holds
+        the two to the same rows)."""
         with self.lock:
             seq = self._before_first(task_id)
             upto = min(upto, self.db.execute("SELECT coalesce(max(seq), 0) FROM reports").fetchone()[0])
         while seq < upto:
             end = min(seq + int(span), upto)
             with self.lock:
-                rows = self.db.execute(
-                    "SELECT key_share FROM reports WHERE seq > ?1 AND seq <= ?2 AND +task_id = ?3 AND report_id NOT IN "
-                    "(SELECT report_id FROM excluded WHERE task_id = ?3) ORDER BY seq", (seq, end, task_id)).fetchall()
+                some = self.db.execute("SELECT 1 FROM excluded WHERE task_id = ? LIMIT 1", (task_id,)).fetchone()
+                n, low, high, blob = self.db.execute(
+                    "SELECT count(*), min(length(key_share)), max(length(key_share)), CAST(group_concat(key_share, '') "
+                    "AS BLOB) FROM (SELECT key_share FROM reports WHERE seq > ?1 AND seq <= ?2 AND +task_id = ?3" + (
+                        " AND report_id NOT IN (SELECT report_id FROM excluded WHERE task_id = ?3)" if some else "")
+                    + " ORDER BY seq)", (seq, end, task_id)).fetchone()
             seq = end
-            if rows:
-                yield len(rows), b"".join(chain.from_iterable(rows))
+            if n:
+                if size is not None and not low == high == size:
+                    raise StoreError(f"task {task_id}: a stored key share is not {size} bytes")
+                yield n, blob
