@@ -320,3 +320,18 @@ def test_warm_up_in_one_process_and_a_failing_step(capsys):
     with pytest.raises(RuntimeError, match="no-such-step"):
         warmup._in_processes(todo, [[1], [2]], lambda k, lane: None, {}, threading.Lock())
 
+
+
+def test_serve_logs_the_servers_own_events_in_its_format():
+    """A retention purge (INFO) and a segments warning reach the server's log, with their level, in
+    text and in JSON; before, only Python's last-resort handler printed warnings (bare) and the
+    purges' lines went nowhere."""
+    code = ("import logging.config, sys; from dpcdf.service.server.app import _log_config; "
+            "logging.config.dictConfig(_log_config(sys.argv[1], 1)); "
+            "logging.getLogger('dpcdf.retention').info('task t: expired; 3 report rows and 1 segment files deleted'); "
+            "logging.getLogger('dpcdf.segments').warning('task t: its segments are of another report set; rebuilding them')")
+    text = subprocess.run([sys.executable, "-c", code, "text"], capture_output=True, text=True, check=True).stderr
+    assert "INFO:" in text and "3 report rows" in text and "WARNING:" in text and "rebuilding them" in text, text
+    lines = [json.loads(ln) for ln in subprocess.run([sys.executable, "-c", code, "json"], capture_output=True,
+                                                     text=True, check=True).stderr.splitlines()]
+    assert [(ln["level"], ln["party"]) for ln in lines] == [("info", 1), ("warning", 1)], lines

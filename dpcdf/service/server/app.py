@@ -154,7 +154,8 @@ def _check_listen(host: str, port: int) -> None:
 
 
 def _log_config(log_format: str, party: int) -> dict:
-    """uvicorn's logging: warnings and errors, the access log, and dpcdf's start line, all on stderr."""
+    """uvicorn's logging: warnings and errors, the access log, dpcdf's start line and its own events
+    (INFO and up), all on stderr."""
     fmt = {"text": {"()": "uvicorn.logging.DefaultFormatter", "fmt": "%(asctime)s %(levelprefix)s %(message)s",
                     "use_colors": False},
            "access": {"()": "uvicorn.logging.AccessFormatter", "use_colors": False,
@@ -169,7 +170,11 @@ def _log_config(log_format: str, party: int) -> dict:
             "loggers": {"uvicorn": {"handlers": ["text"], "level": "WARNING", "propagate": False},
                         "uvicorn.error": {"handlers": ["text"], "level": "WARNING", "propagate": False},
                         "uvicorn.access": {"handlers": ["access"], "level": "INFO", "propagate": False},
-                        "dpcdf.serve": {"handlers": ["plain"], "level": "INFO", "propagate": False}}}
+                        "dpcdf.serve": {"handlers": ["plain"], "level": "INFO", "propagate": False},
+                        # the server's own events (retention purges; round one's, segments' and a restore's
+                        # warnings), formatted as the rest: without it only Python's last-resort handler
+                        # printed warnings, bare, and the purges' info lines went nowhere
+                        "dpcdf": {"handlers": ["text"], "level": "INFO", "propagate": False}}}
 
 
 class _JsonFormatter:
