@@ -50,14 +50,16 @@ def register(request: Request, srv: ServerDep, _: OperatorDep, raw: RawBody) -> 
     return TaskRegistered(task_id=config.task_id, fingerprint=config.fingerprint.hex())
 
 
-@router.get("/{task_id}", response_model=TaskStatus, response_model_exclude_none=True, responses=errors(401))
+@router.get("/{task_id}", response_model=TaskStatus, response_model_exclude_unset=True, responses=errors(401))
 def status(task_id: str, srv: ServerDep, st: AnalystTaskDep) -> TaskStatus:
     """While collecting, this server's count of stored reports (under substitution; reports that
     reached this server only are in it until the close); once closed, the reconciled count, none
     between the two (a count that changed at the reconciliation would show what it dropped).
-    `restored` only on a server restored from a backup: a live server's answer is what it was."""
+    `restored` only on a server restored from a backup: a live server's answer is what it was (None
+    reports stay: exclude_unset, not exclude_none)."""
     n, closed, restored = st.status()
-    return TaskStatus(task_id=task_id, reports=n, closed=closed, min_batch=st.config.min_batch, restored=restored)
+    extra = {"restored": restored} if restored is not None else {}  # left unset: not in the answer
+    return TaskStatus(task_id=task_id, reports=n, closed=closed, min_batch=st.config.min_batch, **extra)
 
 
 @router.post("/{task_id}/close", response_model=CloseResponse, responses={**errors(401, 403, 404, 409, 502), **THROTTLED})
