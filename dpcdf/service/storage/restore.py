@@ -81,17 +81,22 @@ def _row(store: Store, task_id: str) -> tuple[int, str] | None:
         return store.db.execute("SELECT finished, backup FROM restored WHERE task_id = ?", (task_id,)).fetchone()
 
 
+def _unfinished_in(store: Store, task_id: str) -> str | None:
+    """When the backup was taken, if the task was restored from one before its exchange was over."""
+    row = _row(store, task_id)
+    return row[1] if row is not None and not row[0] else None
+
+
 def unfinished(store: Store, task_id: str) -> bool:
     """Whether the task was restored from a backup taken before its exchange between the servers was over."""
-    row = _row(store, task_id)
-    return row is not None and not row[0]
+    return _unfinished_in(store, task_id) is not None
 
 
 def refuse_steps(store: Store, task_id: str) -> None:
     """`Restored` if the task was unfinished in the backup this store was restored from."""
-    row = _row(store, task_id)
-    if row is not None and not row[0]:
-        raise Restored(f"task {task_id} was restored from a backup (of {row[1]}) taken before its close was over: "
+    taken = _unfinished_in(store, task_id)
+    if taken is not None:
+        raise Restored(f"task {task_id} was restored from a backup (of {taken}) taken before its close was over: "
                        "(collecting or closing): this server may have answered or asked its server-to-server steps "
                        f"since, and takes none again. {_AGAIN}")
 
@@ -99,9 +104,9 @@ def refuse_steps(store: Store, task_id: str) -> None:
 def refuse_uploads(store: Store, task_id: str) -> None:
     """`Restored` for a report upload to a task unfinished in the backup: it can never be closed here, so
     a report acknowledged to a client would never count."""
-    row = _row(store, task_id)
-    if row is not None and not row[0]:
-        raise Restored(f"task {task_id} was restored from a backup (of {row[1]}) taken before its close was over "
+    taken = _unfinished_in(store, task_id)
+    if taken is not None:
+        raise Restored(f"task {task_id} was restored from a backup (of {taken}) taken before its close was over "
                        f"(collecting or closing): it can never be closed here, so its reports are refused. {_AGAIN}")
 
 
