@@ -406,7 +406,9 @@ class Store:
         skipped), each read under the lock, none held between blocks. For the segments' build: a
         rowid range scan from the task's first row, the shares only, joined by SQLite (group_concat,
         byte for byte in a UTF-8 database: one value per block, where a row per share to Python and
-        a join cost 1.8 s of CPU per 10^6 shares of 420 bytes, this 1.0 s); with `size`, StoreError
+        a join cost 1.8 s of CPU per 10^6 shares of 420 bytes, this 1.0 s; in seq order because SQLite
+        never flattens an ORDER BY subquery into an aggregate, as group_concat takes no ORDER BY of
+        its own before SQLite 3.44, and test_store checks the order); with `size`, StoreError
         unless every share is `size` bytes (each was checked at upload). The `counted` view's rule, as a list
         subquery, and only if the task has exclusions: SQLite runs the view's correlated NOT EXISTS
         once per row, which cost about 0.5 s more per 10^6 rows (`tests/service/test_store.py` holds
