@@ -155,3 +155,43 @@ def test_the_batch_layout_takes_exactly_the_reports_the_parser_takes():
         with pytest.raises(ReportError) as info:
             split_share(opened[i], size, extras)
         assert bad[i] == str(info.value)
+
+
+def test_a_refusal_reads_the_addresss_allowance_again_before_the_next_open(tmp_path, monkeypatch):
+    """The upload path reads the address's refusal allowance once per RECHECK opens, and again after
+    each refusal: failures another request of the same address charged meanwhile stop this batch
+    before it opens another share (review of the batch path: a local count of this batch's own
+    refusals let it open up to 63 more)."""
+    import secrets
+    import warnings
+
+    from dpcdf.service import wire
+    from dpcdf.service.server import create_app
+    from dpcdf.service.task import token_hash
+    from helpers import OPERATOR
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*httpx2")
+        from fastapi.testclient import TestClient
+
+    app = create_app(0, tmp_path, warm_up=False, sweep_every=1e9)
+    client = TestClient(app)
+    pub = client.get("/hpke").json()["keys"]["x25519"]
+    config = TaskConfig(GRID, 1.0, "path", "substitution", 1, ("a", "b"), (pub, _config()[0].hpke_keys[1]), token_hash("t"),
+                        verify=False)
+    assert client.post("/tasks", content=config.to_json(), headers={"authorization": f"Bearer {OPERATOR}",
+                                                                    "content-type": "application/json"}).status_code == 201
+    good = [r.to_bytes() for r in make_reports(config, [0.5] * 8)]
+    bad = [g[:36] + secrets.token_bytes(16) + g[52:] for g in good[:2]]  # another id: the share does not open
+    failures, opens, real = app.state.failures, [], wire.Opener.__call__
+
+    def opener(self, rid, sealed):
+        opens.append(rid)
+        if len(opens) == 2:  # another request of this address used up its allowance meanwhile
+            failures.charge("testclient", failures.allowance("testclient"))
+        return real(self, rid, sealed)
+
+    monkeypatch.setattr(wire.Opener, "__call__", opener)
+    res = client.post(f"/tasks/{config.task_id}/reports/batch", content=encode_batch(bad + good))
+    assert res.status_code == 429, res.text
+    assert len(opens) == 2  # the second refusal's read found nothing left: no good report opened

@@ -150,7 +150,7 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
             opened.append((i, rid, opener(rid, sealed)))
         except ReportError as exc:
             refuse(i, str(exc))
-            allowance -= 1
+            allowance = 0  # read again before the next open: other requests of this address count too
     size, extras = st.dcf.key_size, st.config.extras_bytes // 8
     fine, rows, bad = split_shares([share for _, _, share in opened], size, extras)
     for k, error in bad.items():
