@@ -1,13 +1,24 @@
 """The report wire format, shared by the clients that write reports and the servers that read them.
 
-A report holds one DCF key share per server, each HPKE-sealed (RFC 9180 base mode with the task's
-KEM, see `hpke`) to its server's key. The context (task fingerprint, report id, server index) is the
-HPKE `info`, so a share opens only for its task, its report and its server (RFC 9180 section 8.1:
-single-shot APIs bind auxiliary data through info).
+A report holds one DCF key share per server, each sealed to its server's key. Format 2 (made now):
+the reports of one `make_reports` call (at most MAX_BATCH of them) share, per server, a *capsule*:
+a fresh random AES-128 key HPKE-sealed to that server (RFC 9180 base mode with the task's KEM, see
+`hpke`; info binds the task fingerprint and the server). Each share is AES-128-GCM under that key,
+its nonce the report id's first 12 bytes (distinct within a capsule: the client draws them so) and
+its associated data the task fingerprint, the report id and the server index. So a share opens only
+for its task, its report and its server, as with one HPKE seal per share (format 1, still read: a
+spool of an earlier release holds it), but the elliptic-curve work (two scalar multiplications to
+seal, one to open) is done once per capsule, not per report: a server opens each capsule once per
+request. What this costs: reports sharing a capsule are linkable as made by one call, which the
+servers know anyway when one upload carries them; a client that wants its reports unlinkable (one
+person per report, sent through a proxy) makes them one call each.
 
 Report (all lengths little-endian):
-    magic b"DPR1" | task fingerprint (32) | report id (16) |
-    for server 0 then 1: len(enc) u16 | enc | len(ciphertext) u32 | ciphertext
+    magic b"DPR2" | task fingerprint (32) | report id (16) |
+    for server 0 then 1: len(capsule) u16 | capsule | len(ciphertext) u32 | ciphertext
+capsule = HPKE enc | HPKE ciphertext of the 16-byte key (32); ciphertext = AES-128-GCM(share) | tag.
+Format 1 (magic b"DPR1"): the same framing with capsule = HPKE enc and ciphertext = the share
+HPKE-sealed on its own, info = `hpke_info` (task, report id, server).
 A batch: count u32, then len(report) u32 | report for each.
 A share's plaintext: the DCF key's bytes, then for a verified task the client's shares of its check
 randomness (`split_share`).
@@ -25,14 +36,19 @@ from typing import Sequence
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
+from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
 from fss import field
 
 from . import hpke
 from ..errors import DpcdfError
 
-MAGIC = b"DPR1"
+MAGIC = b"DPR2"  # reports made now
+MAGIC_V1 = b"DPR1"  # one HPKE seal per share: still read
 ID_BYTES = 16
+NONCE_BYTES = 12  # the report id's first bytes are its share's AES-GCM nonce
+KEY_BYTES = 16  # the capsule's AES-128 key
+TAG_BYTES = 16  # AES-128-GCM's tag (after the capsule's key and after each share)
 MAX_BATCH = 1 << 16  # reports per batch upload
 FOREIGN = "report is for another task"  # also a server's answer for a task id it does not know
 NOT_OPENED = "the share does not open with this server's key"
@@ -45,17 +61,49 @@ class ReportError(DpcdfError, ValueError):
 
 
 def hpke_info(fingerprint: bytes, report_id: bytes, party: int) -> bytes:
+    """Format 1: the HPKE info of one share's seal."""
     return b"dpcdf/report/v1" + fingerprint + report_id + bytes([party])
+
+
+def capsule_info(fingerprint: bytes, party: int) -> bytes:
+    """Format 2: the HPKE info of a capsule's key (its task and server)."""
+    return b"dpcdf/report-key/v2" + fingerprint + bytes([party])
+
+
+def share_aad(fingerprint: bytes, report_id: bytes, party: int) -> bytes:
+    """Format 2: a share's AES-GCM associated data (its task, report and server)."""
+    return b"dpcdf/report/v2" + fingerprint + report_id + bytes([party])
+
+
+def capsule_length(kem: str) -> int:
+    return hpke.enc_length(kem) + KEY_BYTES + TAG_BYTES
+
+
+class Sealer:
+    """The client's side of format 2 for one server: a fresh capsule (a random key sealed to the
+    server), then `seal(report_id, share)` per report. The caller gives each report of a capsule an
+    id whose first NONCE_BYTES are its own (AES-GCM's nonce must not repeat under a key) and starts
+    a new Sealer after MAX_BATCH reports."""
+
+    def __init__(self, public_key, fingerprint: bytes, party: int, kem: str = "x25519"):
+        key = AESGCM.generate_key(bit_length=8 * KEY_BYTES)  # os.urandom: a CSPRNG
+        self.capsule = hpke.suite(kem).encrypt(key, public_key, info=capsule_info(fingerprint, party))
+        self._encrypt, self._aad = AESGCM(key).encrypt, share_aad(fingerprint, b"", party)[:-1]
+        self._party = bytes([party])
+
+    def seal(self, report_id: bytes, share: bytes) -> bytes:
+        return self._encrypt(report_id[:NONCE_BYTES], share, self._aad + report_id + self._party)
 
 
 @dataclass(frozen=True)
 class Report:
     fingerprint: bytes
     report_id: bytes
-    sealed: tuple[tuple[bytes, bytes], tuple[bytes, bytes]]  # (enc, ciphertext) per server
+    sealed: tuple[tuple[bytes, bytes], tuple[bytes, bytes]]  # (capsule, ciphertext) per server
+    version: int = 2  # 1: (HPKE enc, HPKE ciphertext) per server
 
     def to_bytes(self) -> bytes:
-        out = [MAGIC, self.fingerprint, self.report_id]
+        out = [MAGIC if self.version == 2 else MAGIC_V1, self.fingerprint, self.report_id]
         for enc, ct in self.sealed:
             out += [struct.pack("<H", len(enc)), enc, struct.pack("<I", len(ct)), ct]
         return b"".join(out)
@@ -63,7 +111,7 @@ class Report:
     @classmethod
     def from_bytes(cls, data: bytes) -> "Report":
         try:
-            if data[:4] != MAGIC:
+            if data[:4] not in (MAGIC, MAGIC_V1):
                 raise ReportError("not a dpcdf report (bad magic)")
             fp, rid, pos = data[4:36], data[36:52], 52
             if len(rid) != ID_BYTES:
@@ -81,7 +129,7 @@ class Report:
                 sealed.append((enc, ct))
             if pos != len(data):
                 raise ReportError(f"{len(data) - pos} trailing bytes after the report")
-            return cls(fp, rid, (sealed[0], sealed[1]))
+            return cls(fp, rid, (sealed[0], sealed[1]), 2 if data[:4] == MAGIC else 1)
         except struct.error:
             raise ReportError("truncated report") from None
 
@@ -91,49 +139,69 @@ def open_share(report: Report, party: int, private_key, fingerprint: bytes, kem:
     or does not open with this server's key."""
     if report.fingerprint != fingerprint:
         raise ReportError(FOREIGN)
-    enc, ct = report.sealed[party]
-    if len(enc) != hpke.enc_length(kem):
-        raise ReportError(f"the encapsulated key must be {hpke.enc_length(kem)} bytes for {kem}")
-    return Opener(private_key, fingerprint, party, kem)(report.report_id, enc + ct)
+    capsule, ct = report.sealed[party]
+    want = capsule_length(kem) if report.version == 2 else hpke.enc_length(kem)
+    if len(capsule) != want:
+        raise ReportError(f"the {'capsule' if report.version == 2 else 'encapsulated key'} must be {want} bytes for {kem}")
+    return Opener(private_key, fingerprint, party, kem)(report.report_id, capsule, ct, report.version)
 
 
 class Opener:
-    """Opens server `party`'s shares of one task's reports: `opener(report_id, enc + ciphertext)` is
-    `open_share` once the caller has checked the fingerprint and the encapsulated key's length (the
-    HPKE info is still bound to the task, the report id and the server)."""
+    """Opens server `party`'s shares of one task's reports: `opener(report_id, capsule, ciphertext,
+    version)` is `open_share` once the caller has checked the fingerprint and the capsule's length
+    (the key's HPKE info is still bound to the task and the server, the share's associated data to
+    the task, the report id and the server). A format 2 capsule is opened once (one HPKE open) and
+    its key kept for this opener's life; one that does not open refuses every share under it."""
 
     def __init__(self, private_key, fingerprint: bytes, party: int, kem: str = "x25519"):
         self._decrypt, self._key = hpke.suite(kem).decrypt, private_key
         self._head, self._tail = hpke_info(fingerprint, b"", party)[:-1], bytes([party])
+        self._capsule_info, self._aad = capsule_info(fingerprint, party), share_aad(fingerprint, b"", party)[:-1]
+        self._keys: dict[bytes, object] = {}  # capsule -> its AESGCM's decrypt, or None: does not open
 
-    def __call__(self, report_id: bytes, sealed: bytes) -> bytes:
+    def __call__(self, report_id: bytes, capsule: bytes, ciphertext: bytes, version: int = 2) -> bytes:
         try:
-            return self._decrypt(sealed, self._key, info=self._head + report_id + self._tail)
+            if version == 1:
+                return self._decrypt(capsule + ciphertext, self._key, info=self._head + report_id + self._tail)
+            if capsule not in self._keys:
+                self._keys[capsule] = self._open_capsule(capsule)
+            decrypt = self._keys[capsule]
+            if decrypt is None:
+                raise ReportError(NOT_OPENED)
+            return decrypt(report_id[:NONCE_BYTES], ciphertext, self._aad + report_id + self._tail)
         except (InvalidTag, ValueError):
             raise ReportError(NOT_OPENED) from None
 
+    def _open_capsule(self, capsule: bytes):
+        try:
+            key = self._decrypt(capsule, self._key, info=self._capsule_info)
+        except (InvalidTag, ValueError):
+            return None
+        return AESGCM(key).decrypt if len(key) == KEY_BYTES else None
+
 
 class Layout:
-    """A task's report whose two sealed shares have the task's lengths (every honest report): its
-    framing (magic, fingerprint, the four length fields) at fixed offsets."""
+    """A task's format 2 report whose two sealed shares have the task's lengths (every honest report
+    made now): its framing (magic, fingerprint, the four length fields) at fixed offsets."""
 
     CHUNK = 4096  # reports compared at once (a 4 MiB copy at 2^10 grid points)
 
-    def __init__(self, fingerprint: bytes, enc_len: int, ct_len: int):
-        self.enc_len, self.ct_len = enc_len, ct_len
-        self.share = 2 + enc_len + 4 + ct_len
+    def __init__(self, fingerprint: bytes, capsule_len: int, ct_len: int):
+        self.capsule_len, self.ct_len = capsule_len, ct_len
+        self.share = 2 + capsule_len + 4 + ct_len
         self.size = HEAD + 2 * self.share
-        one = struct.pack("<H", enc_len) + bytes(enc_len) + struct.pack("<I", ct_len) + bytes(ct_len)
+        one = struct.pack("<H", capsule_len) + bytes(capsule_len) + struct.pack("<I", ct_len) + bytes(ct_len)
         template = np.frombuffer(MAGIC + fingerprint + bytes(ID_BYTES) + one + one, np.uint8)
         fixed = [*range(HEAD - ID_BYTES)]
         for at in (HEAD, HEAD + self.share):
-            fixed += [*range(at, at + 2), *range(at + 2 + enc_len, at + 6 + enc_len)]
+            fixed += [*range(at, at + 2), *range(at + 2 + capsule_len, at + 6 + capsule_len)]
         self._cols = np.array(fixed)
         self._want = template[self._cols]
 
     def matches(self, raws: Sequence[bytes]) -> list[bool]:
-        """Per report, whether it is of this layout: then `Report.from_bytes` would read it, with this
-        fingerprint and both shares of these lengths; one vectorized comparison per CHUNK reports."""
+        """Per report, whether it is of this layout: then `Report.from_bytes` would read it as format
+        2, with this fingerprint and both shares of these lengths; one vectorized comparison per CHUNK
+        reports."""
         out = [len(r) == self.size for r in raws]
         idx = [i for i, ok in enumerate(out) if ok]
         for lo in range(0, len(idx), self.CHUNK):
@@ -143,10 +211,11 @@ class Layout:
                 out[i] = ok
         return out
 
-    def sealed(self, raw: bytes, party: int) -> tuple[bytes, bytes]:
-        """(report id, enc + ciphertext of server `party`'s share) of a report of this layout."""
+    def sealed(self, raw: bytes, party: int) -> tuple[bytes, bytes, bytes]:
+        """(report id, capsule, ciphertext) of server `party`'s share of a report of this layout."""
         at = HEAD + party * self.share + 2
-        return raw[HEAD - ID_BYTES : HEAD], raw[at : at + self.enc_len] + raw[at + self.enc_len + 4 : at + self.share - 2]
+        mid = at + self.capsule_len
+        return raw[HEAD - ID_BYTES : HEAD], raw[at:mid], raw[mid + 4 : at + self.share - 2]
 
 
 def encode_batch(reports: list[bytes]) -> bytes:

@@ -18,7 +18,7 @@ from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import http
 from dpcdf.service.task import TaskConfig
-from dpcdf.service.wire import ID_BYTES, Report, encode_batch, hpke_info, join_share, split_share
+from dpcdf.service.wire import ID_BYTES, Report, Sealer, encode_batch, join_share, split_share
 from fss import DPF
 from fss import field as F
 from fss import reference as R
@@ -29,14 +29,13 @@ OFF_GRID = {"kind": "thresholds", "values": [float(v) for v in range(50)]}  # 50
 
 
 def seal(config: TaskConfig, shares: tuple[bytes, bytes], rid: bytes | None = None) -> bytes:
-    """A report whose two sealed shares are exactly these bytes (what a malicious client can send)."""
+    """A report whose two sealed shares are exactly these bytes (what a malicious client can send),
+    in the format clients make (`wire`, format 2)."""
     rid = rid or secrets.token_bytes(ID_BYTES)
-    suite, enc_len = hpke.suite(config.kem), hpke.enc_length(config.kem)
     sealed = []
     for party in (0, 1):
-        out = suite.encrypt(shares[party], hpke.public_key(config.kem, config.hpke_keys[party]),
-                            info=hpke_info(config.fingerprint, rid, party))
-        sealed.append((out[:enc_len], out[enc_len:]))
+        sealer = Sealer(hpke.public_key(config.kem, config.hpke_keys[party]), config.fingerprint, party, config.kem)
+        sealed.append((sealer.capsule, sealer.seal(rid, shares[party])))
     return Report(config.fingerprint, rid, (sealed[0], sealed[1])).to_bytes()
 
 

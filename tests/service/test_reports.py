@@ -1,4 +1,5 @@
-"""Reports: the wire format, and standard RFC 9180 sealing (another implementation opens them)."""
+"""Reports: the wire format (2, and 1 still read), and standard RFC 9180 sealing and AES-GCM (another
+implementation opens them)."""
 import json
 
 import numpy as np
@@ -9,7 +10,9 @@ from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
 from dpcdf.service.client import make_reports
-from dpcdf.service.wire import MAX_BATCH, Report, ReportError, decode_batch, encode_batch, hpke_info, open_share, split_share
+from dpcdf.service import hpke
+from dpcdf.service.wire import (MAX_BATCH, Opener, Report, ReportError, capsule_info, decode_batch, encode_batch, hpke_info,
+                                open_share, share_aad, split_share)
 from dpcdf.service.task import TaskConfig
 
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 8}
@@ -50,25 +53,81 @@ def test_hybrid_kem_shares_open_and_x25519_keys_do_not_fit(tmp_path):
     pubs = tuple(k.public_hex("mlkem768-x25519") for k in servers)
     config = TaskConfig(GRID, 1.0, "path", "substitution", 1, ("a", "b"), pubs, "00", kem="mlkem768-x25519")
     report = Report.from_bytes(make_reports(config, [0.4])[0].to_bytes())
-    assert len(report.sealed[0][0]) == 1120  # ML-KEM-768 ciphertext + X25519 share
+    assert len(report.sealed[0][0]) == 1120 + 32  # ML-KEM-768 ciphertext + X25519 share, then the sealed key
     for party in (0, 1):
         share = open_share(report, party, servers[party].private("mlkem768-x25519"), config.fingerprint, "mlkem768-x25519")
         config.key_dcf().key_from_bytes(split_share(share, config.key_dcf().key_size, config.extras_bytes // 8)[0], party=party)
-    with pytest.raises(ReportError, match="must be 32 bytes"):
+    with pytest.raises(ReportError, match="capsule must be 64 bytes"):
         open_share(report, 0, servers[0].private("x25519"), config.fingerprint, "x25519")
     again = ServerKeys(tmp_path / "s0")  # the keys persist across restarts
     assert again.public_hex("mlkem768-x25519") == pubs[0]
 
 
 def test_another_rfc_9180_implementation_opens_our_shares():
-    """pycryptodome's HPKE (DHKEM X25519, HKDF-SHA256, AES-128-GCM, base mode) opens what we seal."""
+    """pycryptodome's HPKE (DHKEM X25519, HKDF-SHA256, AES-128-GCM, base mode) opens a capsule we seal,
+    and its AES-GCM opens each share under the capsule's key with the nonce and associated data
+    `wire` names: format 2 is standard parts, nothing of our own."""
+    from Crypto.Cipher import AES
+
     config, keys = _config()
-    report = make_reports(config, [0.5])[0]
+    reports = make_reports(config, [0.5, 0.7])
     pem = keys[0].private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8, serialization.NoEncryption())
     theirs = ECC.import_key(pem)
-    enc, ct = report.sealed[0]
-    ctx = HPKE.new(receiver_key=theirs, aead_id=HPKE.AEAD.AES128_GCM, enc=enc, info=hpke_info(config.fingerprint, report.report_id, 0))
-    assert ctx.unseal(ct, b"") == open_share(report, 0, keys[0], config.fingerprint)
+    capsule = reports[0].sealed[0][0]
+    assert reports[1].sealed[0][0] == capsule  # one capsule per server for the call
+    ctx = HPKE.new(receiver_key=theirs, aead_id=HPKE.AEAD.AES128_GCM, enc=capsule[:32], info=capsule_info(config.fingerprint, 0))
+    key = ctx.unseal(capsule[32:], b"")
+    for r in reports:
+        ct = r.sealed[0][1]
+        aes = AES.new(key, AES.MODE_GCM, nonce=r.report_id[:12])
+        aes.update(share_aad(config.fingerprint, r.report_id, 0))
+        assert aes.decrypt_and_verify(ct[:-16], ct[-16:]) == open_share(r, 0, keys[0], config.fingerprint)
+
+
+def v1_report(config, report_id: bytes, shares: tuple[bytes, bytes]) -> Report:
+    """A format 1 report (an earlier release's client: one HPKE seal per share) of these shares."""
+    sealed = []
+    for party, (pub, share) in enumerate(zip(config.hpke_keys, shares)):
+        out = hpke.suite("x25519").encrypt(share, hpke.public_key("x25519", pub), info=hpke_info(config.fingerprint, report_id, party))
+        sealed.append((out[:32], out[32:]))
+    return Report(config.fingerprint, report_id, (sealed[0], sealed[1]), version=1)
+
+
+def test_format_1_is_still_read_and_format_2_binds_each_share_to_its_report_and_server():
+    """A spool of an earlier release holds format 1 reports: they open as before. Format 2's shared
+    capsule opens once per opener; what a client or a server in between could try fails: a share
+    moved under another report id (same capsule), a share moved to the other server's place, a
+    changed capsule (every share under it is refused), a capsule from another task."""
+    config, keys = _config()
+    reports = make_reports(config, [0.1, 0.2, 0.3])
+    plain = {(r.report_id, p): open_share(r, p, keys[p], config.fingerprint) for r in reports for p in (0, 1)}
+    rid = reports[0].report_id
+    old = Report.from_bytes(v1_report(config, rid, (plain[rid, 0], plain[rid, 1])).to_bytes())
+    assert old.version == 1 and old.to_bytes()[:4] == b"DPR1"
+    assert open_share(old, 1, keys[1], config.fingerprint) == plain[rid, 1]
+    opens = []
+    opener = Opener(keys[0], config.fingerprint, 0)
+    real = opener._decrypt
+    opener._decrypt = lambda *a, **k: opens.append(1) or real(*a, **k)
+    for r in reports:
+        assert opener(r.report_id, *r.sealed[0]) == plain[r.report_id, 0]
+    assert len(opens) == 1  # one HPKE open for the three reports' capsule
+    (a, b, c) = reports
+    with pytest.raises(ReportError, match="does not open"):
+        opener(b.report_id, *a.sealed[0])  # a's share under b's id
+    with pytest.raises(ReportError, match="does not open"):
+        Opener(keys[1], config.fingerprint, 1)(a.report_id, a.sealed[1][0], a.sealed[0][1])  # server 0's share at server 1
+    bad = bytearray(a.sealed[0][0])
+    bad[40] ^= 1
+    fresh = Opener(keys[0], config.fingerprint, 0)
+    for r in reports:
+        with pytest.raises(ReportError, match="does not open"):
+            fresh(r.report_id, bytes(bad), r.sealed[0][1])
+    other, _ = _config()
+    with pytest.raises(ReportError, match="does not open"):
+        Opener(keys[0], other.fingerprint, 0)(a.report_id, *a.sealed[0])
+    ids = [r.report_id[:12] for r in make_reports(config, np.linspace(0, 1, 300))]
+    assert len(set(ids)) == 300
 
 
 def test_batch_codec_and_its_errors():
@@ -117,7 +176,7 @@ def test_the_batch_layout_takes_exactly_the_reports_the_parser_takes():
 
     config, keys = _config()
     good = [r.to_bytes() for r in make_reports(config, [0.1, 0.5])]
-    enc_len, ct_len = (len(x) for x in Report.from_bytes(good[0]).sealed[0])
+    enc_len, ct_len = (len(x) for x in Report.from_bytes(good[0]).sealed[0])  # (the capsule's length)
     layout = Layout(config.fingerprint, enc_len, ct_len)
     share = 2 + enc_len + 4 + ct_len
     raws = list(good) + [r.to_bytes() for r in make_reports(_config()[0], [0.2])]
@@ -138,13 +197,14 @@ def test_the_batch_layout_takes_exactly_the_reports_the_parser_takes():
     for raw, fit in zip(raws, fits):
         try:
             r = Report.from_bytes(raw)
-            parsed = r.fingerprint == config.fingerprint and all(len(e) == enc_len and len(c) == ct_len for e, c in r.sealed)
+            parsed = (r.version == 2 and r.fingerprint == config.fingerprint
+                      and all(len(e) == enc_len and len(c) == ct_len for e, c in r.sealed))
         except ReportError:
             parsed = False
         assert fit == parsed, raw.hex()
         if fit:
             for party in (0, 1):
-                assert layout.sealed(raw, party) == (r.report_id, r.sealed[party][0] + r.sealed[party][1])
+                assert layout.sealed(raw, party) == (r.report_id, *r.sealed[party])
     size, extras = config.key_dcf().key_size, config.extras_bytes // 8
     opened = [open_share(Report.from_bytes(good[0]), 0, keys[0], config.fingerprint)] * 4
     opened[1] = opened[1][:-8] + (2**61 - 1).to_bytes(8, "little")  # p itself is not a field element
@@ -185,13 +245,66 @@ def test_a_refusal_reads_the_addresss_allowance_again_before_the_next_open(tmp_p
     bad = [g[:36] + secrets.token_bytes(16) + g[52:] for g in good[:2]]  # another id: the share does not open
     failures, opens, real = app.state.failures, [], wire.Opener.__call__
 
-    def opener(self, rid, sealed):
+    def opener(self, rid, capsule, ct, version=2):
         opens.append(rid)
         if len(opens) == 2:  # another request of this address used up its allowance meanwhile
             failures.charge("testclient", failures.allowance("testclient"))
-        return real(self, rid, sealed)
+        return real(self, rid, capsule, ct, version)
 
     monkeypatch.setattr(wire.Opener, "__call__", opener)
     res = client.post(f"/tasks/{config.task_id}/reports/batch", content=encode_batch(bad + good))
     assert res.status_code == 429, res.text
     assert len(opens) == 2  # the second refusal's read found nothing left: no good report opened
+
+
+def test_a_server_takes_both_formats_in_one_batch_and_opens_each_capsule_once(tmp_path, monkeypatch):
+    """An upload mixing format 2 reports (two calls: two capsules) and a format 1 report (a spool of
+    an earlier release) stores all of them; the server does one HPKE open per capsule and per
+    format 1 share, and a format 2 report whose capsule does not open is refused with the reason."""
+    import warnings
+
+    from dpcdf.service.server import create_app
+    from dpcdf.service.task import token_hash
+    from helpers import OPERATOR
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*httpx2")
+        from fastapi.testclient import TestClient
+
+    app = create_app(0, tmp_path, warm_up=False, sweep_every=1e9)
+    client = TestClient(app)
+    pub = client.get("/hpke").json()["keys"]["x25519"]
+    other, keys = _config()
+    config = TaskConfig(GRID, 1.0, "path", "substitution", 1, ("a", "b"), (pub, other.hpke_keys[1]), token_hash("t"), verify=False)
+    assert client.post("/tasks", content=config.to_json(), headers={"authorization": f"Bearer {OPERATOR}",
+                                                                    "content-type": "application/json"}).status_code == 201
+    first, second = make_reports(config, [0.1, 0.2, 0.3]), make_reports(config, [0.4, 0.5])
+    from dpcdf.service.hpke import ServerKeys
+
+    donor, mine = make_reports(config, [0.6])[0], ServerKeys(tmp_path).private("x25519")
+    old = v1_report(config, donor.report_id, (open_share(donor, 0, mine, config.fingerprint),
+                                              open_share(donor, 1, keys[1], config.fingerprint)))
+    broken = Report(config.fingerprint, second[0].report_id,  # its capsule's encapsulated key replaced
+                    ((bytes(32) + second[0].sealed[0][0][32:], second[0].sealed[0][1]), second[0].sealed[1]))
+    opens, real = [], hpke.suite
+
+    def counting(kem):
+        suite = real(kem)
+
+        class Counted:
+            encrypt = suite.encrypt
+
+            @staticmethod
+            def decrypt(*a, **k):
+                opens.append(1)
+                return suite.decrypt(*a, **k)
+        return Counted
+
+    monkeypatch.setattr(hpke, "suite", counting)
+    body = encode_batch([r.to_bytes() for r in first + second[1:] + [old, broken]])
+    res = client.post(f"/tasks/{config.task_id}/reports/batch", content=body)
+    assert res.status_code == 200, res.text
+    out = res.json()
+    assert out["accepted"] == 5 and [r["index"] for r in out["rejected"]] == [5]
+    assert "does not open" in out["rejected"][0]["error"]
+    assert len(opens) == 4  # two good capsules, the format 1 share, the broken capsule

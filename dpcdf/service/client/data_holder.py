@@ -2,9 +2,9 @@
 values into reports and upload them (each person).
 
 A report is a value's grid index alpha and a DCF key pair for [t >= alpha] (with a payload vector for
-label and calibration tasks), each key sealed to its server (`wire`). pyca/cryptography does the HPKE
-(OpenSSL underneath: about 40 us to open a share here, seven times faster than pycryptodome's, which the
-tests use to cross-check interoperability).
+label and calibration tasks), each key sealed to its server (`wire`, format 2: the reports of one
+`make_reports` call share one HPKE capsule per server, each share AES-GCM under its key).
+pyca/cryptography does the HPKE and AES-GCM (OpenSSL underneath).
 """
 from __future__ import annotations
 
@@ -23,7 +23,7 @@ from ...errors import DomainError, DpcdfError, ParameterError
 from .. import hpke
 from ..http import ServerError, http
 from ..task import TaskConfig, check_distinct_servers, token_hash
-from ..wire import ID_BYTES, MAX_BATCH, Report, encode_batch, hpke_info
+from ..wire import ID_BYTES, MAX_BATCH, NONCE_BYTES, Report, Sealer, encode_batch
 from .spool import Spool, SpoolStatus, ranges, shown
 
 
@@ -31,7 +31,9 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
     """One report per value: the value's grid index alpha, the DCF key pair for [t >= alpha] (with
     payload (label, 1 - label) for a label task), each key sealed to its server, followed for a
     verified task by the client's shares of its check randomness. Randomness: the DCF's CSPRNG
-    seeds, the check's (`secrets`), a random 16-byte report id."""
+    seeds, the check's (`secrets`), a random 16-byte report id, the capsules' keys (os.urandom).
+    The reports share one capsule per server and MAX_BATCH reports (`wire`, format 2): they are
+    linkable as made together; make one report per call where that matters."""
     check_distinct_servers(config.servers, config.hpke_keys)  # before anything is sealed (SameServerError)
     v = np.asarray(values, dtype=np.float64).reshape(-1)
     if v.size == 0:
@@ -61,17 +63,25 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
     rows = [share_rows(dcf, k, e) for k, e in zip((k0, k1), extras)]
     width, flat0, flat1 = rows[0].shape[1], rows[0].tobytes(), rows[1].tobytes()
     fp = config.fingerprint
-    pk0, pk1 = (hpke.public_key(config.kem, h) for h in config.hpke_keys)
-    seal, enc_len = hpke.suite(config.kem).encrypt, hpke.enc_length(config.kem)
-    ids = secrets.token_bytes(ID_BYTES * v.size)
-    prefix = hpke_info(fp, b"", 0)[:-1]  # hpke_info(fp, rid, party) = prefix + rid + party
+    pks = [hpke.public_key(config.kem, h) for h in config.hpke_keys]
+    ids = report_ids(v.size)
     reports = []
-    for i in range(v.size):  # one pass: two seals per report, nothing else per key
+    for i in range(v.size):  # one pass: two AES-GCM seals per report, nothing else per key
+        if i % MAX_BATCH == 0:
+            s0, s1 = (Sealer(pk, fp, party, config.kem) for party, pk in enumerate(pks))
         rid, at = ids[i * ID_BYTES : (i + 1) * ID_BYTES], slice(i * width, (i + 1) * width)
-        c0 = seal(flat0[at], pk0, info=prefix + rid + b"\x00")
-        c1 = seal(flat1[at], pk1, info=prefix + rid + b"\x01")
-        reports.append(Report(fp, rid, ((c0[:enc_len], c0[enc_len:]), (c1[:enc_len], c1[enc_len:]))))
+        reports.append(Report(fp, rid, ((s0.capsule, s0.seal(rid, flat0[at])), (s1.capsule, s1.seal(rid, flat1[at])))))
     return reports
+
+
+def report_ids(n: int) -> bytes:
+    """n random report ids (`secrets`), ID_BYTES each, whose first NONCE_BYTES are all distinct (each
+    is its share's AES-GCM nonce under the capsule's key: drawn again in the rare case, 2^-64 at n =
+    2^16, that two collide)."""
+    while True:
+        ids = secrets.token_bytes(ID_BYTES * n)
+        if len({ids[i : i + NONCE_BYTES] for i in range(0, len(ids), ID_BYTES)}) == n:
+            return ids
 
 
 def share_rows(dcf, batch, extras: np.ndarray | None = None) -> np.ndarray:

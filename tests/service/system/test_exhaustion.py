@@ -23,7 +23,7 @@ from dpcdf.service.client import create_task, make_reports
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.server.limits import Limits
 from dpcdf.service.task import SameServerError
-from dpcdf.service.wire import encode_batch
+from dpcdf.service.wire import MAGIC, encode_batch
 from helpers import GRID, OPERATOR, urls
 
 LIMITS = Limits()
@@ -89,7 +89,7 @@ def garbage(config, count: int, seed: int) -> list[bytes]:
     rng, real = np.random.default_rng(seed), make_reports(config, [50.0])[0]
     out = []
     for _ in range(count):
-        parts = [b"DPR1", config.fingerprint, rng.bytes(16)]
+        parts = [MAGIC, config.fingerprint, rng.bytes(16)]  # random capsules: one HPKE open each
         for enc, ct in real.sealed:
             parts += [struct.pack("<H", len(enc)), rng.bytes(len(enc)), struct.pack("<I", len(ct)), rng.bytes(len(ct))]
         out.append(b"".join(parts))

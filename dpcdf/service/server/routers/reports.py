@@ -4,7 +4,8 @@ wrongly sealed, foreign or duplicate one is refused with its reason and not stor
 
 Refusing junk is cheap and costs its sender (`limits`): the cheap checks come first (the batch's
 framing, each report's framing, its task fingerprint, the sealed shares' lengths), then a closed
-collection is refused, and only then is any share opened with this server's key. Every refused
+collection is refused, and only then is any share opened with this server's key (a format 2
+capsule once per request, `wire.Opener`: its reports' shares then cost one AES-GCM open each). Every refused
 report adds one to its client address's failure level; a batch with more than REJECTS_PER_BATCH
 refused reports is refused whole (400, nothing stored), and one whose address reaches the refusal
 level while its shares are opened stops there (429 with Retry-After, nothing stored).
@@ -23,7 +24,7 @@ from fss import FssError
 from fss.errors import KeyFormatError
 
 from ... import hpke
-from ...wire import FOREIGN, Layout, Opener, Report, ReportError, decode_batch, split_shares
+from ...wire import FOREIGN, TAG_BYTES, Layout, Opener, Report, ReportError, capsule_length, decode_batch, split_shares
 from ..deps import RawBody, ServerDep
 from ..errors import HttpError, TaskNotFound
 from ..limits import client_address
@@ -34,7 +35,6 @@ router = APIRouter(prefix="/tasks/{task_id}/reports", tags=["reports"])
 
 REJECTS_PER_BATCH = 16  # refused reports a batch may hold and still be taken
 RECHECK = 64  # shares opened between two readings of the address's allowance (without a refusal here)
-TAG_BYTES = 16  # AES-128-GCM's tag after each share
 RETRY_STATUS = {429: {"model": Error, "description": "this address sent too many reports that "
                       "did not open: send again after Retry-After seconds",
                       "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}}}}
@@ -114,25 +114,28 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
             raise HttpError(400, f"batch refused: more than {REJECTS_PER_BATCH} of its reports are refused "
                             f"(report {first.index}: {first.error})")
 
-    candidates: list[tuple[int, bytes, bytes]] = []  # (index, report id, enc + ciphertext)
+    candidates: list[tuple[int, bytes, bytes, bytes, int]] = []  # (index, report id, capsule, ciphertext, format)
     if st is not None:
         fp, kem = st.config.fingerprint, st.config.kem
-        enc_len, ct_len = hpke.enc_length(kem), st.dcf.key_size + st.config.extras_bytes + TAG_BYTES
-        layout = Layout(fp, enc_len, ct_len)
+        plain = st.dcf.key_size + st.config.extras_bytes + TAG_BYTES
+        lengths = {2: (capsule_length(kem), plain), 1: (hpke.enc_length(kem), plain)}  # (AES-GCM's and HPKE's tags are 16 bytes)
+        layout = Layout(fp, *lengths[2])
     fits = layout.matches(raws) if st is not None else [False] * len(raws)
     for i, raw in enumerate(raws):  # the cheap checks, for every report, before any share is opened
         if fits[i]:  # the framing of the whole batch checked at once (`wire.Layout`)
-            candidates.append((i, *layout.sealed(raw, party)))
+            candidates.append((i, *layout.sealed(raw, party), 2))
             continue
         try:
             report = Report.from_bytes(raw)
             if st is None or report.fingerprint != fp:
                 raise ReportError(FOREIGN)
-            enc, ct = report.sealed[party]
-            if len(enc) != enc_len or len(ct) != ct_len:
-                raise ReportError(f"this server's sealed share must be a {enc_len}-byte encapsulated key and a "
-                                  f"{ct_len}-byte ciphertext for this task")
-            candidates.append((i, report.report_id, enc + ct))
+            capsule, ct = report.sealed[party]
+            want = lengths[report.version]
+            if (len(capsule), len(ct)) != want:
+                raise ReportError(f"this server's sealed share must be a {want[0]}-byte "
+                                  f"{'capsule' if report.version == 2 else 'encapsulated key'} and a "
+                                  f"{want[1]}-byte ciphertext for this task")
+            candidates.append((i, report.report_id, capsule, ct, report.version))
         except ReportError as exc:
             refuse(i, str(exc))
     if not candidates:
@@ -141,13 +144,13 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
         raise HttpError(409, CLOSED)
     opener = Opener(srv.keys.private(kem), fp, party, kem)
     opened, allowance = [], 0
-    for k, (i, rid, sealed) in enumerate(candidates):
+    for k, (i, rid, capsule, ct, version) in enumerate(candidates):
         if allowance <= 0 or k % RECHECK == 0:
             allowance = failures.allowance(address)
             if allowance <= 0:
                 raise TooManyFailures(failures.refused_for(address))
         try:
-            opened.append((i, rid, opener(rid, sealed)))
+            opened.append((i, rid, opener(rid, capsule, ct, version)))
         except ReportError as exc:
             refuse(i, str(exc))
             allowance = 0  # read again before the next open: other requests of this address count too
