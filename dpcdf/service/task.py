@@ -31,7 +31,8 @@ OUT_BITS = 64
 MAX_TREE_SIZE = 1 << 20
 MAX_ZCDP_TREE_SIZE = 1 << 16
 MAX_QUERY_POINTS = 1 << 16  # prefix indices per query (the analyst splits larger requests)
-MAX_VERIFIED_GRID = 1 << 16  # grid points a verified task evaluates every report at, at the close
+MAX_VERIFIED_GRID = 1 << 16  # grid points a task is verified at by default, and on a server without a Dask cluster
+MAX_CLUSTER_VERIFIED_GRID = 1 << 20  # with verify=True, on servers with a cluster (`dpcdf serve --dask`)
 
 
 class SameServerError(ParameterError):
@@ -100,7 +101,8 @@ class TaskConfig:
     verify: the servers check every report at the close and count only well-formed ones (keys over
     F_p plus the client's check randomness; `dpcdf.service.protocols.check.maths`, docs/verification.md) and answer
     every query from a histogram share made once then. None (the default) means: verified when the
-    payload can be and the grid has at most MAX_VERIFIED_GRID points. A config without the field
+    payload can be and the grid has at most MAX_VERIFIED_GRID points; True allows grids of up to
+    MAX_CLUSTER_VERIFIED_GRID, which servers without a Dask cluster refuse. A config without the field
     (written before verification existed) is unverified, and an unverified task's JSON leaves the
     field out, so its fingerprint is what it was."""
 
@@ -119,6 +121,7 @@ class TaskConfig:
     privacy: str = "pure"
     rho: float | None = None
     root_share: float = ROOT_SHARE
+    fine_bins: bool = True
     task_id: str = field(default_factory=lambda: secrets.token_hex(16))
     format: str = FORMAT
 
@@ -132,6 +135,7 @@ class TaskConfig:
         check_relation(self.relation)
         self._check_privacy()
         self._check_root_share()
+        self._check_fine_bins()
         if isinstance(self.min_batch, bool) or not isinstance(self.min_batch, int) or self.min_batch < 0:
             raise ParameterError(f"min_batch must be an int >= 0, got {self.min_batch!r}")
         if self.payload not in ("count", "label", "calibration"):
@@ -164,9 +168,10 @@ class TaskConfig:
         if not isinstance(self.verify, bool):
             raise ParameterError(f"verify must be true or false, got {self.verify!r}")
         if self.verify:
-            if size > MAX_VERIFIED_GRID:
-                raise ParameterError(f"a verified task evaluates every report at every grid point at the close: at most "
-                                     f"{MAX_VERIFIED_GRID} points (this grid has {size}); use verify=false")
+            if size > MAX_CLUSTER_VERIFIED_GRID:
+                raise ParameterError(f"a verified task evaluates every report at every grid point: at most "
+                                     f"{MAX_CLUSTER_VERIFIED_GRID} points, on servers with a Dask cluster "
+                                     f"(this grid has {size}); use verify=false")
             self.check()  # raises for a payload that cannot be verified
         if self.payload == "calibration":
             self.group_scales()  # the group sums' noise scales are in range
@@ -183,6 +188,15 @@ class TaskConfig:
         share = self.root_share
         if isinstance(share, bool) or not isinstance(share, (int, float)) or not 0 <= share < 1:
             raise ParameterError(f"root_share must be a number in [0, 1), got {share!r:.40}")
+
+    def _check_fine_bins(self) -> None:
+        """Whether an adaptive task's round one also counts fine bins (`AdaptiveMechanism.fine`), pinned
+        in the config like the root share: configs written before them (no field) keep the 32 bins they
+        were answered with. It applies to adaptive tasks; elsewhere it is False and left out of the JSON."""
+        if self.mechanism != "adaptive":
+            object.__setattr__(self, "fine_bins", False)
+        if not isinstance(self.fine_bins, bool):
+            raise ParameterError(f"fine_bins must be true or false, got {self.fine_bins!r:.40}")
 
     def _check_privacy(self) -> None:
         """pure: epsilon-DP with discrete Laplace noise, mechanism 'path', 'tree' or 'adaptive' (two
@@ -246,7 +260,7 @@ class TaskConfig:
                 return sqrt_factorization(size, rho, relation)
             return gaussian_tree(size, rho, relation)
         if self.mechanism == "adaptive":  # its round-two tree's plan is ROOT_SHARE's: a new plan needs a new name
-            return AdaptiveMechanism(size, self.epsilon, self.relation)
+            return AdaptiveMechanism(size, self.epsilon, self.relation, fine=self.fine_bins)
         if self.mechanism == "tree" and self.payload == "count":
             return TreeMechanism(size, self.epsilon, self.relation, root_share=self.root_share)
         eps, relation = curve_budget(self.payload, self.epsilon, self.relation, self.split)
@@ -301,6 +315,8 @@ class TaskConfig:
             del d["privacy"], d["rho"]  # and from before zCDP tasks
         if self.root_share == 0:
             del d["root_share"]  # and from before the add/remove root share
+        if not self.fine_bins:
+            del d["fine_bins"]  # and from before round one's fine bins
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -310,6 +326,7 @@ class TaskConfig:
             d["servers"], d["hpke_keys"] = tuple(d["servers"]), tuple(d["hpke_keys"])
             d.setdefault("verify", False)
             d.setdefault("root_share", 0.0)  # a config from before the root share: the plan it was answered with
+            d.setdefault("fine_bins", False)  # and from before round one's fine bins: its 32 bins
             return cls(**d)
         except ParameterError:
             raise

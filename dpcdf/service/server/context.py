@@ -105,6 +105,12 @@ class TaskContext(StepContext):
     def mechanism(self) -> Mechanism:
         return self.aggregator.mechanism
 
+    @property
+    def round_one_map(self) -> Callable[["TaskContext"], int] | None:
+        """Where `round_one.catch_up` runs the check's batches: the server's Dask cluster
+        (`dask_check.RoundOneMap`), or None, in-process."""
+        return getattr(self.aggregator.evaluator, "round_one", None)
+
     # --- the protocol steps, handed this context ---------------------------------------------------
     def catch_up(self) -> int:
         """Round one of the check over the reports not yet through it (`round_one.catch_up`)."""

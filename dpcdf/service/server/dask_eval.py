@@ -22,10 +22,10 @@ How the keys reach the workers (`transport`):
 
 A worker evaluates one piece at a time with as many kernel threads as it has Dask threads
 (`dask worker --nthreads T`; "local:N" starts N single-threaded workers, one per core).
+Verified tasks' round one runs on the same cluster (`round_one` here, `dask_check.RoundOneMap`).
 """
 from __future__ import annotations
 
-import threading
 from pathlib import Path
 
 import numpy as np
@@ -34,6 +34,7 @@ from fss import DCF, KeyBatch
 
 from ...errors import DpcdfError
 from ..storage import segments
+from .dask_check import RoundOneMap, kernel_threads
 
 GROUPS_PER_PIECE = 1 << 15  # at most 2^19 keys per task
 TRANSPORTS = ("path", "scatter")
@@ -72,6 +73,7 @@ class DaskEvaluator:
             except (OSError, TimeoutError) as exc:
                 raise DaskError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
         self.client.run(_warm_up)  # the workers load the kernels now, not at the first query
+        self.round_one = RoundOneMap(self.client, lambda: len(self.workers()))  # verified tasks' round one
 
     def workers(self) -> list[str]:
         return sorted(self.client.scheduler_info()["workers"])
@@ -129,7 +131,6 @@ class _Piece:
 
 
 # --- on the workers ---------------------------------------------------------------------------
-_kernel_lock = threading.Lock()  # one kernel launch at a time per worker process (numba's thread pool)
 _open: dict[tuple[str, str], np.ndarray] = {}
 _MAX_OPEN = 512
 
@@ -148,16 +149,7 @@ def _mapped(directory: str, file: str, digest: str) -> np.ndarray:
 def _warm_up() -> None:
     from fss import backend
 
-    backend.warm_up()
-
-
-def _threads() -> int | None:
-    try:
-        from distributed import get_worker
-
-        return get_worker().state.nthreads
-    except (ImportError, ValueError, AttributeError):
-        return None
+    backend.warm_up()  # round one's kernels load at a worker's first batch: only --dask servers with verified tasks pay
 
 
 def _piece_sum(dcf: DCF, party: int, source: tuple, points: np.ndarray) -> np.ndarray:
@@ -169,10 +161,5 @@ def _piece_sum(dcf: DCF, party: int, source: tuple, points: np.ndarray) -> np.nd
         piece = source[1]
         n, arrays = piece.n, list(piece.arrays)
     batch = KeyBatch.from_grouped(dcf.params, party, n, *arrays)
-    with _kernel_lock:
-        threads = _threads()
-        if threads:
-            import numba
-
-            numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+    with kernel_threads():
         return dcf.eval_sum(batch, points)

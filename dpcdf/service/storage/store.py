@@ -252,11 +252,12 @@ class Store:
         with self.lock:
             return self.db.execute("SELECT coalesce(max(last_seq), 0) FROM check_batches WHERE task_id = ?", (task_id,)).fetchone()[0]
 
-    def unchecked(self, task_id: str, limit: int) -> tuple[list[int], list[bytes], list[bytes]]:
-        """(seqs, ids, shares) of the task's next `limit` reports after `checked_upto`, in upload
-        order (up to the frozen set's last one once the collection is closed)."""
+    def unchecked(self, task_id: str, limit: int, after: int | None = None) -> tuple[list[int], list[bytes], list[bytes]]:
+        """(seqs, ids, shares) of the task's next `limit` reports after `checked_upto` (or after seq
+        `after`: a reader ahead of the stored batches), in upload order (up to the frozen set's last one
+        once the collection is closed)."""
         with self.lock:
-            after, frozen = self.checked_upto(task_id), self._state(task_id)[0]
+            after, frozen = self.checked_upto(task_id) if after is None else after, self._state(task_id)[0]
             after = after or self._before_first(task_id)  # the first batch (a scan of the task's index, once)
             # plain bounds (no subquery in the range), so SQLite reads the rowid range, not the whole table
             rows = self.db.execute(

@@ -1,4 +1,8 @@
 """Evaluation on Dask: the same shares, bit for bit, as in-process; the noise added on the server."""
+import pickle
+import sqlite3
+from dataclasses import dataclass
+
 import numpy as np
 import psutil
 import pytest
@@ -7,12 +11,18 @@ from dpcdf.analyst import Analyst
 from dpcdf.release.calibration import group_scales
 from dpcdf.release.ecdf import prefix_counts
 from dpcdf.release.mechanisms import PathMechanism, TreeMechanism
+from dpcdf.service.protocols.check import round_one
+from dpcdf.service.protocols.context import StepContext
 from dpcdf.service.storage import segments
+from dpcdf.service.storage.store import Store
+from dpcdf.service.task import TaskConfig
+from dpcdf.service.wire import join_share
 from dpcdf.service.server.aggregate import Aggregator
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.server.dask_eval import DaskError, DaskEvaluator
 from dpcdf.service.processes import start_server, stop
 from fss import DCF
+from dpcdf.service.http import ServerError
 from helpers import GRID, TESTING, values
 
 
@@ -68,6 +78,60 @@ def test_dask_group_sums_of_a_wide_payload_are_bit_identical(tmp_path, evaluator
     np.testing.assert_array_equal(remote.prefix_shares(shards, np.arange(256)), local.prefix_shares(shards, np.arange(256)))
 
 
+def _verified_shares(config, n, party, seed):
+    """(report id, stored share) of n honest reports of a verified task for `party`."""
+    rng = np.random.default_rng(seed)
+    dcf, check = config.key_dcf(), config.check()
+    betas, *x = check.client_report(rng.integers(0, 2, (n, check.width)) if check.width == 2 else np.ones((n, 1), np.int64))
+    keys = dcf.gen_batch(rng.integers(0, 50, n), betas)
+    return [(rng.bytes(16), join_share(keys[party][i].to_bytes(), x[party][i])) for i in range(n)]
+
+
+@dataclass(frozen=True, eq=False)
+class _OnCluster(StepContext):
+    round_one_map: object = None  # what `TaskContext` gives round_one.catch_up with --dask
+
+
+@pytest.mark.parametrize("payload", ["count", "label"])
+def test_verified_round_one_on_the_cluster_is_bit_identical_and_gets_no_secret(tmp_path, evaluator, monkeypatch, payload):
+    """Round one of a verified task mapped over the cluster as reports arrive: the same stored batches
+    and the same close-time view (`prepare`, drops subtracted) as in-process, bit for bit; every
+    argument sent to a worker is pickled and holds neither the pair key, the challenges' key nor the
+    noise seed (the task's challenges, which the sketch needs, do go: docs/scaling.md)."""
+    grid = {"kind": "thresholds", "values": [float(v) for v in range(50)]}
+    config = TaskConfig(grid, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "01" * 32), "00", payload=payload)
+    key, seed, party = bytes(range(32)), bytes(range(100, 132)), 1
+    items = _verified_shares(config, 500, party, 7)
+    monkeypatch.setattr(round_one, "keys_per_pass", lambda size, width: 64)  # several batches, some in flight at once
+    sent = []
+    for name in ("submit", "scatter"):
+        real = getattr(evaluator.client, name)
+        monkeypatch.setattr(evaluator.client, name, lambda *a, _real=real, **k: (sent.append(pickle.dumps((a, k))), _real(*a, **k))[1])
+    views, rows = [], []
+    for where in ("in-process", "dask"):
+        store = Store(tmp_path / f"{where}.sqlite")
+        try:
+            store.add_task(config.task_id, config.to_json(), b"fp", seed)
+            base = StepContext.of(config, party, store, key)
+            ctx = base if where == "in-process" else _OnCluster(*vars(base).values(), evaluator.round_one)
+            for start in range(0, 500, 150):  # uploads, each followed by the checker's catch-up
+                store.add_many(config.task_id, items[start:start + 150])
+                round_one.catch_up(ctx)
+            rows.append(store.check_batches(config.task_id))
+            store.freeze(config.task_id, lambda ids: str(len(ids)))
+            store.exclude(config.task_id, [items[3][0], items[420][0]], lambda ids: str(len(ids)))
+            views.append(round_one.prepare(ctx))
+        finally:
+            store.close()
+    assert len(rows[0]) == 10 and rows[1] == rows[0]  # 64-report batches (the last of each upload shorter), same bytes
+    for field in ("ids", "context", "extras", "message", "state", "total"):
+        np.testing.assert_array_equal(getattr(views[1], field), getattr(views[0], field))
+    assert len(sent) == 1 + 10  # the challenges once, then one task per batch: the work ran on the workers
+    assert b"Challenges" in sent[0]
+    secrets = (key, round_one.verification_key(key), seed)
+    assert not any(secret in blob for blob in sent for secret in secrets)
+
+
 def test_bad_addresses_are_refused():
     for address in ("local:0", "local:x", "somewhere:8786"):
         with pytest.raises(DaskError):
@@ -95,6 +159,22 @@ def test_two_servers_one_on_a_local_cluster_answer_the_exact_counts(tmp_path):
         np.testing.assert_array_equal(counts, truth)
         np.testing.assert_allclose(analyst.release("monotone").counts, truth, atol=1e-9)  # noise off: the plain fit
         assert (segments.task_dir(tmp_path / "s0", config.task_id) / "00000.cw_seed.npy").exists()
+        # a verified task: server 0's round one runs on its workers, and the release is the exact counts
+        config, token = create_task([u for _, u in procs], GRID, 1.0, "tree", "substitution", min_batch=10)
+        assert config.verify
+        assert submit(config, vals, batch=100)["complete"] == 400
+        counts, n = Analyst(config, token).prefix_counts(np.arange(64))
+        assert n == 400
+        np.testing.assert_array_equal(counts, truth)
+        db = sqlite3.connect(f"file:{tmp_path / 's0'}/server.sqlite?mode=ro", uri=True)
+        try:  # server 0's round one was stored (it answers from the histogram share its workers summed)
+            assert db.execute("SELECT sum(n) FROM check_batches WHERE task_id = ?", (config.task_id,)).fetchone()[0] == 400
+        finally:
+            db.close()
+        big = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 17}  # above 2^16: verified only with a cluster
+        with pytest.raises(ServerError, match="needs a server with a Dask cluster") as refused:
+            create_task([u for _, u in procs], big, 1.0, "path", "substitution", min_batch=10, verify=True)
+        assert refused.value.status == 400 and procs[1][1] in str(refused.value)  # server 0 (local:2) took it
     finally:
         for proc, _ in procs:
             stop(proc)

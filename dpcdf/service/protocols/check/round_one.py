@@ -131,18 +131,33 @@ class Local:
 def step(ctx: StepContext, limit: int | None = None) -> int:
     """Round one for the task's next stored reports not yet in a batch (one pass at most): evaluates
     their keys over the grid and stores the batch. Returns how many reports it took (0: caught up)."""
-    store, config, party, pair_key = ctx.store, ctx.config, ctx.party, ctx.pair_key
-    task_id, dcf, check = config.task_id, config.key_dcf(), config.check()
-    size = config.make_grid().size
-    seqs, ids, shares = store.unchecked(task_id, limit or keys_per_pass(size, dcf.width))
+    config = ctx.config
+    dcf, check = config.key_dcf(), config.check()
+    seqs, ids, shares = ctx.store.unchecked(config.task_id, limit or keys_per_pass(check.size, dcf.width))
     if not ids:
         return 0
-    batch, x = decode_shares(dcf, check.extras, shares, party)
-    y = grid_values(dcf, batch, size)
-    msg, st, sums = check.round_one_sums(party, y, x, challenges(check, pair_key, task_id))  # one pass over y
-    le = lambda a: np.ascontiguousarray(a, dtype="<u8").tobytes()  # noqa: E731
-    store.add_check_batch(task_id, CheckBatch(seqs[0], seqs[-1], len(ids), b"".join(ids), le(msg), le(st), le(x), le(sums)))
+    store_batch(ctx, seqs, ids, evaluate(dcf, check, ctx.party, shares, challenges(check, ctx.pair_key, config.task_id)))
     return len(ids)
+
+
+def evaluate(dcf: DCF, check: Check, party: int, shares: list[bytes], ch) -> tuple[np.ndarray, ...]:
+    """One batch's round one from its stored shares alone: (extras, message, state, grid sums), a
+    pass of `keys_per_pass` keys at a time (the sums added mod p). A pure function of the shares and
+    the challenges `ch` (what a Dask worker runs, `server.dask_check`); no key, no store."""
+    per, parts = keys_per_pass(check.size, dcf.width), []
+    total = np.zeros((check.size, check.width), np.uint64)
+    for start in range(0, len(shares), per):
+        batch, x = decode_shares(dcf, check.extras, shares[start:start + per], party)
+        msg, st, sums = check.round_one_sums(party, grid_values(dcf, batch, check.size), x, ch)  # one pass over y
+        parts.append((x, msg, st))
+        total = F.add(total, sums) if start else sums
+    return (*(np.concatenate(c) for c in zip(*parts)), total)
+
+
+def store_batch(ctx: StepContext, seqs: list[int], ids: list[bytes], result: tuple[np.ndarray, ...]) -> bool:
+    """Stores one batch's `evaluate` result (reports `seqs`, `ids`); False if it was stored already."""
+    x, msg, st, sums = (np.ascontiguousarray(a, dtype="<u8").tobytes() for a in result)
+    return ctx.store.add_check_batch(ctx.config.task_id, CheckBatch(seqs[0], seqs[-1], len(ids), b"".join(ids), msg, st, x, sums))
 
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
@@ -159,6 +174,9 @@ def catch_up(ctx: StepContext) -> int:
     """Round one for every stored report of the task not yet in a batch; returns how many."""
     done = 0
     with lock(ctx.store, ctx.config.task_id):
+        cluster = getattr(ctx, "round_one_map", None)
+        if cluster is not None:  # the server's Dask cluster (`server.dask_check`): the same batches, the same bits
+            return cluster(ctx)
         while (k := step(ctx)):
             done += k
     return done

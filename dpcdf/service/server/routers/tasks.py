@@ -9,7 +9,7 @@ from fastapi import APIRouter, Request, Response
 
 from ....errors import DpcdfError
 from ...hpke import public_key
-from ...task import TaskConfig
+from ...task import MAX_VERIFIED_GRID, TaskConfig
 from .. import peers
 from ..deps import THROTTLED, AnalystTaskDep, OperatorDep, RawBody, ServerDep
 from ..errors import HttpError
@@ -43,6 +43,9 @@ def register(request: Request, srv: ServerDep, _: OperatorDep, raw: RawBody) -> 
         pair_key(config, party, srv.keys)
     except (DpcdfError, ValueError) as exc:
         raise HttpError(400, f"server {1 - party}'s HPKE key in the task is not a {config.kem} key: {exc}") from None
+    if config.verify and config.make_grid().size > MAX_VERIFIED_GRID and srv.evaluator is None:
+        raise HttpError(400, f"a verified task of more than {MAX_VERIFIED_GRID} grid points needs a server with a "
+                             "Dask cluster (dpcdf serve --dask): this one has none; use verify=false")
     srv.register(config)
     gone = request.app.state.retention.gone(config.task_id)  # issue 24: its id stays taken, its seed gone
     if gone:

@@ -1,0 +1,120 @@
+"""Round one of a verified task's check on the server's Dask cluster (issue 24): `round_one.catch_up`
+hands the task's unchecked reports here when the server runs with `--dask` (`TaskContext.round_one_map`).
+
+The server reads the next reports' stored shares from SQLite (a few batches ahead), submits each
+batch to a worker, which runs `round_one.evaluate` on it (decode the key shares, `eval_grid` over
+the whole grid, the check's sketch and the grid's column sums), and stores the results in upload
+order (`round_one.store_batch`). Batches are cut as in-process (`keys_per_pass` keys) for grids of
+up to `MAX_VERIFIED_GRID` points, so the stored rows are the same bits; above that a batch is
+`TASK_ELEMENTS` grid values (several passes on the worker), so that the stored column sums (a whole
+grid per batch) stay a few KiB per report.
+
+What a worker holds, and why that is safe (docs/scaling.md says the same):
+- the server's own key shares of its batch, with the client's check extras (this server's shares of
+  (a, a^2), kappa x, kappa): what the server stores anyway; without the other server's shares they
+  reveal nothing about a value (the non-collusion assumption extends to each server's cluster);
+- the task's challenges (the folded weights `Challenges.wz`, `wl` and `s`; calibration also rho,
+  sigma and the bit pairs): the sketch is linear in the grid values with these weights, so it
+  cannot be computed without them, and shipping the grid values back instead would be 2^11 times the
+  traffic at 2^10. A worker learning them adds nothing: it already computes this server's histogram
+  share and check values, so a dishonest worker could shift them anyway (a server's own robustness
+  rests on its machines, as in `round_one`'s argument for one per-task key). They are per task: the
+  challenges' key, from which every task's challenges derive, stays on the server.
+- never the pair key K (the report-set hashes, the channel's MAC, the challenges' key), the
+  challenges' key `round_one.verification_key(K)`, nor the noise seed: nothing a worker gets opens a
+  report or predicts a noise draw (tests/service/system/test_dask.py pickles every submitted argument
+  and looks for them).
+"""
+from __future__ import annotations
+
+import contextlib
+import threading
+from collections import OrderedDict, deque
+
+from ..protocols.check import round_one
+from ..protocols.context import StepContext
+from ..task import MAX_VERIFIED_GRID
+
+TASK_ELEMENTS = 1 << 28  # grid values per batch above MAX_VERIFIED_GRID: 256 reports of a 2^20 grid's count task
+AHEAD = 2  # batches in flight per worker: one running, one waiting, so no worker idles on the server's reads
+_CHALLENGES = 4  # tasks whose challenges stay scattered on the workers
+
+
+class RoundOneMap:
+    """Round one of a task's unchecked reports on a Dask `client`'s workers (`__call__`); the same
+    batches and bits as `round_one.step` in a loop."""
+
+    def __init__(self, client, worker_count):
+        self.client, self.worker_count = client, worker_count
+        self._challenges: OrderedDict[tuple[str, bytes], object] = OrderedDict()
+
+    def reports_per_batch(self, size: int, width: int) -> int:
+        per = round_one.keys_per_pass(size, width)
+        return per if size <= MAX_VERIFIED_GRID else max(per, TASK_ELEMENTS // (size * width))
+
+    def __call__(self, ctx: StepContext) -> int:
+        """Round one of every stored report of the task not yet in a batch; returns how many. While
+        the collection is open and the grid is above MAX_VERIFIED_GRID, a last partial batch waits for
+        more reports (each batch stores a whole grid of sums); the close takes it."""
+        config, store = ctx.config, ctx.store
+        dcf, check = config.key_dcf(), config.check()
+        per = self.reports_per_batch(check.size, dcf.width)
+        partial = check.size <= MAX_VERIFIED_GRID or store.frozen(config.task_id) is not None
+        ch, after, done, pending = None, None, 0, deque()
+        while True:
+            while len(pending) < AHEAD * max(1, self.worker_count()):
+                seqs, ids, shares = store.unchecked(config.task_id, per, after)
+                if not ids or (len(ids) < per and not partial):
+                    break
+                if ch is None:
+                    ch = self._scattered(ctx, check)
+                after = seqs[-1]
+                pending.append((seqs, ids, self.client.submit(_evaluate, dcf, check, ctx.party, shares, ch, pure=False)))
+                if len(ids) < per:
+                    break
+            if not pending:
+                return done
+            seqs, ids, future = pending.popleft()
+            round_one.store_batch(ctx, seqs, ids, future.result())
+            done += len(ids)
+
+    def _scattered(self, ctx: StepContext, check):
+        """The task's challenges on every worker, sent once per task (at 2^20 points they are 16 MiB)."""
+        key = (ctx.config.task_id, ctx.config.fingerprint)
+        if key not in self._challenges:
+            ch = round_one.challenges(check, ctx.pair_key, ctx.config.task_id)
+            self._challenges[key] = self.client.scatter(ch, broadcast=True, hash=False)
+            while len(self._challenges) > _CHALLENGES:
+                self._challenges.popitem(last=False)
+        self._challenges.move_to_end(key)
+        return self._challenges[key]
+
+
+def _evaluate(dcf, check, party: int, shares: list[bytes], ch) -> tuple:
+    """One batch's `round_one.evaluate`, on a worker (one kernel at a time, with the worker's threads)."""
+    with kernel_threads():
+        return round_one.evaluate(dcf, check, party, shares, ch)
+
+
+_kernel_lock = threading.Lock()  # one kernel launch at a time per worker process (numba's thread pool)
+
+
+@contextlib.contextmanager
+def kernel_threads():
+    """One kernel launch at a time in this worker process, with as many numba threads as it has Dask threads."""
+    with _kernel_lock:
+        threads = _threads()
+        if threads:
+            import numba
+
+            numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+        yield
+
+
+def _threads() -> int | None:
+    try:
+        from distributed import get_worker
+
+        return get_worker().state.nthreads
+    except (ImportError, ValueError, AttributeError):
+        return None
