@@ -225,7 +225,9 @@ def eval_step_at(enc, inp, s, t, acc, cw_seed, cw_t, cw_v, g0, level, v_level, x
     this level's corrections of the group PREFETCH_GROUPS ahead prefetched: a level's corrections
     of consecutive groups lie bits * 256 bytes apart, a stride the CPU's prefetchers miss, so
     without it the loop waited on memory for most of its time (4096 keys at bits = 32: about 150 us
-    a level against 30 us from the cache; not from a table)."""
+    a level against 30 us from the cache; not from a table). Every line of each range, its last
+    word's included: numpy's arrays start 16 bytes past a cache line here, so a group's 128 bytes
+    of payload corrections span three lines."""
     n, nb = inp.shape[0], inp.shape[1]
     E, I = enc.reshape(-1), inp.reshape(-1)
     CS, CT, CV = cw_seed.reshape(-1), cw_t.reshape(-1), cw_v.reshape(-1)
@@ -246,10 +248,12 @@ def eval_step_at(enc, inp, s, t, acc, cw_seed, cw_t, cw_v, g0, level, v_level, x
             a = cs + ahead * bits * np.uint64(2) * G
             for q in range(np.uint64(0), np.uint64(2 * GROUP), np.uint64(8)):  # lo and hi: 4 lines
                 _prefetch(CS, a + q)
+            _prefetch(CS, a + np.uint64(2 * GROUP - 1))  # and a fifth: the arrays start 16 bytes past a line
             _prefetch(CT, ct + ahead * bits * G)
             a = cv + ahead * vl * w * G
             for q in range(np.uint64(0), w * G, np.uint64(8)):
                 _prefetch(CV, a + q)
+            _prefetch(CV, a + w * G - _U1)
         for lane in range(np.uint64(min(GROUP, n - k0))):
             k = np.uint64(k0) + lane
             b = k * stride
@@ -308,10 +312,12 @@ def eval_step_w1(enc, inp, s, t, acc, cw_seed, cw_t, cw_v, g0, level, xs, shift,
             a = cs + ahead * bits * np.uint64(2) * G
             for q in range(np.uint64(0), np.uint64(2 * GROUP), np.uint64(8)):
                 _prefetch(CS, a + q)
+            _prefetch(CS, a + np.uint64(2 * GROUP - 1))  # the last line too (see eval_step_at)
             _prefetch(CT, ct + ahead * bits * G)
             a = cv + ahead * vl * G
             _prefetch(CV, a)
             _prefetch(CV, a + np.uint64(8))
+            _prefetch(CV, a + G - _U1)
         for lane in range(G):
             k = k0 + lane
             b = k * np.uint64(4)

@@ -19,7 +19,7 @@ from . import _kernels as K
 from . import field as F
 from .keys import GROUP, KeyBatch, from_groups, to_groups
 from .params import TreeParams
-from .prg import EcbPass, mmo_blocks
+from .prg import EcbPass, ecb_pointers, mmo_blocks
 
 _NOT1 = ~np.uint64(1)
 
@@ -135,6 +135,8 @@ def _finish_prime(acc, conv, t, cw_last, party) -> np.ndarray:
     return F.neg(v) if party == 1 else v
 
 
+FUSED_LOOP = True  # eval_batch's level loop in one numba call (`fss._ecbwalk`) when pycryptodome allows it
+WALK_GROUPS = 256  # groups the fused loop walks together
 CHUNK_GROUPS = 256  # keys walk the levels 256 groups (4096 keys) at a time: a level's PRG blocks stay in cache
 
 
@@ -146,6 +148,17 @@ def eval_batch(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
     if p.prime:
         return _eval_batch_prime(batch, xs)
     acc = np.zeros((p.width, n), np.uint64)
+    ptrs = ecb_pointers() if FUSED_LOOP else None
+    if ptrs is not None and n:
+        from ._ecbwalk import eval_chunks
+
+        vb = p.value_blocks if p.width > 1 else 0
+        st = eval_chunks(np.uint64(ptrs[0]), np.uint64(ptrs[1]), batch.seeds, batch.party, np.ascontiguousarray(xs, np.uint64),
+                         batch.cw_seed, batch.cw_t, batch.cw_v, p.width, p.eval_blocks, vb, p.level_payload, WALK_GROUPS, acc)
+        if st:
+            raise RuntimeError(f"pycryptodome's ECB_encrypt failed ({st})")
+        acc &= np.uint64(p.mask)
+        return acc
     G = batch.seeds.shape[0]
     for g0 in range(0, G, CHUNK_GROUPS):
         g1 = min(G, g0 + CHUNK_GROUPS)

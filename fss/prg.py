@@ -72,6 +72,22 @@ def expand_one(seed: int, role: int, j: int) -> int:
     return int.from_bytes(_ECB.encrypt(x), "little") ^ int.from_bytes(x, "little")
 
 
+def ecb_pointers() -> tuple[int, int] | None:
+    """(address of pycryptodome's C `ECB_encrypt`, address of the fixed key's ECB state), for kernels
+    that call the ECB routine themselves (`fss._ecbwalk`); None when pycryptodome's backend is not
+    cffi. The state lives as long as this module (`_ECB`)."""
+    try:
+        from Crypto.Cipher import _mode_ecb
+        from Crypto.Util import _raw_api
+
+        if _raw_api.backend != "cffi":
+            return None
+        ffi = _raw_api.ffi
+        return int(ffi.cast("uintptr_t", _mode_ecb.raw_ecb_lib.ECB_encrypt)), int(ffi.cast("uintptr_t", _ECB._state.get()))
+    except Exception:  # another pycryptodome: the Python loop
+        return None
+
+
 class EcbPass:
     """out = AES_K(inp) (no MMO xor) over the same two buffers again and again (the portable eval's
     levels): pycryptodome's ECB, with the C pointers of the buffers made once. `encrypt` costs about
