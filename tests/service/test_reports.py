@@ -308,3 +308,24 @@ def test_a_server_takes_both_formats_in_one_batch_and_opens_each_capsule_once(tm
     assert out["accepted"] == 5 and [r["index"] for r in out["rejected"]] == [5]
     assert "does not open" in out["rejected"][0]["error"]
     assert len(opens) == 4  # two good capsules, the format 1 share, the broken capsule
+
+
+def test_an_opener_keeps_a_bounded_number_of_capsule_keys():
+    """Security review of format 2: reports under distinct capsules, resent as duplicates (never
+    charged), must not grow a request's memory with one AES-GCM context per capsule (162 MB at
+    65,536); past CAPSULES the oldest key is forgotten, and a capsule seen again is opened again."""
+    import os
+
+    from cryptography.hazmat.primitives.ciphers.aead import AESGCM
+
+    sk = x25519.X25519PrivateKey.generate()
+    fp, n = os.urandom(32), Opener.CAPSULES + 36
+    opener = Opener(sk, fp, 0)
+    sealed = []
+    for _ in range(n):
+        key, rid = os.urandom(16), os.urandom(16)
+        capsule = hpke.suite("x25519").encrypt(key, sk.public_key(), info=capsule_info(fp, 0))
+        sealed.append((rid, capsule, AESGCM(key).encrypt(rid[:12], bytes(20), share_aad(fp, rid, 0))))
+    for rid, capsule, ct in sealed + sealed[:1]:
+        assert opener(rid, capsule, ct) == bytes(20)
+    assert len(opener._keys) == Opener.CAPSULES
