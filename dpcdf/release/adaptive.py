@@ -6,7 +6,9 @@ is several times more accurate at small epsilon, and on data concentrated in a s
 grid (a skewed distribution) a histogram of a few dozen bins placed at equal mass. Which of these
 fits the data is itself a question about the data, answered here by a first DP round:
 
-1. Round one spends `ROUND_ONE_SHARE` of epsilon on the counts of `ROUND_ONE_BINS` equal-width bins.
+1. Round one spends `ROUND_ONE_SHARE` of epsilon on the counts of `ROUND_ONE_BINS` equal-width bins,
+   and `FINE_SHARE` on `fine_bins` finer ones (about 16 grid points wide): 32 bins cannot see a spike
+   narrower than a bin, so a plan from them alone spread it (`fine=False`: the coarse bins alone).
 2. From them alone (post-processing), `AdaptiveMechanism.plan` picks round two's design, which spends
    the rest of epsilon (`RoundTwo`):
    - when the bins' spread is what sampling and noise explain ("flat", `flat_statistic`): K
@@ -16,18 +18,21 @@ fits the data is itself a question about the data, answered here by a first DP r
      uniform share `UNIFORM_SHARE` (so a part round one missed still gets bins), K again minimising the
      expected error, now with round one's estimate for the error inside the bins; up to
      `MAX_PLANNED_BINS` bins they are measured as a histogram and filled in by PCHIP, beyond that
-     (spiky data) round two is the default `TreeMechanism` on the whole grid.
+     (spiky data) round two is the default `TreeMechanism` on the whole grid; a fine bin (or pair)
+     holding far more than the coarse bins' shape puts there (`refined_ends`: a spike) is cut into
+     bins of `REFINED_WIDTH` points, added to that histogram (up to `MAX_REFINED_BINS`; more: the tree).
 3. The estimate (post-processing): a histogram's bins within `EMPTY_SDS` noise sds of zero are taken
    as empty, the rest conditioned on n (substitution), cumulated, made monotone, and interpolated.
 
 Privacy: epsilon-DP under `relation`, by sequential composition of the two rounds, the second chosen
 from the first's output only (adaptive composition of pure DP): a histogram's count vector, for any
 partition of the grid, changes by at most 2 in L1 under substitution (one unit leaves a bin and joins
-another) and by 1 under add/remove, so DLap(Delta / eps_r) per bin is eps_r-DP; the round-two tree
-is `TreeMechanism`'s guarantee at eps_2. The exact guarantee is round one's plus the larger of the two
-round-two designs', each rounded down to a rational scale, so at most epsilon whichever design the data
-picks. Over two servers each round is fixed once per task (`dpcdf.service`): a server answers round
-one's bins, and one round-two design, from its own PRF noise, so an analyst cannot spend more.
+another) and by 1 under add/remove, so DLap(Delta / eps_r) per bin is eps_r-DP (round one's two
+partitions compose: eps_1 + eps_fine); the round-two tree is `TreeMechanism`'s guarantee at eps_2. The
+exact guarantee is round one's plus the larger of the two round-two designs', each rounded down to a
+rational scale, so at most epsilon whichever design the data picks. Over two servers each round is
+fixed once per task (`dpcdf.service`): a server answers round one's bins, and one round-two design,
+from its own PRF noise, so an analyst cannot spend more; a task pins `fine` (`TaskConfig.fine_bins`).
 Measured against OpenDP and the Sarus methods in docs/accuracy.md.
 """
 from __future__ import annotations
@@ -41,17 +46,22 @@ import numpy as np
 from ..errors import ParameterError
 from . import postprocess
 from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, TreeMechanism, check_relation
+from .histogram import (FILLS, UNIFORM_SHARE, bins_noise, equal_width_ends, fill_linear, fill_pchip,  # noqa: F401
+                        linear_energy, mass_ends, part_counts)
 from .noise import MIN_EPSILON, check_epsilon, dlaplace_variance, scale_fraction
 
-ROUND_ONE_SHARE = 0.15  # of epsilon, for round one's bins
-ROUND_ONE_BINS = 32
+ROUND_ONE_SHARE = 0.15  # of epsilon, for round one's coarse bins
+ROUND_ONE_BINS = 32  # round one's coarse bins
+FINE_SHARE = 0.05  # of epsilon, for round one's fine bins (`fine`)
+FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 256 of them (`fine_bins`)
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
-MIN_ADAPTIVE_EPSILON = MIN_EPSILON / ROUND_ONE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
-UNIFORM_SHARE = 0.3  # of the non-flat design's knots placed at equal width, not equal mass
+MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
 MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tree instead
+REFINED_WIDTH = 2  # round two's bins inside a fine bin that holds a spike (`refined_ends`)
+MAX_REFINED_BINS = 1024  # a refined design with more bins measures the whole tree instead
+FINE_SDS = 4.0  # a fine bin holds a spike when its count is this many noise sds (and twice) above the coarse shape's
 FLAT_BINS = (1, 2, 4, 8, 16, 32, 64, 128)
 MASS_BINS = (8, 16, 32, 64, 128, 256)
-FLAT_LIMIT = 1 + 3 * np.sqrt(5 / (ROUND_ONE_BINS - 1))  # 3 sds of flat_statistic on flat data (Laplace noise: Var(z^2) = 5 sd^4)
 EMPTY_SDS = 2.0  # a round-two bin within this many noise sds of zero is taken as empty
 ROUND_ONE_IDS, ROUND_TWO_IDS = 1 << 40, 1 << 41  # noise ids of the rounds' bins: a tree node's id is its index
 # below 2^40 at level 0 (grids are smaller) and at least 2^56 above (`tree.LEVEL_SHIFT`), so none is a bin's
@@ -77,76 +87,33 @@ class AdaptiveRelease:
     round_two: np.ndarray | list[np.ndarray]
 
 
-def equal_width_ends(size: int, bins: int) -> np.ndarray:
-    """The last grid index of each of `bins` equal-width bins (widths differ by at most one)."""
-    return (np.arange(1, bins + 1) * size) // bins - 1
+FLAT_LIMIT = 1 + 3 * np.sqrt(5 / (ROUND_ONE_BINS - 1))  # 3 sds of flat_statistic on flat data (Laplace noise: Var(z^2) = 5 sd^4)
 
 
-def fill_linear(values: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
-    """Prefix counts at every grid index, linear between the bins' ends, from 0 before index 0."""
-    return np.interp(np.arange(size), np.append(-1, ends), np.append(0.0, values))
-
-
-def fill_pchip(values: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
-    """Prefix counts at every grid index by monotone cubic (Fritsch-Carlson) interpolation of the
-    bins' ends, from 0 before index 0: non-decreasing when the values are."""
-    from scipy.interpolate import PchipInterpolator
-
-    x, y = np.append(-1, ends), np.maximum.accumulate(np.append(0.0, values))
-    if x.size < 3:
-        return fill_linear(values, ends, size)
-    return PchipInterpolator(x, y)(np.arange(size))
-
-
-FILLS = {"linear": fill_linear, "pchip": fill_pchip}
-
-
-def bins_noise(ends: np.ndarray, size: int, variance: float, bridge: bool) -> float:
-    """Mean noise variance per grid index of a histogram over bins ending at `ends`, each count
-    carrying `variance`, cumulated and interpolated linearly; `bridge`: conditioned on a public total
-    (the cumulated noise is then a random-walk bridge, j (K - j) / K at bin j's end)."""
-    k = ends.size
-    j = np.arange(k + 1)
-    at = variance * (j * (k - j) / k if bridge else j)  # at each end, the point before index 0 first
-    x = np.arange(size)
-    b = np.searchsorted(ends, x)
-    lo = np.append(-1, ends)[b]
-    lam = (x - lo) / (np.append(-1, ends)[b + 1] - lo)
-    cov = variance * (b * (k - b - 1) / k if bridge else b)  # between the ends around x
-    return float(np.mean((1 - lam) ** 2 * at[b] + lam**2 * at[b + 1] + 2 * lam * (1 - lam) * cov))
-
-
-def mass_ends(estimate: np.ndarray, total: float, bins: int, uniform: float = UNIFORM_SHARE) -> np.ndarray:
-    """Ends of `bins` bins at equal mass of (1 - uniform) estimate / total + uniform x / size: most
-    bins where the estimate puts mass, some everywhere (distinct, the last at the grid's end)."""
-    size = estimate.size
-    g = (1 - uniform) * estimate / max(total, 1.0) + uniform * np.arange(1, size + 1) / size
-    ends = np.searchsorted(g, np.arange(1, bins) / bins, side="left")
-    return np.unique(np.append(ends[ends < size - 1], size - 1))
-
-
-def _linear_energy(values: np.ndarray, widths: np.ndarray) -> np.ndarray:
-    """Sum over grid indices of the squares of functions linear between knots: `values` (knots x m)
-    at the knots, the first at index -1; `widths` the knots' gaps. Per segment of width L from a to b,
-    sum_{t=1..L} (a + (b - a) t / L)^2, exactly."""
-    a, b = values[:-1], values[1:]
-    d, L = b - a, widths[:, None].astype(np.float64)
-    return (L * a**2 + a * d * (L + 1) + d**2 * (L + 1) * (2 * L + 1) / (6 * L)).sum(axis=0)
+def fine_bins(size: int) -> int:
+    """Round one's fine bin count on a grid of `size` points: bins of about FINE_WIDTH points, a power
+    of two from 2 ROUND_ONE_BINS to MAX_FINE_BINS (so they nest in the coarse bins)."""
+    k = 2 * ROUND_ONE_BINS
+    while 2 * k <= MAX_FINE_BINS and size // (2 * k) >= FINE_WIDTH:
+        k *= 2
+    return k
 
 
 @dataclass
 class AdaptiveMechanism(Mechanism):
-    """Round one: DLap(Delta / eps_1) on `ROUND_ONE_BINS` equal-width bin counts, eps_1 = 0.15 eps;
-    round two, chosen from round one (`plan`): DLap(Delta / eps_2) on a histogram's bin counts, or the
-    `TreeMechanism` at eps_2 = epsilon - eps_1 (Delta = 2 under substitution, 1 under add/remove).
+    """Round one: DLap(Delta / eps_1) on `ROUND_ONE_BINS` equal-width bin counts, eps_1 = 0.15 eps, and
+    (`fine`) DLap(Delta / eps_fine) on `fine_bins(size)` ones, eps_fine = 0.05 eps; round two, chosen
+    from round one (`plan`): DLap(Delta / eps_2) on a histogram's bin counts, or the `TreeMechanism`
+    at eps_2 = epsilon - eps_1 - eps_fine (Delta = 2 under substitution, 1 under add/remove).
 
-    Privacy: epsilon-DP under `relation` (module docstring): eps_1 + the larger of the two round-two
+    Privacy: epsilon-DP under `relation` (module docstring): eps_1 + eps_fine + the larger of the two round-two
     designs' guarantees, exactly, whichever the data picks. Grids of at least `MIN_ADAPTIVE_GRID`
     points; count releases only (one ECDF, no payload columns)."""
 
     size: int
     epsilon: float
     relation: str = "substitution"
+    fine: bool = True  # round one's fine bins too (False: the 32 coarse bins alone, as tasks made before them)
 
     name = "adaptive"
     answers_prefixes = False
@@ -156,40 +123,58 @@ class AdaptiveMechanism(Mechanism):
         check_relation(self.relation)
         if self.size < MIN_ADAPTIVE_GRID:
             raise ParameterError(f"the adaptive mechanism needs a grid of at least {MIN_ADAPTIVE_GRID} points, got {self.size}")
-        if self.epsilon * ROUND_ONE_SHARE < MIN_EPSILON:
+        if self.epsilon * (FINE_SHARE if self.fine else ROUND_ONE_SHARE) < MIN_EPSILON:
             raise ParameterError(f"the adaptive mechanism needs epsilon >= {MIN_ADAPTIVE_EPSILON:.3g} (round one's share "
                                  f"at least {MIN_EPSILON:g}), got {self.epsilon!r}")
+        self.eps_fine = self.epsilon * FINE_SHARE if self.fine else 0.0
         self.eps_one = self.epsilon * ROUND_ONE_SHARE
-        self.eps_two = self.epsilon - self.eps_one
-        while Fraction(self.eps_one) + Fraction(self.eps_two) > Fraction(self.epsilon):  # the float split's last bit
-            self.eps_two = math.nextafter(self.eps_two, 0.0)
+        self.eps_two = self.epsilon - self.eps_one - self.eps_fine
+        while Fraction(self.eps_one) + Fraction(self.eps_fine) + Fraction(self.eps_two) > Fraction(self.epsilon):
+            self.eps_two = math.nextafter(self.eps_two, 0.0)  # the float split's last bit
         delta = TreeMechanism.level_sensitivity(self.relation)
         self.scale_one = scale_fraction(delta, self.eps_one)
+        self.scale_fine = scale_fraction(delta, self.eps_fine) if self.fine else None
         self.scale_two = scale_fraction(delta, self.eps_two)
         self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
         self.shape = self.tree.shape  # node queries are round two's tree's
         self.round_one_ends = equal_width_ends(self.size, ROUND_ONE_BINS)
+        self.fine_ends = equal_width_ends(self.size, fine_bins(self.size)) if self.fine else np.zeros(0, np.int64)
+        self.round_one_parts = [self.round_one_ends] + ([self.fine_ends] if self.fine else [])
+        self.bins_one = ROUND_ONE_BINS + self.fine_ends.size
         if self.exact_epsilon(self.relation) > Fraction(self.epsilon):
             raise AssertionError("the adaptive mechanism's rounds exceed epsilon")
 
     # --- the plan ----------------------------------------------------------------------------
-    def noise_variance(self, round_: int, copies: int = 1) -> float:
-        """A bin count's noise variance in round one or two (`copies` independent noises)."""
-        return copies * dlaplace_variance(self.scale_one if round_ == 1 else self.scale_two)
+    def noise_variance(self, round_: int, copies: int = 1, fine: bool = False) -> float:
+        """A bin count's noise variance in round one (its coarse bins, or with `fine` its fine ones)
+        or two (`copies` independent noises)."""
+        scale = self.scale_two if round_ == 2 else self.scale_fine if fine else self.scale_one
+        return copies * dlaplace_variance(scale)
 
-    def round_one_estimate(self, counts: np.ndarray, n: float) -> np.ndarray:
-        """Round one's prefix-count estimate: the bins conditioned on n (substitution), cumulated,
-        monotone, PCHIP in between."""
+    def coarse_counts(self, counts: np.ndarray, copies: int = 1) -> tuple[np.ndarray, float]:
+        """Round one's coarse bin counts and their noise variance: with fine bins, the inverse-variance
+        mean of each coarse count and its fine bins' sum (post-processing of round one)."""
         counts = np.asarray(counts, dtype=np.float64)
+        coarse, var = counts[:ROUND_ONE_BINS], self.noise_variance(1, copies)
+        if not self.fine:
+            return coarse, var
+        sums = counts[ROUND_ONE_BINS:].reshape(ROUND_ONE_BINS, -1)
+        sums_var = self.noise_variance(1, copies, fine=True) * sums.shape[1]
+        return (coarse / var + sums.sum(axis=1) / sums_var) / (1 / var + 1 / sums_var), 1 / (1 / var + 1 / sums_var)
+
+    def round_one_estimate(self, counts: np.ndarray, n: float, copies: int = 1) -> np.ndarray:
+        """Round one's prefix-count estimate: its coarse bins (`coarse_counts`) conditioned on n
+        (substitution), cumulated, monotone, PCHIP in between."""
+        counts = self.coarse_counts(counts, copies)[0]
         if self.relation == "substitution":
             counts = counts + (n - counts.sum()) / counts.size
         at_ends = postprocess.monotone(np.cumsum(counts), 0.0, float(n), 2, float(n) if self.relation == "substitution" else None)
         return fill_pchip(at_ends, self.round_one_ends, self.size)
 
     def flat_statistic(self, counts: np.ndarray, n: float, copies: int = 1) -> float:
-        """The spread of round one's bin counts over what sampling (n w_j / N per bin) and noise
+        """The spread of round one's coarse bin counts over what sampling (n w_j / N per bin) and noise
         explain: about 1 for data spread evenly over the grid, far above for concentrated data."""
-        counts = np.asarray(counts, dtype=np.float64)
+        counts = np.asarray(counts, dtype=np.float64)[:ROUND_ONE_BINS]
         widths = np.diff(np.append(-1, self.round_one_ends))
         expected = n * widths / self.size
         spread = np.sum((counts - counts.sum() * widths / self.size) ** 2)
@@ -202,7 +187,7 @@ class AdaptiveMechanism(Mechanism):
         So a shape round one half-sees still gets bins when a flat design is chosen. `ends` are
         equal-width (`equal_width_ends`), so they are among round one's ends or include them all
         (then nothing is missed): the departure is linear between round one's ends, and its sum of
-        squares has a closed form (`_linear_energy`): O(bins^2), whatever the grid."""
+        squares has a closed form (`linear_energy`): O(bins^2), whatever the grid."""
         one = self.round_one_ends
         if np.isin(one, ends).all():
             return 0.0
@@ -225,15 +210,15 @@ class AdaptiveMechanism(Mechanism):
         values = np.vstack([np.zeros((1, k + 1)), np.column_stack([np.cumsum(counts), cum])])  # estimate, then noise
         miss = values - interp @ values
         widths = np.diff(at)
-        energy = _linear_energy(miss, widths)
+        energy = linear_energy(miss, widths)
         return max(0.0, float(energy[0] - self.noise_variance(1, copies) * energy[1:].sum()) / self.size)
 
     def plan(self, round_one: np.ndarray, n: float | None = None, copies: int = 1) -> RoundTwo:
         """Round two's design from round one's noisy bin counts (and n, public under substitution;
         None under add/remove: round one's sum). Post-processing of round one: no privacy cost."""
         counts = np.asarray(round_one, dtype=np.float64).reshape(-1)
-        if counts.size != ROUND_ONE_BINS or not np.isfinite(counts).all():
-            raise ParameterError(f"round one is {ROUND_ONE_BINS} finite bin counts, got {counts.size} values")
+        if counts.size != self.bins_one or not np.isfinite(counts).all():
+            raise ParameterError(f"round one is {self.bins_one} finite bin counts, got {counts.size} values")
         bridge = self.relation == "substitution"
         if bridge and (n is None or isinstance(n, bool) or not np.isfinite(float(n)) or n < 0):
             raise ParameterError(f"under substitution round two is planned with n (a count), got {n!r:.40}")
@@ -241,17 +226,43 @@ class AdaptiveMechanism(Mechanism):
         var = self.noise_variance(2, copies)
         if self.flat_statistic(counts, total, copies) < FLAT_LIMIT:
             options = [equal_width_ends(self.size, k) for k in FLAT_BINS if k <= self.size // 2]
-            risks = [total / (6 * e.size) + self.missed_structure(counts, total, e, copies)
+            risks = [total / (6 * e.size) + self.missed_structure(counts[:ROUND_ONE_BINS], total, e, copies)
                      + bins_noise(e, self.size, var, bridge) for e in options]
             return RoundTwo("bins", tuple(int(i) for i in options[int(np.argmin(risks))]), "linear")
-        estimate = self.round_one_estimate(counts, total)
+        estimate = self.round_one_estimate(counts, total, copies)
         options = [mass_ends(estimate, total, k) for k in MASS_BINS if k <= self.size // 2]
         risks = [total / (6 * e.size) + float(np.mean((estimate - fill_pchip(estimate[e], e, self.size)) ** 2))
                  + bins_noise(e, self.size, var, bridge) for e in options]
         best = int(np.argmin(risks))
+        refined = self.refined_ends(counts, copies) if self.fine else None
+        if refined is not None:  # a spike: the histogram, cut finely where round one's fine bins see it
+            ends = np.union1d(options[min(best, MASS_BINS.index(MAX_PLANNED_BINS))], refined)
+            return RoundTwo("tree") if ends.size > MAX_REFINED_BINS else RoundTwo("bins", tuple(int(i) for i in ends), "pchip")
         if MASS_BINS[best] > MAX_PLANNED_BINS:
             return RoundTwo("tree")
         return RoundTwo("bins", tuple(int(i) for i in options[best]), "pchip")
+
+    def refined_ends(self, counts: np.ndarray, copies: int = 1) -> np.ndarray | None:
+        """Bin ends cutting each fine bin that holds a spike into bins of REFINED_WIDTH points (None if
+        none does): a fine bin (or a pair of neighbours, for a spike on their edge) whose count exceeds
+        what the coarse bins' PCHIP shape puts there by `FINE_SDS` noise sds and by that shape's count
+        again. Skewed but smooth data (which the shape follows) is not cut; a spike is, wherever it lies."""
+        counts = np.asarray(counts, dtype=np.float64)
+        coarse, fine = counts[:ROUND_ONE_BINS], counts[ROUND_ONE_BINS:]
+        shape = fill_pchip(np.maximum.accumulate(np.cumsum(np.maximum(coarse, 0.0))), self.round_one_ends, self.size)
+        expected = np.diff(np.append(0.0, shape[self.fine_ends]))  # the fine counts the coarse shape explains
+        sd = np.sqrt(self.noise_variance(1, copies, fine=True))
+        expected = np.maximum(expected, 0.0)
+        kept = fine - expected > np.maximum(FINE_SDS * sd, expected)
+        pair, pair_expected = fine[1:] + fine[:-1], expected[1:] + expected[:-1]  # a spike on a fine bin's edge
+        pairs = pair - pair_expected > np.maximum(FINE_SDS * np.sqrt(2) * sd, pair_expected)
+        kept = kept | np.append(pairs, False) | np.append(False, pairs)
+        if not kept.any():
+            return None
+        starts = np.append(0, self.fine_ends[:-1] + 1)
+        ends = [np.arange(a + REFINED_WIDTH - 1, b, REFINED_WIDTH) for a, b in zip(starts[kept], self.fine_ends[kept])]
+        ends = np.unique(np.concatenate(ends + [starts[kept] - 1, self.fine_ends[kept], [self.size - 1]]))
+        return ends[ends >= 0]
 
     def check_plan(self, plan: RoundTwo) -> RoundTwo:
         """A round-two design as a server must check it before answering: "tree", or "bins" whose
@@ -271,20 +282,24 @@ class AdaptiveMechanism(Mechanism):
 
     # --- the release -------------------------------------------------------------------------
     def bin_noise(self, round_: int, count: int, noise: NoiseFn) -> np.ndarray:
-        """The noise of a round's `count` bins, from node ids no tree node uses."""
-        base = ROUND_ONE_IDS if round_ == 1 else ROUND_TWO_IDS
-        return noise(base + np.arange(count, dtype=np.int64), self.scale_one if round_ == 1 else self.scale_two)
+        """The noise of a round's `count` bins (round one: its coarse bins, then its fine ones), from
+        node ids no tree node uses."""
+        if round_ == 2:
+            return noise(ROUND_TWO_IDS + np.arange(count, dtype=np.int64), self.scale_two)
+        ids = ROUND_ONE_IDS + np.arange(count, dtype=np.int64)
+        out = noise(ids[:ROUND_ONE_BINS], self.scale_one)
+        return out if count <= ROUND_ONE_BINS else np.concatenate([out, noise(ids[ROUND_ONE_BINS:], self.scale_fine)])
 
     def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
                bins_at: BinAnswers | None = None, n=None, copies: int = 1) -> AdaptiveRelease:
-        """Round one through `bins_at(1, ends)`, the plan, then round two through `bins_at(2, ends)`
-        or the tree's `nodes_at(level)`; `n` (a number, or a function giving it once round one is
-        answered) and `copies` as `plan` takes them."""
+        """Round one through `bins_at(1, ends)` (its partitions' ends one after another), the plan,
+        then round two through `bins_at(2, ends)` or the tree's `nodes_at(level)`; `n` (a number, or a
+        function giving it once round one is answered) and `copies` as `plan` takes them."""
         if bins_at is None:
             raise ParameterError("the adaptive mechanism's release is asked for in bins (bins_at)")
-        one = np.asarray(bins_at(1, self.round_one_ends), dtype=np.float64)
-        if one.ndim != 1 or one.size != ROUND_ONE_BINS or not np.isfinite(one).all():
-            raise ParameterError(f"round one has {ROUND_ONE_BINS} bin counts of one ECDF, got shape {one.shape}")
+        one = np.asarray(bins_at(1, np.concatenate(self.round_one_parts)), dtype=np.float64)
+        if one.ndim != 1 or one.size != self.bins_one or not np.isfinite(one).all():
+            raise ParameterError(f"round one has {self.bins_one} bin counts of one ECDF, got shape {one.shape}")
         total = n() if callable(n) else n
         plan = self.plan(one, total if self.relation == "substitution" else None, copies)
         if plan.design == "tree":
@@ -300,7 +315,7 @@ class AdaptiveMechanism(Mechanism):
         prefix = np.asarray(prefix).astype(np.int64)
 
         def bins_at(round_: int, ends: np.ndarray) -> np.ndarray:
-            return np.diff(np.append(0, prefix[ends])) + self.bin_noise(round_, len(ends), noise)
+            return part_counts(prefix[ends], ends) + self.bin_noise(round_, len(ends), noise)
 
         return self.gather(None, self.tree.central_nodes(prefix, noise), None, bins_at, int(prefix[-1]), copies)
 
@@ -354,13 +369,15 @@ class AdaptiveMechanism(Mechanism):
         if tree is None:
             return None
         delta = TreeMechanism.level_sensitivity(check_relation(relation))
-        return delta / self.scale_one + max(delta / self.scale_two, tree)
+        fine = delta / self.scale_fine if self.fine else 0
+        return delta / self.scale_one + fine + max(delta / self.scale_two, tree)
 
     def rounded_budgets(self) -> int:
-        return 1 + max(1, self.tree.rounded_budgets())
+        return 1 + self.fine + max(1, self.tree.rounded_budgets())
 
     def _describe(self) -> str:
-        return (f"adaptive: {ROUND_ONE_BINS} bins with eps {self.eps_one:.4g}, then a histogram or the b-ary tree "
+        fine = f" and {self.fine_ends.size} with eps {self.eps_fine:.4g}" if self.fine else ""
+        return (f"adaptive: {ROUND_ONE_BINS} bins with eps {self.eps_one:.4g}{fine}, then a histogram or the b-ary tree "
                 f"chosen from them with eps {self.eps_two:.4g}")
 
     def _no_guarantee(self) -> str:

@@ -94,7 +94,7 @@ def test_ask_is_gather_in_typed_queries(mech):
 
 def test_an_adaptive_release_asks_round_one_without_ends_then_round_two_with_them():
     mech = AdaptiveMechanism(256, 1.0)
-    asked, record = _recording(lambda q: np.full(len(mech.round_one_ends) if q.round == 1 else len(q.ends), 10.0))
+    asked, record = _recording(lambda q: np.full(mech.bins_one if q.round == 1 else len(q.ends), 10.0))
     mech.ask(record, n=lambda: 320, copies=2)
     assert asked[0] == Q.BinsQuery(1) and Q.to_dict(asked[0]) == {"kind": "bins", "round": 1}
     assert all(isinstance(q, Q.BinsQuery) and q.round == 2 and q.ends[-1] == 255 for q in asked[1:]) and len(asked) == 2

@@ -1,6 +1,6 @@
 """A task config pins how its release is made: a server (or an analyst) that loads a config later
 must derive the same mechanism, or an answer given before an upgrade and one given after would be two
-releases of one budget. Here: the add/remove tree's root share (issue 14)."""
+releases of one budget. Here: the add/remove tree's root share (issue 14) and round one's fine bins (issue 25)."""
 from __future__ import annotations
 
 import json
@@ -96,3 +96,21 @@ def test_the_client_refuses_one_server_before_it_seals_anything(monkeypatch):
     with pytest.raises(SameServerError):  # port 9 on loopback: a request would fail as ServerError instead
         client.create_task(["http://127.0.0.1:9", "http://127.0.0.1:9/"], BASE["grid"], 1.0, "tree", "substitution", 0,
                            admin_tokens="x" * 20)
+
+
+def test_an_adaptive_task_pins_round_ones_fine_bins_and_an_older_config_keeps_its_32():
+    """Issue 25: a new adaptive task counts round one's fine bins too (`fine_bins` in its JSON); a config
+    written before them (no field) keeps the 32 bins it was answered with, the same JSON and fingerprint,
+    so a server upgraded mid-task answers round one as before (not a second release of its budget)."""
+    config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "substitution"}))
+    assert config.fine_bins and json.loads(config.to_json())["fine_bins"] is True
+    assert config.make_mechanism().bins_one == 32 + 64 and TaskConfig.from_json(config.to_json()) == config
+    old_json = config.to_json().replace(',"fine_bins":true', "")
+    old = TaskConfig.from_json(old_json)
+    assert old.fine_bins is False and old.to_json() == old_json and old.fingerprint != config.fingerprint
+    mech = old.make_mechanism()
+    assert mech.bins_one == 32 and mech.stated_epsilon() == 0.5 and mech.eps_two == pytest.approx(0.85 * 0.5)
+    tree = TaskConfig(**(BASE | {"relation": "substitution"}))
+    assert tree.fine_bins is False and "fine_bins" not in tree.to_json()
+    with pytest.raises(ParameterError, match="fine_bins"):
+        TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "substitution", "fine_bins": 1}))

@@ -1,0 +1,75 @@
+"""Histograms over a partition of the grid, as the adaptive release measures them (`dpcdf.release.adaptive`):
+equal-width and equal-mass bin ends, bin counts from prefix counts, the prefix counts filled in between
+the bins' ends (linear or monotone cubic), and the exact noise of a cumulated histogram."""
+from __future__ import annotations
+
+import numpy as np
+
+UNIFORM_SHARE = 0.3  # of an equal-mass design's knots placed at equal width, not equal mass
+
+
+def part_counts(at_ends: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """Bin counts from prefix counts at `ends`, partitions one after another (a new one starts where
+    the ends stop increasing): each value less the one before within its partition."""
+    at_ends, ends = np.asarray(at_ends), np.asarray(ends)
+    out = np.diff(np.concatenate([np.zeros((1,) + at_ends.shape[1:], at_ends.dtype), at_ends]), axis=0)
+    starts = np.flatnonzero(np.diff(ends) <= 0) + 1
+    out[starts] = at_ends[starts]
+    return out
+
+
+def equal_width_ends(size: int, bins: int) -> np.ndarray:
+    """The last grid index of each of `bins` equal-width bins (widths differ by at most one)."""
+    return (np.arange(1, bins + 1) * size) // bins - 1
+
+
+def fill_linear(values: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
+    """Prefix counts at every grid index, linear between the bins' ends, from 0 before index 0."""
+    return np.interp(np.arange(size), np.append(-1, ends), np.append(0.0, values))
+
+
+def fill_pchip(values: np.ndarray, ends: np.ndarray, size: int) -> np.ndarray:
+    """Prefix counts at every grid index by monotone cubic (Fritsch-Carlson) interpolation of the
+    bins' ends, from 0 before index 0: non-decreasing when the values are."""
+    from scipy.interpolate import PchipInterpolator
+
+    x, y = np.append(-1, ends), np.maximum.accumulate(np.append(0.0, values))
+    if x.size < 3:
+        return fill_linear(values, ends, size)
+    return PchipInterpolator(x, y)(np.arange(size))
+
+
+FILLS = {"linear": fill_linear, "pchip": fill_pchip}
+
+
+def bins_noise(ends: np.ndarray, size: int, variance: float, bridge: bool) -> float:
+    """Mean noise variance per grid index of a histogram over bins ending at `ends`, each count
+    carrying `variance`, cumulated and interpolated linearly; `bridge`: conditioned on a public total
+    (the cumulated noise is then a random-walk bridge, j (K - j) / K at bin j's end)."""
+    k = ends.size
+    j = np.arange(k + 1)
+    at = variance * (j * (k - j) / k if bridge else j)  # at each end, the point before index 0 first
+    x = np.arange(size)
+    b = np.searchsorted(ends, x)
+    lo = np.append(-1, ends)[b]
+    lam = (x - lo) / (np.append(-1, ends)[b + 1] - lo)
+    cov = variance * (b * (k - b - 1) / k if bridge else b)  # between the ends around x
+    return float(np.mean((1 - lam) ** 2 * at[b] + lam**2 * at[b + 1] + 2 * lam * (1 - lam) * cov))
+
+
+def mass_ends(estimate: np.ndarray, total: float, bins: int, uniform: float = UNIFORM_SHARE) -> np.ndarray:
+    """Ends of `bins` bins at equal mass of (1 - uniform) estimate / total + uniform x / size: most
+    bins where the estimate puts mass, some everywhere (distinct, the last at the grid's end)."""
+    size = estimate.size
+    g = (1 - uniform) * estimate / max(total, 1.0) + uniform * np.arange(1, size + 1) / size
+    ends = np.searchsorted(g, np.arange(1, bins) / bins, side="left")
+    return np.unique(np.append(ends[ends < size - 1], size - 1))
+
+
+def linear_energy(values: np.ndarray, widths: np.ndarray) -> np.ndarray:
+    """Sum over grid indices of the squares of functions linear between knots: `values` (knots x m)
+    at the knots, the first at index -1; `widths` the knots' gaps. Per segment of width L from a to b,
+    sum_{t=1..L} (a + (b - a) t / L)^2, exactly."""
+    a, b = values[:-1], values[1:]
+    d, L = b - a, widths[:, None].astype(np.float64)
+    return (L * a**2 + a * d * (L + 1) + d**2 * (L + 1) * (2 * L + 1) / (6 * L)).sum(axis=0)
