@@ -14,6 +14,9 @@ segment pages a process touched, which are the page cache's, shared between proc
 "write s" is the segment write (files fsynced, SHA-256 computed while writing), "gen s" the key
 generation that precedes it. local:2+scatter sends each piece to a worker once (`Client.scatter`)
 instead of naming the files: "first q s" includes the sending.
+
+`--verified` runs the verified column instead (issue 24, bench/bench_scale_verified.py): round one of a
+verified task, in-process and on a LocalCluster of 1 and 2 workers.
 """
 from __future__ import annotations
 
@@ -117,10 +120,17 @@ def main() -> None:
     ap.add_argument("--sizes", nargs="*", type=int, default=[100_000, 1_000_000, 10_000_000])
     ap.add_argument("--max-n", type=int, default=None, help="skip sizes above this")
     ap.add_argument("--scatter-max", type=int, default=1_000_000, help="run local:2+scatter up to this n")
+    ap.add_argument("--verified", nargs="*", metavar="BITS:N", help="the verified column instead: round one of a "
+                    "verified task in-process and on local:1, local:2 (bench/bench_scale_verified.py --runs BITS:N ...)")
     ap.add_argument("--child", nargs=2, metavar=("DATA", "MODE"), help=argparse.SUPPRESS)
     args = ap.parse_args()
     if args.child:
         print(json.dumps(child(*args.child)))
+        return
+    if args.verified is not None:
+        import bench_scale_verified  # this script's directory is on sys.path
+
+        bench_scale_verified.main(["--runs", *args.verified] if args.verified else [])
         return
     sizes = [n for n in args.sizes if args.max_n is None or n <= args.max_n]
     print(f"{'n':>9} {'mode':>16} {'gen s':>6} {'write s':>7} {'load s':>6} {'first q s':>9} {'query s':>7} {'peak MiB':>8} {'1->2 workers':>12}")  # noqa: E501

@@ -95,7 +95,7 @@ def cmd_task(args) -> None:
     mechanism = args.mechanism or TaskConfig.default_mechanism(grid_spec, args.relation, privacy, args.epsilon, args.payload)
     config, token = create_task(args.servers, grid_spec, args.epsilon, mechanism, args.relation, _min_batch(args),
                                 args.kem, payload=args.payload, admin_tokens=admin,
-                                verify=False if args.unverified else None, rho=args.rho)
+                                verify=False if args.unverified else (True if args.verified else None), rho=args.rho)
     Path(args.out).write_text(config.to_json())
     write_secret(args.out + ".token", token.encode())
     print(f"task {config.task_id} on both servers ({mechanism} mechanism, payload {args.payload}); "
@@ -296,8 +296,11 @@ def build_parser() -> Parser:
     t.add_argument("--min-batch", type=int, default=None, help="queries wait for this many reports "
                    "(default 100 under substitution; under add/remove it must be 0)")
     t.add_argument("--kem", default="x25519", choices=["x25519", "mlkem768-x25519"], help="HPKE KEM of the sealed shares")
-    t.add_argument("--unverified", action="store_true", help="count reports unchecked (default: the servers check "
-                   "every report at the close, for grids of up to 2^16 points; docs/verification.md)")
+    checked = t.add_mutually_exclusive_group()
+    checked.add_argument("--unverified", action="store_true", help="count reports unchecked (default: the servers check "
+                         "every report at the close, for grids of up to 2^16 points; docs/verification.md)")
+    checked.add_argument("--verified", action="store_true", help="check every report on grids of up to 2^20 points "
+                         "too (both servers need a Dask cluster, dpcdf serve --dask; docs/scaling.md)")
     t.add_argument("--out", default="task.json", help="where to write the task config; the analyst token goes to OUT.token")
     t.add_argument("--admin-token-file", nargs="+", metavar="FILE", help="the servers' operator token (one "
                    "file for both, or one per server; default: $DPCDF_ADMIN_TOKEN)")

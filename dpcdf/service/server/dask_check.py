@@ -3,11 +3,10 @@ hands the task's unchecked reports here when the server runs with `--dask` (`Tas
 
 The server reads the next reports' stored shares from SQLite (a few batches ahead), submits each
 batch to a worker, which runs `round_one.evaluate` on it (decode the key shares, `eval_grid` over
-the whole grid, the check's sketch and the grid's column sums), and stores the results in upload
-order (`round_one.store_batch`). Batches are cut as in-process (`keys_per_pass` keys) for grids of
-up to `MAX_VERIFIED_GRID` points, so the stored rows are the same bits; above that a batch is
-`TASK_ELEMENTS` grid values (several passes on the worker), so that the stored column sums (a whole
-grid per batch) stay a few KiB per report.
+the whole grid, the check's sketch and the grid's column sums, a pass of `keys_per_pass` keys at a
+time), and stores the results in upload order (`round_one.store_batch`). A batch is several passes
+(`TASK_ELEMENTS`), so fewer and larger rows than in-process; each report's message, state and
+extras, and the sum of the batches' grid sums (mod p), are the same bits whatever the cut.
 
 What a worker holds, and why that is safe (docs/scaling.md says the same):
 - the server's own key shares of its batch, with the client's check extras (this server's shares of
@@ -31,26 +30,33 @@ import contextlib
 import threading
 from collections import OrderedDict, deque
 
+import numpy as np
+
+from fss import field as F
+
 from ..protocols.check import round_one
 from ..protocols.context import StepContext
 from ..task import MAX_VERIFIED_GRID
 
-TASK_ELEMENTS = 1 << 28  # grid values per batch above MAX_VERIFIED_GRID: 256 reports of a 2^20 grid's count task
+# grid values per batch (a worker's task, several passes): 2^12 reports at 2^10 points, so the server's share
+# of the work (Dask's per-task cost, a commit per batch) is small next to the workers'; above MAX_VERIFIED_GRID
+# 512 reports of a 2^20 count task, so the stored column sums (a whole grid per batch) are 16 KiB a report
+TASK_ELEMENTS, LARGE_TASK_ELEMENTS = 1 << 23, 1 << 30
 AHEAD = 2  # batches in flight per worker: one running, one waiting, so no worker idles on the server's reads
 _CHALLENGES = 4  # tasks whose challenges stay scattered on the workers
 
 
 class RoundOneMap:
     """Round one of a task's unchecked reports on a Dask `client`'s workers (`__call__`); the same
-    batches and bits as `round_one.step` in a loop."""
+    bits as `round_one.step` in a loop, in larger batches."""
 
     def __init__(self, client, worker_count):
         self.client, self.worker_count = client, worker_count
         self._challenges: OrderedDict[tuple[str, bytes], object] = OrderedDict()
 
     def reports_per_batch(self, size: int, width: int) -> int:
-        per = round_one.keys_per_pass(size, width)
-        return per if size <= MAX_VERIFIED_GRID else max(per, TASK_ELEMENTS // (size * width))
+        elements = TASK_ELEMENTS if size <= MAX_VERIFIED_GRID else LARGE_TASK_ELEMENTS
+        return max(round_one.keys_per_pass(size, width), elements // (size * width))
 
     def __call__(self, ctx: StepContext) -> int:
         """Round one of every stored report of the task not yet in a batch; returns how many. While
@@ -69,7 +75,9 @@ class RoundOneMap:
                 if ch is None:
                     ch = self._scattered(ctx, check)
                 after = seqs[-1]
-                pending.append((seqs, ids, self.client.submit(_evaluate, dcf, check, ctx.party, shares, ch, pure=False)))
+                future = self.client.submit(_run, round_one.evaluate, dcf, check, ctx.party, b"".join(shares), ch,
+                                            pure=False)
+                pending.append((seqs, ids, future))
                 if len(ids) < per:
                     break
             if not pending:
@@ -77,6 +85,20 @@ class RoundOneMap:
             seqs, ids, future = pending.popleft()
             round_one.store_batch(ctx, seqs, ids, future.result())
             done += len(ids)
+
+    def grid_sum(self, ctx: StepContext, ids: list[bytes]) -> np.ndarray:
+        """`round_one.grid_sum` of these stored reports (the close's drops), a batch per worker task,
+        the partial sums added here mod p: the same bits whatever the cut."""
+        config = ctx.config
+        dcf, check = config.key_dcf(), config.check()
+        per = self.reports_per_batch(check.size, dcf.width)
+        futures = [self.client.submit(_run, round_one.shares_grid_sum, dcf, check, ctx.party,
+                                      b"".join(ctx.store.shares_by_id(config.task_id, ids[s:s + per])), pure=False)
+                   for s in range(0, len(ids), per)]
+        total = np.zeros((check.size, check.width), np.uint64)
+        for future in futures:
+            total = F.add(total, future.result())
+        return total
 
     def _scattered(self, ctx: StepContext, check):
         """The task's challenges on every worker, sent once per task (at 2^20 points they are 16 MiB)."""
@@ -90,10 +112,10 @@ class RoundOneMap:
         return self._challenges[key]
 
 
-def _evaluate(dcf, check, party: int, shares: list[bytes], ch) -> tuple:
-    """One batch's `round_one.evaluate`, on a worker (one kernel at a time, with the worker's threads)."""
+def _run(work, *args):
+    """`work(*args)` on a worker: one kernel at a time, with the worker's threads."""
     with kernel_threads():
-        return round_one.evaluate(dcf, check, party, shares, ch)
+        return work(*args)
 
 
 _kernel_lock = threading.Lock()  # one kernel launch at a time per worker process (numba's thread pool)

@@ -19,6 +19,7 @@ from dpcdf.service.task import TaskConfig
 from dpcdf.service.wire import join_share
 from dpcdf.service.server.aggregate import Aggregator
 from dpcdf.service.client import create_task, submit
+from dpcdf.service.server import dask_check
 from dpcdf.service.server.dask_eval import DaskError, DaskEvaluator
 from dpcdf.service.processes import start_server, stop
 from fss import DCF
@@ -94,19 +95,24 @@ class _OnCluster(StepContext):
 
 @pytest.mark.parametrize("payload", ["count", "label"])
 def test_verified_round_one_on_the_cluster_is_bit_identical_and_gets_no_secret(tmp_path, evaluator, monkeypatch, payload):
-    """Round one of a verified task mapped over the cluster as reports arrive: the same stored batches
-    and the same close-time view (`prepare`, drops subtracted) as in-process, bit for bit; every
+    """Round one of a verified task mapped over the cluster as reports arrive: the same per-report
+    values and the same close-time view (`prepare`, drops subtracted) as in-process, bit for bit; every
     argument sent to a worker is pickled and holds neither the pair key, the challenges' key nor the
     noise seed (the task's challenges, which the sketch needs, do go: docs/scaling.md)."""
     grid = {"kind": "thresholds", "values": [float(v) for v in range(50)]}
     config = TaskConfig(grid, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "01" * 32), "00", payload=payload)
     key, seed, party = bytes(range(32)), bytes(range(100, 132)), 1
     items = _verified_shares(config, 500, party, 7)
-    monkeypatch.setattr(round_one, "keys_per_pass", lambda size, width: 64)  # several batches, some in flight at once
+    monkeypatch.setattr(round_one, "keys_per_pass", lambda size, width: 64)  # in-process: batches of 64 reports
+    monkeypatch.setattr(dask_check, "TASK_ELEMENTS", 100 * 50 * config.key_dcf().width)  # Dask: of 100, two in flight
     sent = []
     for name in ("submit", "scatter"):
         real = getattr(evaluator.client, name)
-        monkeypatch.setattr(evaluator.client, name, lambda *a, _real=real, **k: (sent.append(pickle.dumps((a, k))), _real(*a, **k))[1])
+        def record(*a, _real=real, **k):
+            sent.append(pickle.dumps((a, k)))
+            return _real(*a, **k)
+
+        monkeypatch.setattr(evaluator.client, name, record)
     views, rows = [], []
     for where in ("in-process", "dask"):
         store = Store(tmp_path / f"{where}.sqlite")
@@ -123,10 +129,12 @@ def test_verified_round_one_on_the_cluster_is_bit_identical_and_gets_no_secret(t
             views.append(round_one.prepare(ctx))
         finally:
             store.close()
-    assert len(rows[0]) == 10 and rows[1] == rows[0]  # 64-report batches (the last of each upload shorter), same bytes
+    assert [len(r) for r in rows] == [10, 7]  # cut differently (the last batch of each upload shorter)
+    columns = [{f: b"".join(getattr(b, f) for b in r) for f in ("ids", "message", "state", "extras")} for r in rows]
+    assert columns[1] == columns[0]  # but each report's round one is the same bytes
     for field in ("ids", "context", "extras", "message", "state", "total"):
         np.testing.assert_array_equal(getattr(views[1], field), getattr(views[0], field))
-    assert len(sent) == 1 + 10  # the challenges once, then one task per batch: the work ran on the workers
+    assert len(sent) == 1 + 7 + 1  # the challenges once, a task per batch, the drops' grid sum: all on the workers
     assert b"Challenges" in sent[0]
     secrets = (key, round_one.verification_key(key), seed)
     assert not any(secret in blob for blob in sent for secret in secrets)

@@ -94,19 +94,32 @@ def warm_up(payloads: tuple[str, ...] = ("count", "label", "calibration")) -> No
         sketch.value_sums(y, check.width)
 
 
-def decode_shares(dcf: DCF, extras: int, shares: list[bytes], party: int) -> tuple[KeyBatch, np.ndarray]:
-    """Stored shares (each a key, then `extras` field elements; checked at upload by
-    `wire.split_share`) -> (their keys as one batch, the extras (n, extras)), in one vectorized pass."""
-    size = dcf.key_size
+def share_rows(dcf: DCF, extras: int, shares: list[bytes] | bytes | np.ndarray) -> np.ndarray:
+    """Stored shares (a list, or joined into one bytes: what a Dask worker gets, one object to send
+    instead of a thousand) as (n, key size + 8 extras) uint8 rows; SyncError for a wrong length."""
+    if isinstance(shares, np.ndarray):
+        return shares
+    width = dcf.key_size + 8 * extras
+    blob = shares if isinstance(shares, bytes) else b"".join(shares)
+    n = len(blob) // width if isinstance(shares, bytes) else len(shares)
     try:
-        rows = np.frombuffer(b"".join(shares), np.uint8).reshape(len(shares), size + 8 * extras)
+        return np.frombuffer(blob, np.uint8).reshape(n, width)
     except ValueError:
         raise SyncError("a stored share has the wrong length for this task") from None
+
+
+def decode_shares(dcf: DCF, extras: int, shares: list[bytes] | bytes | np.ndarray,
+                  party: int) -> tuple[KeyBatch, np.ndarray]:
+    """Stored shares (each a key, then `extras` field elements; checked at upload by
+    `wire.split_share`; as in `share_rows`) -> (their keys as one batch, the extras (n, extras)), in
+    one vectorized pass."""
+    size = dcf.key_size
+    rows = share_rows(dcf, extras, shares)
     header = np.frombuffer(dcf.params.header(party), np.uint8)
     if (rows[:, :header.size] != header).any():
         raise SyncError("a stored share is not a key of this task's function")
-    blob = dcf.params.header(party, batch=True) + len(shares).to_bytes(8, "little") + rows[:, header.size:size].tobytes()
-    values = np.ascontiguousarray(rows[:, size:]).view("<u8").astype(np.uint64).reshape(len(shares), extras)
+    blob = dcf.params.header(party, batch=True) + len(rows).to_bytes(8, "little") + rows[:, header.size:size].tobytes()
+    values = np.ascontiguousarray(rows[:, size:]).view("<u8").astype(np.uint64).reshape(len(rows), extras)
     return dcf.batch_from_bytes(blob, party), values
 
 
@@ -140,14 +153,14 @@ def step(ctx: StepContext, limit: int | None = None) -> int:
     return len(ids)
 
 
-def evaluate(dcf: DCF, check: Check, party: int, shares: list[bytes], ch) -> tuple[np.ndarray, ...]:
-    """One batch's round one from its stored shares alone: (extras, message, state, grid sums), a
-    pass of `keys_per_pass` keys at a time (the sums added mod p). A pure function of the shares and
-    the challenges `ch` (what a Dask worker runs, `server.dask_check`); no key, no store."""
-    per, parts = keys_per_pass(check.size, dcf.width), []
+def evaluate(dcf: DCF, check: Check, party: int, shares: list[bytes] | bytes, ch) -> tuple[np.ndarray, ...]:
+    """One batch's round one from its stored shares alone (as in `share_rows`): (extras, message,
+    state, grid sums), a pass of `keys_per_pass` keys at a time (the sums added mod p). A pure
+    function of the shares and the challenges `ch` (what a Dask worker runs, `server.dask_check`)."""
+    per, parts, rows = keys_per_pass(check.size, dcf.width), [], share_rows(dcf, check.extras, shares)
     total = np.zeros((check.size, check.width), np.uint64)
-    for start in range(0, len(shares), per):
-        batch, x = decode_shares(dcf, check.extras, shares[start:start + per], party)
+    for start in range(0, len(rows), per):
+        batch, x = decode_shares(dcf, check.extras, rows[start:start + per], party)
         msg, st, sums = check.round_one_sums(party, grid_values(dcf, batch, check.size), x, ch)  # one pass over y
         parts.append((x, msg, st))
         total = F.add(total, sums) if start else sums
@@ -157,7 +170,8 @@ def evaluate(dcf: DCF, check: Check, party: int, shares: list[bytes], ch) -> tup
 def store_batch(ctx: StepContext, seqs: list[int], ids: list[bytes], result: tuple[np.ndarray, ...]) -> bool:
     """Stores one batch's `evaluate` result (reports `seqs`, `ids`); False if it was stored already."""
     x, msg, st, sums = (np.ascontiguousarray(a, dtype="<u8").tobytes() for a in result)
-    return ctx.store.add_check_batch(ctx.config.task_id, CheckBatch(seqs[0], seqs[-1], len(ids), b"".join(ids), msg, st, x, sums))
+    batch = CheckBatch(seqs[0], seqs[-1], len(ids), b"".join(ids), msg, st, x, sums)
+    return ctx.store.add_check_batch(ctx.config.task_id, batch)
 
 
 _locks: dict[tuple[str, str], threading.Lock] = {}
@@ -213,14 +227,29 @@ def prepare(ctx: StepContext) -> Local:
 
 def grid_sum(ctx: StepContext, ids: list[bytes]) -> np.ndarray:
     """The sum of these stored reports' grid values, (size, width) in F_p: their keys evaluated
-    again (the reports a close takes out of a sum it already holds), a pass at a time."""
-    store, config, party = ctx.store, ctx.config, ctx.party
-    dcf, check, size = config.key_dcf(), config.check(), config.make_grid().size
-    total = np.zeros((size, config.width), np.uint64)
-    per = keys_per_pass(size, dcf.width)
+    again (the reports a close takes out of a sum it already holds), a pass at a time, or on the
+    server's Dask cluster (`dask_check.RoundOneMap.grid_sum`)."""
+    cluster = getattr(ctx, "round_one_map", None)
+    if cluster is not None:
+        return cluster.grid_sum(ctx, ids)
+    config = ctx.config
+    dcf, check = config.key_dcf(), config.check()
+    total = np.zeros((check.size, check.width), np.uint64)
+    per = keys_per_pass(check.size, dcf.width)
     for start in range(0, len(ids), per):
-        batch, _ = decode_shares(dcf, check.extras, store.shares_by_id(config.task_id, ids[start:start + per]), party)
-        total = F.add(total, sketch.value_sums(grid_values(dcf, batch, size), check.width))
+        shares = ctx.store.shares_by_id(config.task_id, ids[start:start + per])
+        total = F.add(total, shares_grid_sum(dcf, check, ctx.party, shares))
+    return total
+
+
+def shares_grid_sum(dcf: DCF, check: Check, party: int, shares: list[bytes] | bytes) -> np.ndarray:
+    """The sum of these stored shares' grid values (as in `share_rows`), (size, width) in F_p, a pass
+    at a time: a pure function of the shares (what a Dask worker runs)."""
+    total, rows = np.zeros((check.size, check.width), np.uint64), share_rows(dcf, check.extras, shares)
+    per = keys_per_pass(check.size, dcf.width)
+    for start in range(0, len(rows), per):
+        batch, _ = decode_shares(dcf, check.extras, rows[start:start + per], party)
+        total = F.add(total, sketch.value_sums(grid_values(dcf, batch, check.size), check.width))
     return total
 
 
