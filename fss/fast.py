@@ -108,8 +108,10 @@ def eval_batch(batch: KeyBatch, xs: np.ndarray, tier: str, threads: int | None =
     padded = batch.seeds.shape[0] * GROUP
     out = np.empty((p.width, padded), np.uint64)
     if n:
-        xp = np.zeros(padded, np.uint64)
-        xp[:n] = xs
+        xp = xs
+        if n != padded or xs.dtype != np.uint64 or not (xs.flags.c_contiguous and xs.flags.writeable):  # pad; one array type
+            xp = np.zeros(padded, np.uint64)
+            xp[:n] = xs
         kernel = _batch_kernel(p.width, p.level_payload, tier)
         args = (*_keys(batch), xp, batch.party, p.bits, np.uint64(p.mask), round_keys(), out)
         _spread(lambda c, g0, g1: kernel(*args, g0, g1), batch.seeds.shape[0], threads)

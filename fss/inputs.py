@@ -36,8 +36,10 @@ def _int_array(values: object, lo: int, hi: int, name: str) -> np.ndarray:
 def points(p: TreeParams, xs: object, name: str = "x") -> np.ndarray:
     """Public-domain points -> internal uint64 points (x xor c), any shape."""
     lo, hi = p.domain_range()
-    arr = _int_array(xs, lo, hi, name)
-    return (arr & np.uint64(p.domain_mask)) ^ np.uint64(p.input_xor)
+    arr = _int_array(xs, lo, hi, name)  # always a new array: mapped in place (no temporaries)
+    arr &= np.uint64(p.domain_mask)
+    arr ^= np.uint64(p.input_xor)
+    return arr
 
 
 def point(p: TreeParams, x: object, name: str = "x") -> int:
