@@ -107,8 +107,7 @@ def child_verified(data_dir: str, mode: str, bits: int) -> dict:
 
 
 def verified(runs: list[str]) -> None:
-    print(f"{'bits':>4} {'n':>9} {'mode':>10} {'store s':>7} {'round one s':>11} {'reports/s/core':>14} "
-          f"{'server cpu s':>12} {'worker cpu s':>12} {'batches':>7} {'1->2 workers':>12}")
+    print(f"{'bits':>4} {'n':>9} {'mode':>10} {'store s':>7} {'round one s':>11} {'reports/s/core':>14} {'server cpu s':>12} {'worker cpu s':>12} {'batches':>7} {'1->2 workers':>12}")  # noqa: E501
     for run in runs:
         bits, n = (int(v) for v in run.split(":"))
         with tempfile.TemporaryDirectory(prefix="dpcdf-scale-") as tmp:
