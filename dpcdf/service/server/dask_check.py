@@ -53,6 +53,7 @@ class RoundOneMap:
     def __init__(self, client, worker_count):
         self.client, self.worker_count = client, worker_count
         self._challenges: OrderedDict[tuple[str, bytes], object] = OrderedDict()
+        self._guard = threading.Lock()  # tasks' round ones run in parallel (one lock per task, `round_one.lock`)
 
     def reports_per_batch(self, size: int, width: int) -> int:
         elements = TASK_ELEMENTS if size <= MAX_VERIFIED_GRID else LARGE_TASK_ELEMENTS
@@ -103,13 +104,14 @@ class RoundOneMap:
     def _scattered(self, ctx: StepContext, check):
         """The task's challenges on every worker, sent once per task (at 2^20 points they are 16 MiB)."""
         key = (ctx.config.task_id, ctx.config.fingerprint)
-        if key not in self._challenges:
-            ch = round_one.challenges(check, ctx.pair_key, ctx.config.task_id)
-            self._challenges[key] = self.client.scatter(ch, broadcast=True, hash=False)
-            while len(self._challenges) > _CHALLENGES:
-                self._challenges.popitem(last=False)
-        self._challenges.move_to_end(key)
-        return self._challenges[key]
+        with self._guard:
+            if key not in self._challenges:
+                ch = round_one.challenges(check, ctx.pair_key, ctx.config.task_id)
+                self._challenges[key] = self.client.scatter(ch, broadcast=True, hash=False)
+                while len(self._challenges) > _CHALLENGES:
+                    self._challenges.popitem(last=False)
+            self._challenges.move_to_end(key)
+            return self._challenges[key]
 
 
 def _run(work, *args):
