@@ -20,7 +20,8 @@ fits the data is itself a question about the data, answered here by a first DP r
      `MAX_PLANNED_BINS` bins they are measured as a histogram and filled in by PCHIP, beyond that
      (spiky data) round two is the default `TreeMechanism` on the whole grid; a fine bin (or pair)
      holding far more than the coarse bins' shape puts there (`refined_ends`: a spike) is cut into
-     bins of `REFINED_WIDTH` points, added to that histogram (up to `MAX_REFINED_BINS`; more: the tree).
+     bins of `REFINED_WIDTH` points, added to that histogram (up to `MAX_REFINED_BINS`, and a fine bin's
+     count up to `TREE_SDS` noise sds; beyond: the tree).
 3. The estimate (post-processing): a histogram's bins within `EMPTY_SDS` noise sds of zero are taken
    as empty, the rest conditioned on n (substitution), cumulated, made monotone, and interpolated.
 
@@ -59,6 +60,8 @@ MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons
 MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tree instead
 REFINED_WIDTH = 2  # round two's bins inside a fine bin that holds a spike (`refined_ends`)
 MAX_REFINED_BINS = 1024  # a refined design with more bins measures the whole tree instead
+TREE_SDS = 1e4  # ... and so does one whose largest fine bin holds this many round-two noise sds (its 2-point
+# bins' interpolation error grows with the square of their counts: 5 spikes of 2 10^5 values, sd 2, on 2^12)
 FINE_SDS = 4.0  # a fine bin holds a spike when its count is this many noise sds (and twice) above the coarse shape's
 FLAT_BINS = (1, 2, 4, 8, 16, 32, 64, 128)
 MASS_BINS = (8, 16, 32, 64, 128, 256)
@@ -237,7 +240,8 @@ class AdaptiveMechanism(Mechanism):
         refined = self.refined_ends(counts, copies) if self.fine else None
         if refined is not None:  # a spike: the histogram, cut finely where round one's fine bins see it
             ends = np.union1d(options[min(best, MASS_BINS.index(MAX_PLANNED_BINS))], refined)
-            return RoundTwo("tree") if ends.size > MAX_REFINED_BINS else RoundTwo("bins", tuple(int(i) for i in ends), "pchip")
+            crowded = counts[ROUND_ONE_BINS:].max() > TREE_SDS * np.sqrt(var)  # a 2-point bin's interpolation would cost more
+            return RoundTwo("tree") if ends.size > MAX_REFINED_BINS or crowded else RoundTwo("bins", tuple(int(i) for i in ends), "pchip")
         if MASS_BINS[best] > MAX_PLANNED_BINS:
             return RoundTwo("tree")
         return RoundTwo("bins", tuple(int(i) for i in options[best]), "pchip")
