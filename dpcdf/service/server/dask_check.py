@@ -36,12 +36,13 @@ from fss import field as F
 
 from ..protocols.check import round_one
 from ..protocols.context import StepContext
+from ..protocols.reconciliation.maths import SyncError
 from ..task import MAX_VERIFIED_GRID
 
-# grid values per batch (a worker's task, several passes): 2^12 reports at 2^10 points, so the server's share
+# grid values per batch (a worker's task, several passes): 2^14 reports at 2^10 points, so the server's share
 # of the work (Dask's per-task cost, a commit per batch) is small next to the workers'; above MAX_VERIFIED_GRID
 # 512 reports of a 2^20 count task, so the stored column sums (a whole grid per batch) are 16 KiB a report
-TASK_ELEMENTS, LARGE_TASK_ELEMENTS = 1 << 23, 1 << 30
+TASK_ELEMENTS, LARGE_TASK_ELEMENTS = 1 << 25, 1 << 30
 AHEAD = 2  # batches in flight per worker: one running, one waiting, so no worker idles on the server's reads
 _CHALLENGES = 4  # tasks whose challenges stay scattered on the workers
 
@@ -67,25 +68,28 @@ class RoundOneMap:
         dcf, check = config.key_dcf(), config.check()
         per = self.reports_per_batch(check.size, dcf.width)
         partial = check.size <= MAX_VERIFIED_GRID or store.frozen(config.task_id) is not None
-        ch, after, done, pending = None, None, 0, deque()
+        ch, after, done, pending, width = None, None, 0, deque(), dcf.key_size + 8 * check.extras
         while True:
             while len(pending) < AHEAD * max(1, self.worker_count()):
-                seqs, ids, shares = store.unchecked(config.task_id, per, after)
-                if not ids or (len(ids) < per and not partial):
+                seqs, ids, shares, lengths = store.unchecked_joined(config.task_id, per, after)  # one object each
+                n = len(shares) // width
+                if not seqs or (n < per and not partial):
                     break
+                if lengths != {width}:
+                    raise SyncError("a stored share has the wrong length for this task")
                 if ch is None:
                     ch = self._scattered(ctx, check)
                 after = seqs[-1]
-                future = self.client.submit(_run, round_one.evaluate, dcf, check, ctx.party, b"".join(shares), ch,
-                                            pure=False)
-                pending.append((seqs, ids, future))
-                if len(ids) < per:
+                pending.append((seqs, ids, self.client.submit(_run, round_one.evaluate, dcf, check, ctx.party, shares, ch,
+                                                              pure=False)))
+                if n < per:
                     break
             if not pending:
                 return done
             seqs, ids, future = pending.popleft()
-            round_one.store_batch(ctx, seqs, ids, future.result())
-            done += len(ids)
+            result = future.result()
+            round_one.store_batch(ctx, seqs, ids, result)
+            done += len(result[0])
 
     def grid_sum(self, ctx: StepContext, ids: list[bytes]) -> np.ndarray:
         """`round_one.grid_sum` of these stored reports (the close's drops), a batch per worker task,

@@ -28,6 +28,10 @@ _MARK_COLUMN = {Mark.FROZEN: "closed_at", Mark.RECONCILED: "reconciled_at", Mark
 SetHash = Callable[[list[bytes]], str]
 
 
+# a task's unchecked reports after a seq, up to a seq: plain bounds, so SQLite reads the rowid range, not the table
+_UNCHECKED = "FROM reports WHERE seq > ? AND seq <= ? AND +task_id = ? ORDER BY seq LIMIT ?"
+
+
 class Store:
     def __init__(self, path: Path | str):
         path = Path(path)
@@ -257,13 +261,24 @@ class Store:
         `after`: a reader ahead of the stored batches), in upload order (up to the frozen set's last one
         once the collection is closed)."""
         with self.lock:
-            after, frozen = self.checked_upto(task_id) if after is None else after, self._state(task_id)[0]
-            after = after or self._before_first(task_id)  # the first batch (a scan of the task's index, once)
-            # plain bounds (no subquery in the range), so SQLite reads the rowid range, not the whole table
-            rows = self.db.execute(
-                "SELECT seq, report_id, key_share FROM reports WHERE seq > ? AND seq <= ? AND +task_id = ? ORDER BY seq LIMIT ?",
-                (after, frozen if frozen is not None else 2**62, task_id, int(limit))).fetchall()
+            rows = self.db.execute("SELECT seq, report_id, key_share " + _UNCHECKED, self._unchecked(task_id, after, limit)).fetchall()
         return [r[0] for r in rows], [bytes(r[1]) for r in rows], [bytes(r[2]) for r in rows]
+
+    def unchecked_joined(self, task_id: str, limit: int, after: int | None = None) -> tuple[list[int], bytes, bytes, set]:
+        """`unchecked` as ([first seq, last seq] or [], the ids end to end, the shares end to end, the
+        shares' lengths), joined by SQLite as in `share_blocks`: round one on Dask sends one object a batch."""
+        with self.lock:
+            n, lo, hi, low, high, ids, shares = self.db.execute(
+                "SELECT count(*), min(seq), max(seq), min(length(key_share)), max(length(key_share)), CAST(group_concat(report_id, '') "
+                "AS BLOB), CAST(group_concat(key_share, '') AS BLOB) FROM (SELECT seq, report_id, key_share "
+                + _UNCHECKED + ")", self._unchecked(task_id, after, limit)).fetchone()
+        return ([lo, hi] if n else []), bytes(ids or b""), bytes(shares or b""), {low, high} - {None}
+
+    def _unchecked(self, task_id: str, after: int | None, limit: int) -> tuple:
+        """The parameters of `_UNCHECKED` (under the lock): plain bounds, no subquery in the range."""
+        after, frozen = self.checked_upto(task_id) if after is None else after, self._state(task_id)[0]
+        after = after or self._before_first(task_id)  # the first batch (a scan of the task's index, once)
+        return after, frozen if frozen is not None else 2**62, task_id, int(limit)
 
     def add_check_batch(self, task_id: str, batch: CheckBatch) -> bool:
         """Stores a round-one batch if it starts after `checked_upto` (else it was stored already, by

@@ -167,10 +167,12 @@ def evaluate(dcf: DCF, check: Check, party: int, shares: list[bytes] | bytes, ch
     return (*(np.concatenate(c) for c in zip(*parts)), total)
 
 
-def store_batch(ctx: StepContext, seqs: list[int], ids: list[bytes], result: tuple[np.ndarray, ...]) -> bool:
-    """Stores one batch's `evaluate` result (reports `seqs`, `ids`); False if it was stored already."""
+def store_batch(ctx: StepContext, seqs: list[int], ids: list[bytes] | bytes, result: tuple[np.ndarray, ...]) -> bool:
+    """Stores one batch's `evaluate` result (reports `seqs`, first to last; `ids` a list or joined);
+    False if it was stored already."""
+    n = len(result[0])
     x, msg, st, sums = (np.ascontiguousarray(a, dtype="<u8").tobytes() for a in result)
-    batch = CheckBatch(seqs[0], seqs[-1], len(ids), b"".join(ids), msg, st, x, sums)
+    batch = CheckBatch(seqs[0], seqs[-1], n, ids if isinstance(ids, bytes) else b"".join(ids), msg, st, x, sums)
     return ctx.store.add_check_batch(ctx.config.task_id, batch)
 
 
