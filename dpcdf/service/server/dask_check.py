@@ -29,6 +29,7 @@ from __future__ import annotations
 import contextlib
 import threading
 from collections import OrderedDict, deque
+from typing import TYPE_CHECKING, Callable, Iterator
 
 import numpy as np
 
@@ -38,6 +39,9 @@ from ..protocols.check import round_one
 from ..protocols.context import StepContext
 from ..protocols.reconciliation.maths import SyncError
 from ..task import MAX_VERIFIED_GRID
+
+if TYPE_CHECKING:
+    import distributed
 
 # grid values per batch (a worker's task, several passes): 2^14 reports at 2^10 points, so the server's share
 # of the work (Dask's per-task cost, a commit per batch) is small next to the workers'; above MAX_VERIFIED_GRID
@@ -51,7 +55,7 @@ class RoundOneMap:
     """Round one of a task's unchecked reports on a Dask `client`'s workers (`__call__`); the same
     bits as `round_one.step` in a loop, in larger batches."""
 
-    def __init__(self, client, worker_count):
+    def __init__(self, client: "distributed.Client", worker_count: Callable[[], int]):
         self.client, self.worker_count = client, worker_count
         self._challenges: OrderedDict[tuple[str, bytes], object] = OrderedDict()
         self._guard = threading.Lock()  # tasks' round ones run in parallel (one lock per task, `round_one.lock`)
@@ -128,7 +132,7 @@ _kernel_lock = threading.Lock()  # one kernel launch at a time per worker proces
 
 
 @contextlib.contextmanager
-def kernel_threads():
+def kernel_threads() -> Iterator[None]:
     """One kernel launch at a time in this worker process, with as many numba threads as it has Dask threads."""
     with _kernel_lock:
         threads = _threads()
