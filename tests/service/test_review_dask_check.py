@@ -1,0 +1,192 @@
+"""Review of verified round one on Dask (issue 24; `server.dask_check.RoundOneMap`): properties that
+hold, pinned without a cluster. A stand-in client runs each submitted batch in this process when
+its result is asked for (as a worker would, on the same pickled-free arguments), so what is pinned
+is RoundOneMap's own bookkeeping: upload order, resumption after a failed batch or a restart, two
+tasks at once, the challenges sent once per task, the drops' grid sum. (The bits a real worker
+computes are pinned on a LocalCluster by tests/service/system/test_dask.py.)"""
+from __future__ import annotations
+
+import threading
+from dataclasses import dataclass
+
+import numpy as np
+import pytest
+
+from dpcdf.service.protocols.check import round_one
+from dpcdf.service.protocols.context import StepContext
+from dpcdf.service.server import dask_check
+from dpcdf.service.storage.store import Store
+from dpcdf.service.task import TaskConfig
+from dpcdf.service.wire import join_share
+
+GRID = {"kind": "thresholds", "values": [float(v) for v in range(50)]}
+KEY, SEED, PARTY = bytes(range(32)), bytes(range(100, 132)), 1
+
+
+class WorkerDied(RuntimeError):
+    pass
+
+
+class _Future:
+    def __init__(self, client, fn, args):
+        self.client, self.fn, self.args = client, fn, args
+
+    def result(self):
+        with self.client.guard:
+            self.client.results += 1
+            k = self.client.results
+        if k == self.client.fail_at:
+            raise WorkerDied("a worker died with this batch (KilledWorker)")
+        return self.fn(*self.args)
+
+
+class FakeClient:
+    """`submit` and `scatter` as RoundOneMap uses them; the work runs at `result()`."""
+
+    def __init__(self, fail_at: int | None = None):
+        self.fail_at, self.results, self.guard = fail_at, 0, threading.Lock()
+        self.scattered, self.submitted = [], 0
+
+    def submit(self, fn, *args, pure=True):
+        assert pure is False
+        with self.guard:
+            self.submitted += 1
+        return _Future(self, fn, args)
+
+    def scatter(self, obj, broadcast=False, hash=True):
+        assert broadcast and not hash
+        with self.guard:
+            self.scattered.append(obj)
+        return obj
+
+
+@dataclass(frozen=True, eq=False)
+class _OnCluster(StepContext):
+    round_one_map: object = None
+
+
+def _config(payload="count"):
+    return TaskConfig(GRID, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "01" * 32), "00", payload=payload)
+
+
+def _shares(config, n, seed):
+    rng = np.random.default_rng(seed)
+    dcf, check = config.key_dcf(), config.check()
+    width = check.width
+    betas, *x = check.client_report(rng.integers(0, 2, (n, width)) if width == 2 else np.ones((n, 1), np.int64))
+    keys = dcf.gen_batch(rng.integers(0, 50, n), betas)
+    return [(rng.bytes(16), join_share(keys[PARTY][i].to_bytes(), x[PARTY][i])) for i in range(n)]
+
+
+def _store(path, config):
+    store = Store(path)
+    store.add_task(config.task_id, config.to_json(), b"fp", SEED)
+    return store
+
+
+def _columns(store, task_id):
+    rows = store.check_batches(task_id)
+    assert all(a.last_seq < b.first_seq for a, b in zip(rows, rows[1:]))  # consecutive, never overlapping
+    return {f: b"".join(getattr(b, f) for b in rows) for f in ("ids", "message", "state", "extras")}, sum(b.n for b in rows)
+
+
+def _close(store, ctx, config, drop):
+    store.freeze(config.task_id, lambda ids: str(len(ids)))
+    store.exclude(config.task_id, drop, lambda ids: str(len(ids)))
+    return round_one.prepare(ctx)
+
+
+def _same(a, b):
+    for field in ("ids", "context", "extras", "message", "state", "total"):
+        np.testing.assert_array_equal(getattr(a, field), getattr(b, field))
+
+
+@pytest.fixture
+def small_batches(monkeypatch):
+    monkeypatch.setattr(round_one, "keys_per_pass", lambda size, width: 32)
+    monkeypatch.setattr(dask_check, "TASK_ELEMENTS", 40 * 50 * _config().key_dcf().width)  # 40 reports a batch
+
+
+def _reference(tmp_path, config, items, drop):
+    store = _store(tmp_path / "ref.sqlite", config)
+    try:
+        ctx = StepContext.of(config, PARTY, store, KEY)
+        store.add_many(config.task_id, items)
+        round_one.catch_up(ctx)
+        return _columns(store, config.task_id), _close(store, ctx, config, drop)
+    finally:
+        store.close()
+
+
+def test_a_failed_batch_then_a_restart_loses_and_double_counts_nothing(tmp_path, small_batches):
+    """A batch's future fails (a worker died, KilledWorker) while later ones are in flight: what was
+    stored is a prefix in upload order, nothing after it; a fresh map (the server restarted) resumes
+    from `checked_upto` and the close sees in-process's bits, every report exactly once."""
+    config = _config()
+    items = _shares(config, 300, 3)
+    drop = [items[5][0], items[250][0]]
+    (ref_cols, ref_n), ref_view = _reference(tmp_path, config, items, drop)
+    store = _store(tmp_path / "dask.sqlite", config)
+    try:
+        base = StepContext.of(config, PARTY, store, KEY)
+        store.add_many(config.task_id, items)
+        failing = FakeClient(fail_at=3)
+        with pytest.raises(WorkerDied):
+            round_one.catch_up(_OnCluster(*vars(base).values(), dask_check.RoundOneMap(failing, lambda: 2)))
+        assert failing.submitted == 6  # AHEAD x 2 in flight, refilled after each of the two stored
+        (cols, n) = _columns(store, config.task_id)
+        assert n == 80 and store.checked_upto(config.task_id) == n  # the two batches before the failed one only
+        assert ref_cols["message"].startswith(cols["message"]) and ref_cols["ids"].startswith(cols["ids"])
+        restarted = FakeClient()
+        ctx = _OnCluster(*vars(base).values(), dask_check.RoundOneMap(restarted, lambda: 2))
+        assert round_one.catch_up(ctx) == 220
+        assert round_one.catch_up(ctx) == 0  # caught up: a second run stores nothing
+        assert _columns(store, config.task_id) == (ref_cols, ref_n) and ref_n == 300
+        _same(_close(store, ctx, config, drop), ref_view)  # drops' grid sum on the "workers" too
+        assert len(restarted.scattered) == 1
+    finally:
+        store.close()
+
+
+def test_two_tasks_round_ones_at_once_on_one_map(tmp_path, small_batches):
+    """Two tasks' round ones in two threads through one RoundOneMap (the checker and a close): each
+    stores in-process's per-report bits; each task's challenges are scattered once, are that task's
+    (`round_one.challenges` of K and its id), and differ between the tasks."""
+    configs = [_config("count"), _config("label")]
+    data = [_shares(c, 200, 10 + i) for i, c in enumerate(configs)]
+    refs = [_reference(tmp_path / str(i), c, d, [])[0] for i, (c, d) in enumerate(zip(configs, data))
+            if (tmp_path / str(i)).mkdir() is None]
+    client = FakeClient()
+    shared = dask_check.RoundOneMap(client, lambda: 2)
+    store = Store(tmp_path / "both.sqlite")
+    errors = []
+    try:
+        ctxs = []
+        for c, d in zip(configs, data):
+            store.add_task(c.task_id, c.to_json(), b"fp", SEED)
+            store.add_many(c.task_id, d)
+            ctxs.append(_OnCluster(*vars(StepContext.of(c, PARTY, store, KEY)).values(), shared))
+        start = threading.Barrier(2)
+
+        def run(ctx):
+            try:
+                start.wait()
+                round_one.catch_up(ctx)
+            except BaseException as exc:  # noqa: BLE001
+                errors.append(exc)
+
+        threads = [threading.Thread(target=run, args=(ctx,)) for ctx in ctxs]
+        for t in threads:
+            t.start()
+        for t in threads:
+            t.join()
+        assert not errors
+        for c, ref in zip(configs, refs):
+            assert _columns(store, c.task_id) == ref
+        assert len(client.scattered) == 2
+        expected = [round_one.challenges(c.check(), KEY, c.task_id) for c in configs]
+        for ch in expected:
+            assert any(ch is s for s in client.scattered)
+        assert not np.array_equal(np.asarray(expected[0].s), np.asarray(expected[1].s))
+    finally:
+        store.close()
