@@ -190,3 +190,83 @@ def test_two_tasks_round_ones_at_once_on_one_map(tmp_path, small_batches):
         assert not np.array_equal(np.asarray(expected[0].s), np.asarray(expected[1].s))
     finally:
         store.close()
+
+
+def test_a_purge_during_a_mapped_round_one_leaves_no_batch(tmp_path, small_batches, monkeypatch):
+    """Review finding 3: batches computed on the workers while an operator's delete purges the task
+    are not stored after it (they held report ids and round-one values)."""
+    from dpcdf.service.storage import retention
+    config = _config()
+    store = _store(tmp_path / "dask.sqlite", config)
+    try:
+        store.add_many(config.task_id, _shares(config, 120, 4))
+        real, calls = round_one.store_batch, []
+
+        def purged_meanwhile(ctx, *a):
+            if not calls:  # the operator's delete lands while the workers compute
+                retention.purge(store, config.task_id, "deleted", tmp_path)
+            calls.append(1)
+            return real(ctx, *a)
+
+        monkeypatch.setattr(round_one, "store_batch", purged_meanwhile)
+        ctx = _OnCluster(*vars(StepContext.of(config, PARTY, store, KEY)).values(), dask_check.RoundOneMap(FakeClient(), lambda: 2))
+        round_one.catch_up(ctx)
+        assert len(calls) > 1 and store.check_batches(config.task_id) == []
+    finally:
+        store.close()
+
+
+def test_a_worker_restart_does_not_break_the_task_s_round_one_for_good(tmp_path):
+    """Review finding 2: once the workers holding a task's scattered challenges are gone, the next
+    round one sends them again (it failed with 'lost dependencies' until the server restarted)."""
+    import os
+    import signal
+    import time
+
+    from dpcdf.service.server.dask_eval import DaskEvaluator
+    ev = DaskEvaluator("local:1")
+    try:
+        assert ev.cluster.scheduler_address.startswith("tls://") and ev.round_one is not None  # review finding 1
+        config = _config()
+        items = _shares(config, 100, 5)
+        store = _store(tmp_path / "s.sqlite", config)
+        ctx = _OnCluster(*vars(StepContext.of(config, PARTY, store, KEY)).values(), ev.round_one)
+        store.add_many(config.task_id, items[:50])
+        assert round_one.catch_up(ctx) == 50
+        before = ev.client.run(os.getpid)
+        for pid in before.values():
+            os.kill(pid, signal.SIGKILL)
+        end = time.monotonic() + 60
+        while True:
+            try:
+                now = ev.client.run(os.getpid)
+                if now and set(now.values()).isdisjoint(before.values()):
+                    break
+            except Exception:  # noqa: BLE001 (the worker is coming back)
+                pass
+            assert time.monotonic() < end
+            time.sleep(0.2)
+        store.add_many(config.task_id, items[50:])
+        assert round_one.catch_up(ctx) == 50
+    finally:
+        ev.close()
+
+
+def test_a_plain_tcp_scheduler_gets_no_verified_round_one():
+    """Review finding 1: the workers of verified round one hold the task's challenges, with which a
+    client forges reports; on a tcp:// scheduler anyone who reaches it reads them, so round one stays
+    in-process there (and the server refuses verified grids above 2^16 points)."""
+    from distributed import LocalCluster
+
+    from dpcdf.service.server.dask_eval import DaskEvaluator
+    cluster = LocalCluster(n_workers=1, threads_per_worker=1, processes=False, protocol="tcp://", dashboard_address=None,
+                           silence_logs=40)
+    try:
+        assert cluster.scheduler_address.startswith("tcp://")
+        ev = DaskEvaluator(cluster.scheduler_address)
+        try:
+            assert ev.round_one is None
+        finally:
+            ev.close()
+    finally:
+        cluster.close()

@@ -113,7 +113,10 @@ class RoundOneMap:
         """The task's challenges on every worker, sent once per task (at 2^20 points they are 16 MiB)."""
         key = (ctx.config.task_id, ctx.config.fingerprint)
         with self._guard:
-            if key not in self._challenges:
+            held = self._challenges.get(key)
+            if held is None or held.status != "finished":  # sent again once the workers that held them are gone
+                # (a dead future failed every later batch with "lost dependencies" until the server restarted:
+                # review of issue 24)
                 ch = round_one.challenges(check, ctx.pair_key, ctx.config.task_id)
                 self._challenges[key] = self.client.scatter(ch, broadcast=True, hash=False)
                 while len(self._challenges) > _CHALLENGES:

@@ -43,9 +43,10 @@ def register(request: Request, srv: ServerDep, _: OperatorDep, raw: RawBody) -> 
         pair_key(config, party, srv.keys)
     except (DpcdfError, ValueError) as exc:
         raise HttpError(400, f"server {1 - party}'s HPKE key in the task is not a {config.kem} key: {exc}") from None
-    if config.verify and config.make_grid().size > MAX_VERIFIED_GRID and srv.evaluator is None:
+    if config.verify and config.make_grid().size > MAX_VERIFIED_GRID and getattr(srv.evaluator, "round_one", None) is None:
         raise HttpError(400, f"a verified task of more than {MAX_VERIFIED_GRID} grid points needs a server with a "
-                             "Dask cluster (dpcdf serve --dask): this one has none; use verify=false")
+                             "Dask cluster reached over TLS (dpcdf serve --dask local:N or tls://...): this one has "
+                             "none; use verify=false")
     srv.register(config)
     gone = request.app.state.retention.gone(config.task_id)  # issue 24: its id stays taken, its seed gone
     if gone:
