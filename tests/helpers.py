@@ -95,3 +95,24 @@ def neighbour_prefixes(size: int, relation: str):
             x = np.zeros(size, np.int64)
             x[a] = 1
             yield np.zeros(size, np.int64), np.cumsum(x)
+
+
+def served_task(tmp_path, server1_key: str, grid: dict, verify: bool = False):
+    """A server 0 app (in-process, FastAPI's TestClient) with one registered task that names
+    `server1_key` (hex) as server 1's HPKE key: (app, client, config)."""
+    import warnings
+
+    from dpcdf.service.server import create_app
+    from dpcdf.service.task import TaskConfig, token_hash
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*httpx2")
+        from fastapi.testclient import TestClient
+
+    app = create_app(0, tmp_path, warm_up=False, sweep_every=1e9)
+    client = TestClient(app)
+    pub = client.get("/hpke").json()["keys"]["x25519"]
+    config = TaskConfig(grid, 1.0, "path", "substitution", 1, ("a", "b"), (pub, server1_key), token_hash("t"), verify=verify)
+    assert client.post("/tasks", content=config.to_json(), headers={"authorization": f"Bearer {OPERATOR}",
+                                                                    "content-type": "application/json"}).status_code == 201
+    return app, client, config

@@ -223,24 +223,11 @@ def test_a_refusal_reads_the_addresss_allowance_again_before_the_next_open(tmp_p
     before it opens another share (review of the batch path: a local count of this batch's own
     refusals let it open up to 63 more)."""
     import secrets
-    import warnings
 
     from dpcdf.service import wire
-    from dpcdf.service.server import create_app
-    from dpcdf.service.task import token_hash
-    from helpers import OPERATOR
+    from helpers import served_task
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*httpx2")
-        from fastapi.testclient import TestClient
-
-    app = create_app(0, tmp_path, warm_up=False, sweep_every=1e9)
-    client = TestClient(app)
-    pub = client.get("/hpke").json()["keys"]["x25519"]
-    config = TaskConfig(GRID, 1.0, "path", "substitution", 1, ("a", "b"), (pub, _config()[0].hpke_keys[1]), token_hash("t"),
-                        verify=False)
-    assert client.post("/tasks", content=config.to_json(), headers={"authorization": f"Bearer {OPERATOR}",
-                                                                    "content-type": "application/json"}).status_code == 201
+    app, client, config = served_task(tmp_path, _config()[0].hpke_keys[1], GRID)
     good = [r.to_bytes() for r in make_reports(config, [0.5] * 8)]
     bad = [g[:36] + secrets.token_bytes(16) + g[52:] for g in good[:2]]  # another id: the share does not open
     failures, opens, real = app.state.failures, [], wire.Opener.__call__
@@ -261,23 +248,10 @@ def test_a_server_takes_both_formats_in_one_batch_and_opens_each_capsule_once(tm
     """An upload mixing format 2 reports (two calls: two capsules) and a format 1 report (a spool of
     an earlier release) stores all of them; the server does one HPKE open per capsule and per
     format 1 share, and a format 2 report whose capsule does not open is refused with the reason."""
-    import warnings
+    from helpers import served_task
 
-    from dpcdf.service.server import create_app
-    from dpcdf.service.task import token_hash
-    from helpers import OPERATOR
-
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*httpx2")
-        from fastapi.testclient import TestClient
-
-    app = create_app(0, tmp_path, warm_up=False, sweep_every=1e9)
-    client = TestClient(app)
-    pub = client.get("/hpke").json()["keys"]["x25519"]
     other, keys = _config()
-    config = TaskConfig(GRID, 1.0, "path", "substitution", 1, ("a", "b"), (pub, other.hpke_keys[1]), token_hash("t"), verify=False)
-    assert client.post("/tasks", content=config.to_json(), headers={"authorization": f"Bearer {OPERATOR}",
-                                                                    "content-type": "application/json"}).status_code == 201
+    app, client, config = served_task(tmp_path, other.hpke_keys[1], GRID)
     first, second = make_reports(config, [0.1, 0.2, 0.3]), make_reports(config, [0.4, 0.5])
     from dpcdf.service.hpke import ServerKeys
 

@@ -6,7 +6,6 @@ way round); each call draws a fresh capsule per server and distinct nonces; a ba
 and their near misses; a capsule that does not open is opened once but charged per report; the
 reports of one call sent over several requests (a resumed spool) are stored once each."""
 import secrets
-import warnings
 
 import pytest
 from cryptography.hazmat.primitives import serialization
@@ -17,7 +16,7 @@ from dpcdf.service.client import data_holder, make_reports
 from dpcdf.service.server.errors import HttpError
 from dpcdf.service.server.limits import Failures, Limits
 from dpcdf.service.server.routers import reports as reports_router
-from dpcdf.service.task import TaskConfig, token_hash
+from dpcdf.service.task import TaskConfig
 from dpcdf.service.wire import (HEAD, ID_BYTES, NONCE_BYTES, Opener, Report, ReportError, capsule_info, hpke_info,
                                 open_share)
 
@@ -41,20 +40,10 @@ def _v1(config, rid: bytes, shares) -> Report:
 @pytest.fixture()
 def served(tmp_path):
     """A server 0 with one unverified task whose server-1 key we hold: (app, config, server-1 key)."""
-    from dpcdf.service.server import create_app
-    from helpers import OPERATOR
+    from helpers import served_task
 
-    with warnings.catch_warnings():
-        warnings.filterwarnings("ignore", message=".*httpx2")
-        from fastapi.testclient import TestClient
-
-    app = create_app(0, tmp_path, warm_up=False, sweep_every=1e9)
-    client = TestClient(app)
-    pub = client.get("/hpke").json()["keys"]["x25519"]
     keys, pubs = _keys()
-    config = TaskConfig(GRID, 1.0, "path", "substitution", 1, ("a", "b"), (pub, pubs[1]), token_hash("t"), verify=False)
-    assert client.post("/tasks", content=config.to_json(), headers={"authorization": f"Bearer {OPERATOR}",
-                                                                    "content-type": "application/json"}).status_code == 201
+    app, client, config = served_task(tmp_path, pubs[1], GRID)
     return app, client, config, keys[1]
 
 
