@@ -281,15 +281,12 @@ class Store:
         return after, frozen if frozen is not None else 2**62, task_id, int(limit)
 
     def add_check_batch(self, task_id: str, batch: CheckBatch) -> bool:
-        """Stores a round-one batch if it starts after `checked_upto` (else it was stored already, by
-        a concurrent or earlier run: nothing changes); returns whether it was stored. Nothing is stored
-        for a purged task: a batch computed while the purge ran (round one on a Dask cluster has several
-        in flight) would otherwise outlive it with the report ids and round-one values (review of issue 24)."""
+        """Stores a round-one batch if it starts after `checked_upto` (else a concurrent or earlier run
+        stored it) and the task is not purged (a batch computed during the purge, on Dask several are in
+        flight, would outlive it: review of issue 24); returns whether it was stored."""
         with self._transaction():
-            if batch.first_seq <= self.checked_upto(task_id):
-                return False
             purged = self.db.execute("SELECT purged_at IS NOT NULL FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
-            if purged is None or purged[0]:
+            if batch.first_seq <= self.checked_upto(task_id) or purged is None or purged[0]:
                 return False
             self.db.execute("INSERT INTO check_batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                             (task_id, *batch[:3], *(bytes(b) for b in batch[3:])))
