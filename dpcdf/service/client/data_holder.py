@@ -138,8 +138,16 @@ def create_task(servers: list[str], grid: dict, epsilon: float | None, mechanism
     config = TaskConfig(grid, None if epsilon is None else float(epsilon), mechanism, relation, int(min_batch),
                         (servers[0], servers[1]), (keys[0], keys[1]), token_hash(token), payload=payload, split=split,
                         kem=kem, verify=verify, privacy=privacy, rho=rho)
-    for url, operator in zip(servers, admin):
-        http("POST", f"{url}/tasks", config.to_json().encode(), operator)
+    http("POST", f"{servers[0]}/tasks", config.to_json().encode(), admin[0])
+    try:
+        http("POST", f"{servers[1]}/tasks", config.to_json().encode(), admin[1])
+    except ServerError as exc:  # not left registered on server 0 alone (review of issue 24)
+        try:
+            http("DELETE", f"{servers[0]}/admin/tasks/{config.task_id}", token=admin[0])
+        except ServerError as undo:
+            raise ServerError(f"{exc}; deleting it again on server 0 failed ({undo}): run `dpcdf admin delete "
+                              f"{config.task_id}` there", exc.status) from None
+        raise ServerError(f"{exc} (the task was deleted again on server 0)", exc.status) from None
     return config, token
 
 

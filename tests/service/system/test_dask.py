@@ -23,8 +23,8 @@ from dpcdf.service.server import dask_check
 from dpcdf.service.server.dask_eval import DaskError, DaskEvaluator
 from dpcdf.service.processes import start_server, stop
 from fss import DCF
-from dpcdf.service.http import ServerError
-from helpers import GRID, TESTING, values
+from dpcdf.service.http import ServerError, http
+from helpers import GRID, OPERATOR, TESTING, values
 
 
 @pytest.fixture(scope="module")
@@ -182,7 +182,10 @@ def test_two_servers_one_on_a_local_cluster_answer_the_exact_counts(tmp_path):
         big = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 17}  # above 2^16: verified only with a cluster
         with pytest.raises(ServerError, match="needs a server with a Dask cluster") as refused:
             create_task([u for _, u in procs], big, 1.0, "path", "substitution", min_batch=10, verify=True)
-        assert refused.value.status == 400 and procs[1][1] in str(refused.value)  # server 0 (local:2) took it
+        assert refused.value.status == 400 and procs[1][1] in str(refused.value)  # server 0 (local:2) took it,
+        assert "deleted again on server 0" in str(refused.value)  # and does not keep it alone (review of issue 24)
+        listed = http("GET", f"{procs[0][1]}/admin/tasks", token=OPERATOR)["tasks"]
+        assert len(listed) == 3 and [t["state"] for t in listed].count("deleted") == 1
     finally:
         for proc, _ in procs:
             stop(proc)
