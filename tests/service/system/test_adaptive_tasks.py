@@ -411,7 +411,9 @@ def test_tree_design_under_add_remove_verified_equals_central_with_every_level(s
     assert mech.tree.scales[mech.tree.shape.height] is not None and mech.tree.scales[mech.tree.shape.height] > 0
 
     central = mech.noisy(prefix, noise, copies=2)  # n (the last prefix) is not used under add/remove
-    assert central.plan.design == "tree"
+    # the plan: the tree, or (since round one sees spikes, e226ec1) 2-point bins around them, as the noise
+    # falls; asserting the tree failed a clean-clone CI run. Either way the release must equal the central one
+    assert central.plan.design in ("tree", "bins")
     want = finish_release(grid, mech, central, 0, copies=2)
     rel = a.release()
     np.testing.assert_allclose(rel.counts, want.counts, atol=1e-6)
