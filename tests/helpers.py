@@ -116,3 +116,15 @@ def served_task(tmp_path, server1_key: str, grid: dict, verify: bool = False):
     assert client.post("/tasks", content=config.to_json(), headers={"authorization": f"Bearer {OPERATOR}",
                                                                     "content-type": "application/json"}).status_code == 201
     return app, client, config
+
+
+def v1_report(config, report_id: bytes, shares: tuple[bytes, bytes]):
+    """A format 1 report (an earlier release's client: one HPKE seal per share) of these shares."""
+    from dpcdf.service import hpke
+    from dpcdf.service.wire import Report, hpke_info
+
+    sealed = []
+    for party, (pub, share) in enumerate(zip(config.hpke_keys, shares)):
+        out = hpke.suite("x25519").encrypt(share, hpke.public_key("x25519", pub), info=hpke_info(config.fingerprint, report_id, party))
+        sealed.append((out[:32], out[32:]))
+    return Report(config.fingerprint, report_id, (sealed[0], sealed[1]), version=1)

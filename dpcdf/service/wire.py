@@ -78,8 +78,9 @@ def share_aad(fingerprint: bytes, report_id: bytes, party: int) -> bytes:
     return b"dpcdf/report/v2" + fingerprint + report_id + bytes([party])
 
 
-def capsule_length(kem: str) -> int:
-    return hpke.enc_length(kem) + KEY_BYTES + TAG_BYTES
+def capsule_length(kem: str, version: int = 2) -> int:
+    """What precedes a share's ciphertext: format 2's capsule, format 1's HPKE enc."""
+    return hpke.enc_length(kem) + (KEY_BYTES + TAG_BYTES if version == 2 else 0)
 
 
 class Sealer:
@@ -143,7 +144,7 @@ def open_share(report: Report, party: int, private_key, fingerprint: bytes, kem:
     if report.fingerprint != fingerprint:
         raise ReportError(FOREIGN)
     capsule, ct = report.sealed[party]
-    want = capsule_length(kem) if report.version == 2 else hpke.enc_length(kem)
+    want = capsule_length(kem, report.version)
     if len(capsule) != want:
         raise ReportError(f"the {'capsule' if report.version == 2 else 'encapsulated key'} must be {want} bytes for {kem}")
     return Opener(private_key, fingerprint, party, kem)(report.report_id, capsule, ct, report.version)

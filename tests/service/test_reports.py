@@ -11,9 +11,10 @@ from cryptography.hazmat.primitives.asymmetric import x25519
 
 from dpcdf.service.client import make_reports
 from dpcdf.service import hpke
-from dpcdf.service.wire import (MAX_BATCH, Opener, Report, ReportError, capsule_info, decode_batch, encode_batch, hpke_info,
+from dpcdf.service.wire import (MAX_BATCH, Opener, Report, ReportError, capsule_info, decode_batch, encode_batch,
                                 open_share, share_aad, split_share)
 from dpcdf.service.task import TaskConfig
+from helpers import v1_report
 
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 8}
 
@@ -82,15 +83,6 @@ def test_another_rfc_9180_implementation_opens_our_shares():
         aes = AES.new(key, AES.MODE_GCM, nonce=r.report_id[:12])
         aes.update(share_aad(config.fingerprint, r.report_id, 0))
         assert aes.decrypt_and_verify(ct[:-16], ct[-16:]) == open_share(r, 0, keys[0], config.fingerprint)
-
-
-def v1_report(config, report_id: bytes, shares: tuple[bytes, bytes]) -> Report:
-    """A format 1 report (an earlier release's client: one HPKE seal per share) of these shares."""
-    sealed = []
-    for party, (pub, share) in enumerate(zip(config.hpke_keys, shares)):
-        out = hpke.suite("x25519").encrypt(share, hpke.public_key("x25519", pub), info=hpke_info(config.fingerprint, report_id, party))
-        sealed.append((out[:32], out[32:]))
-    return Report(config.fingerprint, report_id, (sealed[0], sealed[1]), version=1)
 
 
 def test_format_1_is_still_read_and_format_2_binds_each_share_to_its_report_and_server():

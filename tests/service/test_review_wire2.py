@@ -19,6 +19,7 @@ from dpcdf.service.server.routers import reports as reports_router
 from dpcdf.service.task import TaskConfig
 from dpcdf.service.wire import (HEAD, ID_BYTES, NONCE_BYTES, Opener, Report, ReportError, capsule_info, hpke_info,
                                 open_share)
+from helpers import v1_report
 
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 8}
 
@@ -27,14 +28,6 @@ def _keys():
     keys = [x25519.X25519PrivateKey.generate() for _ in range(2)]
     pubs = tuple(k.public_key().public_bytes(serialization.Encoding.Raw, serialization.PublicFormat.Raw).hex() for k in keys)
     return keys, pubs
-
-
-def _v1(config, rid: bytes, shares) -> Report:
-    sealed = []
-    for party, (pub, share) in enumerate(zip(config.hpke_keys, shares)):
-        out = hpke.suite("x25519").encrypt(share, hpke.public_key("x25519", pub), info=hpke_info(config.fingerprint, rid, party))
-        sealed.append((out[:32], out[32:]))
-    return Report(config.fingerprint, rid, (sealed[0], sealed[1]), version=1)
 
 
 @pytest.fixture()
@@ -86,7 +79,7 @@ def test_format_1_and_format_2_seals_do_not_stand_in_for_each_other():
     assert swapped.version == 1
     with pytest.raises(ReportError, match="must be 32 bytes"):
         open_share(swapped, 0, keys[0], config.fingerprint)
-    old = _v1(config, r.report_id, (plain, plain))
+    old = v1_report(config, r.report_id, (plain, plain))
     with pytest.raises(ReportError, match="capsule must be 64 bytes"):
         open_share(Report.from_bytes(b"DPR2" + old.to_bytes()[4:]), 0, keys[0], config.fingerprint)
     with pytest.raises(ReportError, match="does not open"):
@@ -112,7 +105,7 @@ def test_the_fast_path_answers_as_the_parser_on_mixed_formats_and_near_misses(se
     r2 = make_reports(config, [0.1, 0.2, 0.3, 0.35])
     donor = make_reports(config, [0.6])[0]
     mine = srv.keys.private("x25519")
-    v1 = _v1(config, donor.report_id, (open_share(donor, 0, mine, config.fingerprint),
+    v1 = v1_report(config, donor.report_id, (open_share(donor, 0, mine, config.fingerprint),
                                        open_share(donor, 1, k1, config.fingerprint))).to_bytes()
     good = [r.to_bytes() for r in r2]
     g = good[0]

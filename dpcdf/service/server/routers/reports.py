@@ -23,7 +23,6 @@ import numpy as np
 from fss import FssError
 from fss.errors import KeyFormatError
 
-from ... import hpke
 from ...wire import FOREIGN, TAG_BYTES, Layout, Opener, Report, ReportError, capsule_length, decode_batch, split_shares
 from ..deps import RawBody, ServerDep
 from ..errors import HttpError, TaskNotFound
@@ -118,7 +117,7 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
     if st is not None:
         fp, kem = st.config.fingerprint, st.config.kem
         plain = st.dcf.key_size + st.config.extras_bytes + TAG_BYTES
-        lengths = {2: (capsule_length(kem), plain), 1: (hpke.enc_length(kem), plain)}  # (AES-GCM's and HPKE's tags are 16 bytes)
+        lengths = {v: (capsule_length(kem, v), plain) for v in (1, 2)}  # (AES-GCM's and HPKE's tags are 16 bytes)
         layout = Layout(fp, *lengths[2])
     fits = layout.matches(raws) if st is not None else [False] * len(raws)
     for i, raw in enumerate(raws):  # the cheap checks, for every report, before any share is opened
