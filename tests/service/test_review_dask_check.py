@@ -35,16 +35,17 @@ class _Future:
         with self.client.guard:
             self.client.results += 1
             k = self.client.results
-        if k == self.client.fail_at:
+        if k in self.client.fail:
             raise WorkerDied("a worker died with this batch (KilledWorker)")
         return self.fn(*self.args)
 
 
 class FakeClient:
-    """`submit` and `scatter` as RoundOneMap uses them; the work runs at `result()`."""
+    """`submit` and `scatter` as RoundOneMap uses them; the work runs at `result()`, and the
+    results numbered in `fail` (from 1) raise instead."""
 
-    def __init__(self, fail_at: int | None = None):
-        self.fail_at, self.results, self.guard = fail_at, 0, threading.Lock()
+    def __init__(self, fail: range | tuple = ()):
+        self.fail, self.results, self.guard = fail, 0, threading.Lock()
         self.scattered, self.submitted = [], 0
 
     def submit(self, fn, *args, pure=True):
@@ -54,9 +55,10 @@ class FakeClient:
         return _Future(self, fn, args)
 
     def scatter(self, obj, broadcast=False, hash=True):
-        assert broadcast and not hash
-        with self.guard:
-            self.scattered.append(obj)
+        assert not hash
+        if broadcast:  # the challenges (a batch's shares go to one worker)
+            with self.guard:
+                self.scattered.append(obj)
         return obj
 
 
@@ -119,9 +121,10 @@ def _reference(tmp_path, config, items, drop):
 
 
 def test_a_failed_batch_then_a_restart_loses_and_double_counts_nothing(tmp_path, small_batches):
-    """A batch's future fails (a worker died, KilledWorker) while later ones are in flight: what was
-    stored is a prefix in upload order, nothing after it; a fresh map (the server restarted) resumes
-    from `checked_upto` and the close sees in-process's bits, every report exactly once."""
+    """A batch's future fails (a worker died, KilledWorker) while later ones are in flight, and so
+    does its second try: what was stored is a prefix in upload order, nothing after it; a fresh map
+    (the server restarted) resumes from `checked_upto` and the close sees in-process's bits, every
+    report exactly once."""
     config = _config()
     items = _shares(config, 300, 3)
     drop = [items[5][0], items[250][0]]
@@ -130,10 +133,10 @@ def test_a_failed_batch_then_a_restart_loses_and_double_counts_nothing(tmp_path,
     try:
         base = StepContext.of(config, PARTY, store, KEY)
         store.add_many(config.task_id, items)
-        failing = FakeClient(fail_at=3)
+        failing = FakeClient(fail=range(3, 100))
         with pytest.raises(WorkerDied):
             round_one.catch_up(_OnCluster(*vars(base).values(), dask_check.RoundOneMap(failing, lambda: 2)))
-        assert failing.submitted == 6  # AHEAD x 2 in flight, refilled after each of the two stored
+        assert failing.submitted == 7  # AHEAD x 2 in flight, refilled after each of the two stored, the third again
         (cols, n) = _columns(store, config.task_id)
         assert n == 80 and store.checked_upto(config.task_id) == n  # the two batches before the failed one only
         assert ref_cols["message"].startswith(cols["message"]) and ref_cols["ids"].startswith(cols["ids"])
@@ -144,6 +147,23 @@ def test_a_failed_batch_then_a_restart_loses_and_double_counts_nothing(tmp_path,
         assert _columns(store, config.task_id) == (ref_cols, ref_n) and ref_n == 300
         _same(_close(store, ctx, config, drop), ref_view)  # drops' grid sum on the "workers" too
         assert len(restarted.scattered) == 1
+    finally:
+        store.close()
+
+
+def test_a_batch_lost_once_is_sent_again(tmp_path, small_batches):
+    """A batch's shares are on one worker only (`RoundOneMap._submit`): when its future fails once
+    (that worker died), the map sends the batch again and the run stores in-process's bits."""
+    config = _config()
+    items = _shares(config, 200, 8)
+    (ref_cols, ref_n), _ = _reference(tmp_path, config, items, [])
+    store = _store(tmp_path / "dask.sqlite", config)
+    try:
+        client = FakeClient(fail=(2,))
+        ctx = _OnCluster(*vars(StepContext.of(config, PARTY, store, KEY)).values(), dask_check.RoundOneMap(client, lambda: 2))
+        store.add_many(config.task_id, items)
+        assert round_one.catch_up(ctx) == 200 and client.submitted == 5 + 1
+        assert _columns(store, config.task_id) == (ref_cols, ref_n)
     finally:
         store.close()
 

@@ -67,7 +67,9 @@ class DaskEvaluator:
             security = Security.temporary()  # mutual TLS with a throwaway CA: no one else on the machine connects
             self.cluster = LocalCluster(n_workers=int(count), threads_per_worker=1, processes=True, protocol="tls://",
                                         security=security, dashboard_address=None, silence_logs=40)
-            self.client = Client(self.cluster, security=security, timeout=timeout)
+            # direct_to_workers: scattered batches and results go between this process and a worker (over the same
+            # TLS), not through the scheduler's copy (`dask_check.RoundOneMap._submit`)
+            self.client = Client(self.cluster, security=security, timeout=timeout, direct_to_workers=True)
         else:
             if "://" not in address:
                 raise DaskError(f"--dask takes a scheduler address (tcp://host:8786) or local:N, got {address!r}")
