@@ -37,10 +37,12 @@ from ..storage import segments
 from .dask_check import RoundOneMap, kernel_threads
 
 GROUPS_PER_PIECE = 1 << 15  # at most 2^19 keys per task
-# local:N has no dashboard, so nothing reads the workers' task profiles or the system monitor's history: sampling
-# them took CPU from the kernels on the same cores (idle local:2, Zen 3 class: 4.5% of a core per worker, 2% with this)
+# local:N has no dashboard, so nothing reads the workers' task profiles or the system monitor's history, and the
+# event loops' latency ticks (every 20 ms in each of scheduler, nannies, workers) and memory checks need not be so
+# frequent: they took CPU from the kernels on the same cores (idle local:2, Zen 3 class: 4.5% of a core per worker)
 _QUIET = {"distributed.worker.profile.enabled": False, "distributed.admin.system-monitor.interval": "2s",
-          "distributed.admin.system-monitor.disk": False, "distributed.admin.system-monitor.gil.enabled": False}
+          "distributed.admin.system-monitor.disk": False, "distributed.admin.system-monitor.gil.enabled": False,
+          "distributed.admin.tick.interval": "500ms", "distributed.worker.memory.monitor-interval": "500ms"}
 TRANSPORTS = ("path", "scatter")
 
 
