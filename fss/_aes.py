@@ -270,9 +270,11 @@ class AesRounds:
             out.append(b.shuffle_vector(lo, hi, ir.Constant(ir.VectorType(I32, 8), list(range(8)))))
         return out
 
-    def encrypt(self, parts: list, first=None, last=None) -> list:
+    def encrypt(self, parts: list, first=None, last=None, inflight: int | None = None) -> list:
         """The ten AES rounds over native registers: xor `first` (default K_0; skipped if first is
-        False), nine aesenc, aesenclast with `last` (default K_10)."""
+        False), nine aesenc, aesenclast with `last` (default K_10). On the 16-register tiers, inline
+        blocks of `INFLIGHT` registers, or with `inflight` the fewest blocks of at most that many,
+        of equal size."""
         b = self.b
         k_first = self.keys[0] if first is None else first
         k_last = self.keys[10] if last is None else last
@@ -285,9 +287,14 @@ class AesRounds:
             for r in range(1, 10):
                 st = [b.call(self.enc, [s, self.keys[r]]) for s in st]
             return [b.call(self.last, [s, k_last]) for s in st]
+        if inflight is None:
+            cuts = list(range(0, len(parts), self.INFLIGHT[self.tier])) + [len(parts)]
+        else:
+            count = -(-len(parts) // inflight)
+            cuts = [len(parts) * c // count for c in range(count + 1)]
         out = []
-        for c in range(0, len(parts), self.INFLIGHT[self.tier]):
-            out += self._chunk(parts[c : c + self.INFLIGHT[self.tier]], k_last)
+        for c0, c1 in zip(cuts, cuts[1:]):
+            out += self._chunk(parts[c0:c1], k_last)
         return out
 
     def _arm(self, parts: list, k_first, k_last) -> list:

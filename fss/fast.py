@@ -11,7 +11,8 @@ about 8 ms per call on a loaded two-core machine (a single `eval` of one key too
 Same contract as the portable `fss.portable` (internal points, (width, n) outputs reduced mod
 2^out_bits) and bit-identical results. Works group by group on `KeyBatch`'s grouped layout; the
 padded lanes of the last group are evaluated and dropped. `eval_grid` instead walks each key's tree
-on its own with the step of `_grid` (also over F_p), and splits the keys over a thread pool.
+on its own with the step of `_grid` (also over F_p; `_blockgrid`'s where it fits), and splits the
+keys over a thread pool.
 """
 from __future__ import annotations
 
@@ -25,6 +26,7 @@ from numba import njit
 from . import _cache
 from ._aes import require, round_keys
 from ._fused import eval_group, gen_group, trie_steps
+from ._blockgrid import block_step, fits
 from ._grid import grid_step
 from .keys import GROUP, KeyBatch, groups, payload_dtype, to_groups
 from .params import TreeParams
@@ -231,7 +233,8 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str):
     writing the leaves' shares straight into `out` (no prange: a parallel
     numba kernel compiles in about three times as long, once per width, group, DCF or DPF and AES
     flavour; `eval_grid` runs one call per thread instead)."""
-    step = grid_step(width, has_v, prime, tier)
+    blocks = fits(width, has_v, prime, tier)  # nodes in AES-block layout (`_blockgrid`)
+    step = block_step(width, tier) if blocks else grid_step(width, has_v, prime, tier)
     rows = 3 + width
 
     @njit(nogil=True)
@@ -255,11 +258,16 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str):
                         kcw[i, 3 + e] = cw_v[g, i, e, lane]
             for e in range(width):
                 kcw[bits, 3 + e] = cw_v[g, last_v, e, lane]
-            ta[0, 0] = seeds[g, 0, lane]
-            ta[1, 0] = seeds[g, 1, lane]
-            ta[2, 0] = party
-            for e in range(width):
-                ta[3 + e, 0] = 0
+            if blocks:  # flat: the root's block at words 0, 1, its accumulators at 3 capacity (its t: party)
+                flat = ta.reshape(rows * top_cap)
+                flat[0], flat[1] = seeds[g, 0, lane], seeds[g, 1, lane]
+                flat[3 * top_cap : 3 * top_cap + width] = 0
+            else:
+                ta[0, 0] = seeds[g, 0, lane]
+                ta[1, 0] = seeds[g, 1, lane]
+                ta[2, 0] = party
+                for e in range(width):
+                    ta[3 + e, 0] = 0
             top_nodes, top_base = ta, 0
             # segment 0: the first stage (the root down to level split); segment s: subtree s - 1.
             # One call site of `step` (its code is large): the segments share the level loop.
@@ -269,8 +277,14 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str):
                     lo = hi = origin = 0
                 else:
                     a, d, first, stop = sa, sb, split, bits
-                    for r in range(rows):
-                        a[r, 0] = top_nodes[r, top_base + seg - 1]
+                    q = top_base + seg - 1
+                    if blocks:
+                        flat, src = a.reshape(rows * sub_cap), top_nodes.reshape(rows * top_cap)
+                        flat[0], flat[1] = src[2 * q], src[2 * q + 1]
+                        flat[3 * sub_cap : 3 * sub_cap + width] = src[3 * top_cap + width * q : 3 * top_cap + width * (q + 1)]
+                    else:
+                        for r in range(rows):
+                            a[r, 0] = top_nodes[r, q]
                     # the leaves: child positions lo .. hi - 1 of the last level, to the key's row
                     lo = subs[seg - 1, bits - 1 - split, 0]
                     hi = lo + subs[seg - 1, bits - 1 - split, 1]
@@ -352,7 +366,9 @@ def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, 
     the keys are split over `threads` threads."""
     tier = require(tier)  # a name the CPU can run (True / False of older callers: 'vaes' / 'aesni')
     p, n = batch.params, len(batch)
-    if p.prime and n and int(batch.cw_v.max()) >= p.modulus:  # not a key gen makes or the codec accepts
+    blocks = fits(p.width, p.level_payload, p.prime, tier)  # `_blockgrid` keeps t in bit 0 of the seeds
+    if p.prime and n and (int(batch.cw_v.max()) >= p.modulus or blocks and (batch.cw_seed[:, :, 0] & 1).any()):
+        # not a key gen makes or the codec accepts: a correction >= p, or bit 0 of a seed correction set
         from . import portable
 
         return portable.eval_grid(batch, start, size, reverse)

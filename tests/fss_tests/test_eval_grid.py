@@ -141,6 +141,28 @@ def test_every_backend_equals_portable(fn):
         check(fn, alphas, betas, min(300, 1 << fn.bits), k0, k1)
 
 
+def test_block_layout_kernel_width_4_above_a_subtree_and_its_fallback():
+    """The `_blockgrid` step (even widths over F_p on vaes256 / aesni) at width 4 over 12 bits (a first
+    stage above the 2^10-leaf subtrees), and on every backend a batch with bit 0 of a seed correction
+    set (no key gen makes or the codec accepts; the step keeps t there) sent to the portable backend."""
+    fn = DCF(12, width=4, group="p61", cmp="ge")
+    rng = np.random.default_rng(22)
+    k0, k1 = gen(fn, rng.integers(0, 1 << 12, 17), rng.integers(0, P, (17, 4)).astype(np.uint64))
+    for k in (k0, k1):
+        want = [portable.eval_grid(k, 1000, 3000, True), portable.eval_grid(k, 5, 1500, False)]
+        for name in BACKENDS:  # the fastest kernel (width 4 compiles for it in test_check_mac anyway)
+            with backend.using(name):
+                assert np.array_equal(backend.eval_grid(k, 1000, 3000, True), want[0]), name
+                assert np.array_equal(backend.eval_grid(k, 5, 1500, False), want[1]), name
+    odd = DCF(6, width=2, group="p61", cmp="ge")
+    pair = gen(odd, [3, 40], np.array([[1, 2], [3, 4]], np.uint64))
+    pair[0].cw_seed[:, :, 0, :2] |= np.uint64(1)  # both parties' (one array), every level
+    for keys in pair:
+        for name in backend.available():
+            with backend.using(name):
+                assert np.array_equal(backend.eval_grid(keys, 0, 64, True), portable.eval_grid(keys, 0, 64, True)), name
+
+
 def test_empty_batch_and_one_key():
     fn = DCF(6, group="p61", cmp="ge")
     k0, _ = fn.gen_batch([5, 9], 1)
