@@ -26,6 +26,9 @@ Verified tasks' round one runs on the same cluster (`round_one` here, `dask_chec
 """
 from __future__ import annotations
 
+import os
+import shutil
+import tempfile
 from pathlib import Path
 
 import numpy as np
@@ -90,7 +93,8 @@ class DaskEvaluator:
         # Its workers hold the task's check challenges, with which a client forges reports that pass the
         # check: anyone who reaches a plain tcp:// scheduler could read them (review of issue 24)
         encrypted = self.cluster is not None or address.startswith("tls://")
-        self.round_one = RoundOneMap(self.client, lambda: len(self.workers())) if encrypted else None
+        self.spool = _spool() if self.cluster is not None else None  # local:N: its workers read files of this machine
+        self.round_one = RoundOneMap(self.client, lambda: len(self.workers()), self.spool) if encrypted else None
 
     def workers(self) -> list[str]:
         return sorted(self.client.scheduler_info()["workers"])
@@ -138,6 +142,17 @@ class DaskEvaluator:
         self.client.close()
         if self.cluster is not None:
             self.cluster.close()
+        if self.spool is not None:  # batches a worker never took (it died first)
+            shutil.rmtree(self.spool, ignore_errors=True)
+
+
+def _spool() -> Path | None:
+    """A folder only this user may enter (0700) in RAM (/dev/shm), for round one's batches of key
+    shares on their way to a local worker; None without /dev/shm (then they go by Dask's comms:
+    key shares are never left in a file on disk, which retention's secure delete would not reach)."""
+    if not os.path.isdir("/dev/shm"):
+        return None
+    return Path(tempfile.mkdtemp(prefix="dpcdf-round-one-", dir="/dev/shm"))
 
 
 class _Piece:

@@ -113,6 +113,8 @@ def test_verified_round_one_on_the_cluster_is_bit_identical_and_gets_no_secret(t
             return _real(*a, **k)
 
         monkeypatch.setattr(evaluator.client, name, record)
+    spool = dask_check.write_secret  # local:N: the batches' shares go by files of the spool
+    monkeypatch.setattr(dask_check, "write_secret", lambda path, data: sent.append(bytes(data)) or spool(path, data))
     views, rows = [], []
     for where in ("in-process", "dask"):
         store = Store(tmp_path / f"{where}.sqlite")
@@ -135,6 +137,7 @@ def test_verified_round_one_on_the_cluster_is_bit_identical_and_gets_no_secret(t
     for field in ("ids", "context", "extras", "message", "state", "total"):
         np.testing.assert_array_equal(getattr(views[1], field), getattr(views[0], field))
     assert len(sent) == 1 + 2 * (7 + 1)  # the challenges once; per batch and for the drops' grid sum the shares, then its task
+    assert evaluator.spool is not None and not any(evaluator.spool.iterdir())  # each file taken (and deleted) by its worker
     assert b"Challenges" in sent[0]
     secrets = (key, round_one.verification_key(key), seed)
     assert not any(secret in blob for blob in sent for secret in secrets)
