@@ -16,10 +16,10 @@ Two blocks fill a 256-bit register, and one node's pair up without shuffles:
     leaf: [left ^ T(LEAF, q) | right ^ T(LEAF, q)] -> two leaves' shares, in the output's (leaf, element) order
 
 The F_p arithmetic is `_grid`'s (part, half, lazy reduction), the share of party 1 is canonical(8p - x)
-(x < 2^63 + 2^7, so 8p - x does not wrap). Same run, thread time, 64 keys, 2^10 points, AMD EPYC Zen 3
-class at load average 2.5-3.4 (not from a table): width 2 x >= alpha (reverse order, round one's)
-1.10x the `_grid` step on vaes256 and 1.19x on aesni, width 4 1.23x; forward order (x < alpha) 0.95x
-on vaes256.
+(x < 2^63 + 2^7, so 8p - x does not wrap). Against the `_grid` step in one process (thread time, 64 keys,
+2^10 points, AMD EPYC Zen 3 class, load average 2.5-4): width 2 in round one's order (x >= alpha)
+1.08-1.16x on vaes256 and 1.19-1.25x on aesni, width 4 1.23x; the forward order (x < alpha) 0.95x on
+vaes256. Width 1 in node pairs (no LEAF blocks; 0.99-1.03x on vaes256) was not kept.
 """
 from __future__ import annotations
 
