@@ -12,8 +12,8 @@ and its mean width in F over the thresholds; then the width at eps 1, n = 5,000 
 discrete Gaussian tree at rho = 0.005, 0.125, 0.5. Each cell: coverage, then mean width.
 
 Rows: the paper's path mechanism (eq. 2, scale (L+1)/eps) and its theory 2 (L+1)^3 / eps^2; the same
-with the exact sensitivity; ours: the default ("auto": under substitution on grids of >= 256 points
-the two-round adaptive mechanism, `dpcdf/release/adaptive.py`; under add/remove the tree), the b-ary
+with the exact sensitivity; ours: the default ("auto": on grids of >= 256 points the two-round
+adaptive mechanism, `dpcdf/release/adaptive.py`, under either relation), the b-ary
 tree with the least exact expected error, consistent, its per-level details shrunk inside each node
 by their exact noise variance, monotone, and the same tree releases with the plain monotone fit,
 `postprocess_with="monotone"` (those two rows are paired, one noise draw per run); OpenDP's make_b_ary_tree + then_laplace + make_consistent_b_ary_tree at

@@ -283,7 +283,7 @@ def build_parser() -> Parser:
     budget.add_argument("--epsilon", type=float, help="epsilon-DP, discrete Laplace noise")
     budget.add_argument("--rho", type=float, help="rho-zCDP, discrete Gaussian noise (grids of up to 2^16 points)")
     t.add_argument("--mechanism", choices=["adaptive", "tree", "path", "factorization"],
-                   help="default: adaptive (epsilon, substitution, count tasks on grids of 2^8 to 2^20 points: two rounds, "
+                   help="default: adaptive (epsilon, count tasks on grids of 2^8 to 2^20 points: two rounds, "
                    "the second chosen from the first), else tree (label and calibration tasks, with --epsilon or --rho), "
                    "factorization (rho, count tasks: the square-root factorization, up to 2^13 points)")
     t.add_argument("--payload", default="count", choices=["count", "label", "calibration"],

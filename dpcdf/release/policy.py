@@ -7,9 +7,8 @@ size, epsilon or rho, relation, payload) is post-processing of nothing private: 
 
 | privacy | payload     | relation     | "auto" picks                                                |
 |---------|-------------|--------------|-------------------------------------------------------------|
-| pure    | count       | substitution | adaptive, on grids of >= MIN_ADAPTIVE_GRID points and       |
+| pure    | count       | either       | adaptive, on grids of >= MIN_ADAPTIVE_GRID points and       |
 |         |             |              | epsilon >= MIN_ADAPTIVE_EPSILON; else the b-ary tree        |
-| pure    | count       | add-remove   | the b-ary tree (the adaptive design needs n public)         |
 | zcdp    | count       | either       | the square-root factorization on 2..MAX_FACTOR_GRID points; |
 |         |             |              | else the Gaussian tree                                      |
 | either  | label,      | either       | the tree (pure: the b-ary tree without a root share; zcdp:  |
@@ -52,7 +51,7 @@ def auto_mechanism(size: int, relation: str, privacy: str = "pure", epsilon: flo
     if privacy == "zcdp":
         return "factorization" if 2 <= size <= MAX_FACTOR_GRID else "tree"
     small = epsilon is not None and epsilon < MIN_ADAPTIVE_EPSILON
-    return "adaptive" if relation == "substitution" and size >= MIN_ADAPTIVE_GRID and not small else "tree"
+    return "adaptive" if size >= MIN_ADAPTIVE_GRID and not small else "tree"
 
 
 def curve_budget(payload: str, budget: float, relation: str, split: float = 0.5) -> tuple[float, str]:

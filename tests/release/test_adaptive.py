@@ -253,10 +253,10 @@ def test_releases_are_monotone_within_zero_and_the_total(relation):
             assert np.all(np.diff(q) >= 0)
 
 
-def test_the_default_is_adaptive_under_substitution_on_grids_it_fits():
+def test_the_default_is_adaptive_under_either_relation_on_grids_it_fits():
     values = skewed_data(1024)
     assert dpcdf.release_ecdf(values, Grid.integers(1024), 1.0).mechanism.name == "adaptive"
-    assert dpcdf.release_ecdf(values, Grid.integers(1024), 1.0, relation="add-remove").mechanism.name == "tree"
+    assert dpcdf.release_ecdf(values, Grid.integers(1024), 1.0, relation="add-remove").mechanism.name == "adaptive"
     assert dpcdf.release_ecdf(values % 128, Grid.integers(128), 1.0).mechanism.name == "tree"
     assert dpcdf.release_ecdf(values, Grid.integers(1024), 1.0, postprocess_with="smooth").mechanism.name == "tree"
     with pytest.raises(ParameterError):
@@ -523,11 +523,11 @@ def test_auto_does_not_refuse_an_epsilon_the_tree_takes():
     release_ecdf(vals, grid, 5e-6)
 
 
-def test_auto_is_adaptive_under_substitution_on_large_enough_grids_only():
+def test_auto_is_adaptive_on_large_enough_grids_only():
     vals = np.random.default_rng(1).uniform(0, 1, 500)  # the simulated data only
     assert release_ecdf(vals, Grid.uniform(0, 1, 8), 1.0).mechanism.name == "adaptive"
     assert release_ecdf(vals, Grid.uniform(0, 1, 7), 1.0).mechanism.name == "tree"
-    assert release_ecdf(vals, Grid.uniform(0, 1, 8), 1.0, relation="add-remove").mechanism.name == "tree"
+    assert release_ecdf(vals, Grid.uniform(0, 1, 8), 1.0, relation="add-remove").mechanism.name == "adaptive"
     assert release_ecdf(vals, Grid.uniform(0, 1, 8), 1.0, postprocess_with="sparse").mechanism.name == "tree"
     with pytest.raises(ParameterError):
         release_ecdf(vals, Grid.uniform(0, 1, 8), 1.0, mechanism="adaptive", postprocess_with="smooth")

@@ -21,8 +21,7 @@ KIND = {"adaptive": AdaptiveMechanism, "tree": TreeMechanism}
 def test_the_central_release_and_a_task_pick_the_same_pure_mechanism(bits, relation, epsilon):
     grid = Grid.uniform(0, 1, bits)
     choice = auto_mechanism(grid.size, relation, "pure", epsilon)
-    assert choice == ("adaptive" if relation == "substitution" and grid.size >= MIN_ADAPTIVE_GRID
-                      and epsilon >= MIN_ADAPTIVE_EPSILON else "tree")
+    assert choice == ("adaptive" if grid.size >= MIN_ADAPTIVE_GRID and epsilon >= MIN_ADAPTIVE_EPSILON else "tree")
     rel = release_ecdf(np.linspace(0, 1, 50), grid, epsilon, "auto", relation)
     assert isinstance(rel.mechanism, KIND[choice])
     spec = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": bits}

@@ -100,15 +100,14 @@ def test_smooth_release_on_near_uniform_data_beats_the_default_and_keeps_its_gua
 
 
 def test_the_default_smooths_tree_releases_on_grids_it_can_afford():
-    """postprocess_with="auto" is "smooth" for a tree (pure or zCDP; the default mechanism under
-    add/remove) on up to 2^12 points and the plain monotone fit otherwise (path, factorization, larger grids): the same release (a deterministic PRF
+    """postprocess_with="auto" is "smooth" for a tree (pure or zCDP) on up to 2^12 points and the plain monotone fit otherwise (path, factorization, larger grids): the same release (a deterministic PRF
     noise, as a server's) gives the same counts."""
     key = bytes(range(16))
     noise = lambda ids, scale: (prf_dgauss(key, ids, scale) if isinstance(scale, GaussianVariance)  # noqa: E731
                                 else prf_noise(key, ids, scale))
     values = np.random.default_rng(2).integers(0, 4096, 3000)  # the test's data
     cases = [(Grid.integers(256), {"epsilon": 0.5, "mechanism": "tree"}, "smooth"),
-             (Grid.integers(4096), {"epsilon": 0.5, "relation": "add-remove"}, "smooth"),
+             (Grid.integers(4096), {"epsilon": 0.5, "relation": "add-remove", "mechanism": "tree"}, "smooth"),
              (Grid.integers(256), {"privacy": "zcdp", "rho": 0.5, "mechanism": "tree"}, "smooth"),
              (Grid.integers(256), {"epsilon": 0.5, "mechanism": "path"}, "monotone"),
              (Grid.integers(256), {"privacy": "zcdp", "rho": 0.5}, "monotone"),

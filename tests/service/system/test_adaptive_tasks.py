@@ -163,7 +163,7 @@ def test_adaptive_configs_are_count_tasks_on_grids_it_fits():
         with pytest.raises(ParameterError):
             TaskConfig(**{**base, **bad})
     assert TaskConfig.default_mechanism(GRID8, "substitution") == "adaptive"
-    assert TaskConfig.default_mechanism(GRID8, "add-remove") == "tree"
+    assert TaskConfig.default_mechanism(GRID8, "add-remove") == "adaptive"
     assert TaskConfig.default_mechanism({"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 6}, "substitution") == "tree"
     assert json.loads(TaskConfig(**base).to_json())["mechanism"] == "adaptive"
 
