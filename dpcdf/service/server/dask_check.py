@@ -1,8 +1,9 @@
 """Round one of a verified task's check on the server's Dask cluster (issue 24): `round_one.catch_up`
 hands the task's unchecked reports here when the server runs with `--dask` (`TaskContext.round_one_map`).
 
-The server reads the next reports' stored shares from SQLite (a few batches ahead), sends each
-batch to a worker (`scatter`, not through the scheduler) and submits its task there, which runs `round_one.evaluate` on it (decode the key shares, `eval_grid` over
+The server reads the next reports' stored shares from SQLite (a few batches ahead), hands each
+batch to the workers (a RAM spool file on `local:N`, else `scatter`; never through the scheduler:
+`_submit`) with a task that runs `round_one.evaluate` on it (decode the key shares, `eval_grid` over
 the whole grid, the check's sketch and the grid's column sums, a pass of `keys_per_pass` keys at a
 time), and stores the results in upload order (`round_one.store_batch`). A batch is several passes
 (`TASK_ELEMENTS`), so fewer and larger rows than in-process; each report's message, state and
