@@ -128,8 +128,8 @@ class RoundOneMap:
         config = ctx.config
         dcf, check = config.key_dcf(), config.check()
         per = self.reports_per_batch(check.size, dcf.width)
-        runs = [(round_one.shares_grid_sum, dcf, check, ctx.party, b"".join(ctx.store.shares_by_id(config.task_id, ids[s:s + per])))
-                for s in range(0, len(ids), per)]
+        runs = [(round_one.shares_grid_sum, dcf, check, ctx.party,
+                 b"".join(ctx.store.shares_by_id(config.task_id, ids[s:s + per]))) for s in range(0, len(ids), per)]
         futures = [self._submit(*args) for args in runs]
         total = np.zeros((check.size, check.width), np.uint64)
         for future, args in zip(futures, runs):
