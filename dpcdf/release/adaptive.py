@@ -35,7 +35,8 @@ partitions compose: eps_1 + eps_fine); the round-two tree is `TreeMechanism`'s g
 exact guarantee is round one's plus the larger of the two round-two designs', each rounded down to a
 rational scale, so at most epsilon whichever design the data picks. Over two servers each round is
 fixed once per task (`dpcdf.service`): a server answers round one's bins, and one round-two design,
-from its own PRF noise, so an analyst cannot spend more; a task pins `fine` (`TaskConfig.fine_bins`).
+from its own PRF noise, so an analyst cannot spend more; a task pins `fine` (`TaskConfig.fine_bins`) and
+the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`).
 Measured against OpenDP and the Sarus methods in docs/accuracy.md.
 """
 from __future__ import annotations
@@ -61,6 +62,7 @@ FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
 MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
 MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tree instead
+PLAN_VERSION = 2  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
 REFINED_WIDTH = 4  # round two's bins inside a fine bin that holds a spike (`refined_ends`; 2-point bins sum each spike's
 # mass from twice the noises: 5 spikes, 200 paired runs, eps 0.5/1, MSE 633/152 -> 393/99 (substitution), 449/104 -> 314/76)
 MAX_REFINED_BINS = 1024  # a refined design with more bins measures the whole tree instead
@@ -122,6 +124,7 @@ class AdaptiveMechanism(Mechanism):
     epsilon: float
     relation: str = "substitution"
     fine: bool = True  # round one's fine bins too (False: the 32 coarse bins alone, as tasks made before them)
+    plan_version: int = PLAN_VERSION  # 1: spikes cut into 2-point bins, no `unplaced` (tasks made before version 2)
 
     name = "adaptive"
     answers_prefixes = False
@@ -134,6 +137,9 @@ class AdaptiveMechanism(Mechanism):
         if self.epsilon * (FINE_SHARE if self.fine else ROUND_ONE_SHARE) < MIN_EPSILON:
             raise ParameterError(f"the adaptive mechanism needs epsilon >= {MIN_ADAPTIVE_EPSILON:.3g} (round one's share "
                                  f"at least {MIN_EPSILON:g}), got {self.epsilon!r}")
+        if not isinstance(self.plan_version, int) or isinstance(self.plan_version, bool) or self.plan_version not in (1, 2):
+            raise ParameterError(f"the adaptive plan's version is 1 or 2, got {self.plan_version!r:.40}")
+        self.refined_width = REFINED_WIDTH if self.plan_version >= 2 else 2
         self.eps_fine = self.epsilon * FINE_SHARE if self.fine else 0.0
         self.eps_one = self.epsilon * ROUND_ONE_SHARE
         self.eps_two = self.epsilon - self.eps_one - self.eps_fine
@@ -243,7 +249,8 @@ class AdaptiveMechanism(Mechanism):
                  + bins_noise(e, self.size, var, bridge) for e in options]
         best = int(np.argmin(risks))
         refined = self.refined_ends(counts, copies) if self.fine else None
-        unplaced = self.unplaced(counts, refined, copies) if self.fine else None
+        histogram = refined is not None or MASS_BINS[best] <= MAX_PLANNED_BINS  # else the tree, below
+        unplaced = self.unplaced(counts, refined, copies) if self.fine and self.plan_version >= 2 and histogram else None
         if refined is not None or unplaced is not None:  # a spike: the histogram, cut finely where round one sees it
             base = options[min(best, MASS_BINS.index(MAX_PLANNED_BINS))] if unplaced is None else self.round_one_ends
             ends = functools.reduce(np.union1d, [e for e in (base, refined, unplaced) if e is not None])
@@ -254,8 +261,8 @@ class AdaptiveMechanism(Mechanism):
         return RoundTwo("bins", tuple(int(i) for i in options[best]), "pchip")
 
     def refined_ends(self, counts: np.ndarray, copies: int = 1) -> np.ndarray | None:
-        """Bin ends cutting each fine bin that holds a spike into bins of REFINED_WIDTH points (None if
-        none does): a fine bin (or a pair of neighbours, for a spike on their edge) whose count exceeds
+        """Bin ends cutting each fine bin that holds a spike into bins of REFINED_WIDTH points (2 in plan
+        version 1) (None if none does): a fine bin (or a pair of neighbours, for a spike on their edge) whose count exceeds
         what the coarse bins' PCHIP shape puts there by `FINE_SDS` noise sds and by that shape's count
         again. Skewed but smooth data (which the shape follows) is not cut; a spike is, wherever it lies."""
         counts = np.asarray(counts, dtype=np.float64)
@@ -271,7 +278,8 @@ class AdaptiveMechanism(Mechanism):
         if not kept.any():
             return None
         starts = np.append(0, self.fine_ends[:-1] + 1)
-        ends = [np.arange(a + REFINED_WIDTH - 1, b, REFINED_WIDTH) for a, b in zip(starts[kept], self.fine_ends[kept])]
+        w = self.refined_width
+        ends = [np.arange(a + w - 1, b, w) for a, b in zip(starts[kept], self.fine_ends[kept])]
         ends = np.unique(np.concatenate(ends + [starts[kept] - 1, self.fine_ends[kept], [self.size - 1]]))
         return ends[ends >= 0]
 

@@ -16,7 +16,7 @@ import numpy as np
 from fss import DCF
 
 from ..errors import ParameterError
-from ..release.adaptive import MIN_ADAPTIVE_GRID, AdaptiveMechanism
+from ..release.adaptive import MIN_ADAPTIVE_GRID, PLAN_VERSION, AdaptiveMechanism
 from ..release.policy import auto_mechanism, curve_budget
 from ..release.calibration import group_scales
 from ..release.factorization import sqrt_factorization
@@ -122,6 +122,7 @@ class TaskConfig:
     rho: float | None = None
     root_share: float = ROOT_SHARE
     fine_bins: bool = True
+    adaptive_plan: int = PLAN_VERSION
     task_id: str = field(default_factory=lambda: secrets.token_hex(16))
     format: str = FORMAT
 
@@ -192,11 +193,16 @@ class TaskConfig:
     def _check_fine_bins(self) -> None:
         """Whether an adaptive task's round one also counts fine bins (`AdaptiveMechanism.fine`), pinned
         in the config like the root share: configs written before them (no field) keep the 32 bins they
-        were answered with. It applies to adaptive tasks; elsewhere it is False and left out of the JSON."""
+        were answered with. It applies to adaptive tasks; elsewhere it is False and left out of the JSON.
+        So is the plan's version (`AdaptiveMechanism.plan_version`): a server fixes round two's design
+        the first time it is asked, so an analyst must plan it from round one with the rules the task
+        was made with (configs without the field: version 1; left out of the JSON when it is 1)."""
         if self.mechanism != "adaptive":
             object.__setattr__(self, "fine_bins", False)
         if not isinstance(self.fine_bins, bool):
             raise ParameterError(f"fine_bins must be true or false, got {self.fine_bins!r:.40}")
+        if not self.fine_bins:  # the plan's versions differ only where round one has fine bins
+            object.__setattr__(self, "adaptive_plan", 1)
 
     def _check_privacy(self) -> None:
         """pure: epsilon-DP with discrete Laplace noise, mechanism 'path', 'tree' or 'adaptive' (two
@@ -260,7 +266,7 @@ class TaskConfig:
                 return sqrt_factorization(size, rho, relation)
             return gaussian_tree(size, rho, relation)
         if self.mechanism == "adaptive":  # its round-two tree's plan is ROOT_SHARE's: a new plan needs a new name
-            return AdaptiveMechanism(size, self.epsilon, self.relation, fine=self.fine_bins)
+            return AdaptiveMechanism(size, self.epsilon, self.relation, fine=self.fine_bins, plan_version=self.adaptive_plan)
         if self.mechanism == "tree" and self.payload == "count":
             return TreeMechanism(size, self.epsilon, self.relation, root_share=self.root_share)
         eps, relation = curve_budget(self.payload, self.epsilon, self.relation, self.split)
@@ -317,6 +323,8 @@ class TaskConfig:
             del d["root_share"]  # and from before the add/remove root share
         if not self.fine_bins:
             del d["fine_bins"]  # and from before round one's fine bins
+        if self.adaptive_plan == 1:
+            del d["adaptive_plan"]  # and from before the plan's version 2
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -327,6 +335,7 @@ class TaskConfig:
             d.setdefault("verify", False)
             d.setdefault("root_share", 0.0)  # a config from before the root share: the plan it was answered with
             d.setdefault("fine_bins", False)  # and from before round one's fine bins: its 32 bins
+            d.setdefault("adaptive_plan", 1)  # and from before the plan's version 2
             return cls(**d)
         except ParameterError:
             raise

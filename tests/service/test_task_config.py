@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import json
 
+import numpy as np
 import pytest
 
 from dpcdf import ParameterError
@@ -98,6 +99,31 @@ def test_the_client_refuses_one_server_before_it_seals_anything(monkeypatch):
                            admin_tokens="x" * 20)
 
 
+def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_1():
+    """A server fixes round two's design the first time it is asked, so an analyst must plan from round
+    one with the rules the task was made with: a new adaptive task pins `adaptive_plan` 2 (mass round one
+    cannot place cut at the fine bins, spikes into 4-point bins); a config with fine bins written before
+    it (no field) plans by version 1, with the same JSON and fingerprint (the review of issue 25 found
+    37 of 200 such tasks' plans refused with 403 after the change)."""
+    config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0}))
+    assert config.adaptive_plan == 2 and json.loads(config.to_json())["adaptive_plan"] == 2
+    old_json = config.to_json().replace('"adaptive_plan":2,', "")
+    old = TaskConfig.from_json(old_json)
+    assert old.adaptive_plan == 1 and old.fine_bins and old.to_json() == old_json and old.fingerprint != config.fingerprint
+    new, before = config.make_mechanism(), old.make_mechanism()
+    assert (new.plan_version, before.plan_version) == (2, 1)
+    counts = np.zeros(new.bins_one)
+    k = new.fine_ends.size // 32  # fine bins per coarse bin
+    counts[5], counts[32 + 5 * k: 32 + 6 * k] = 1000.0, 1000.0 / k  # mass in one coarse bin, no fine bin a spike
+    cut = set(new.fine_ends[5 * k: 6 * k].tolist())
+    assert cut <= set(new.plan(counts).ends) and not cut <= set(before.plan(counts).ends)
+    for bad in (3, True, "2"):
+        with pytest.raises(ParameterError, match="version"):
+            TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0, "adaptive_plan": bad}))
+    tree = TaskConfig(**(BASE | {"relation": "substitution"}))
+    assert tree.adaptive_plan == 1 and "adaptive_plan" not in tree.to_json()
+
+
 def test_an_adaptive_task_pins_round_ones_fine_bins_and_an_older_config_keeps_its_32():
     """Issue 25: a new adaptive task counts round one's fine bins too (`fine_bins` in its JSON); a config
     written before them (no field) keeps the 32 bins it was answered with, the same JSON and fingerprint,
@@ -105,7 +131,7 @@ def test_an_adaptive_task_pins_round_ones_fine_bins_and_an_older_config_keeps_it
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "substitution"}))
     assert config.fine_bins and json.loads(config.to_json())["fine_bins"] is True
     assert config.make_mechanism().bins_one == 32 + 64 and TaskConfig.from_json(config.to_json()) == config
-    old_json = config.to_json().replace(',"fine_bins":true', "")
+    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":2,', "")
     old = TaskConfig.from_json(old_json)
     assert old.fine_bins is False and old.to_json() == old_json and old.fingerprint != config.fingerprint
     mech = old.make_mechanism()
