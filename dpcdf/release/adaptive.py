@@ -65,6 +65,9 @@ MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tr
 PLAN_VERSION = 2  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
 REFINED_WIDTH = 4  # round two's bins inside a fine bin that holds a spike (`refined_ends`; 2-point bins sum each spike's
 # mass from twice the noises: 5 spikes, 200 paired runs, eps 0.5/1, MSE 633/152 -> 393/99 (substitution), 449/104 -> 314/76)
+NARROW_SDS = 1000.0  # ... but 2-point bins in a fine bin holding more round-two noise sds than this (a 4-point
+# bin's interpolation error grows with the square of its count: 5 spikes of 6 10^4 values, eps 0.1, 30 runs,
+# 37,718 against 19,253; at 2 10^3 values (570 sds at eps 1) 4 points gave 99 against 152)
 MAX_REFINED_BINS = 1024  # a refined design with more bins measures the whole tree instead
 TREE_SDS = 1e4  # ... and so does one whose largest fine bin holds this many round-two noise sds (its small
 # bins' interpolation error grows with the square of their counts: 5 spikes of 2 10^5 values, sd 2, on 2^12)
@@ -262,7 +265,7 @@ class AdaptiveMechanism(Mechanism):
 
     def refined_ends(self, counts: np.ndarray, copies: int = 1) -> np.ndarray | None:
         """Bin ends cutting each fine bin that holds a spike into bins of REFINED_WIDTH points (2 in plan
-        version 1) (None if none does): a fine bin (or a pair of neighbours, for a spike on their edge) whose count exceeds
+        version 1, or above NARROW_SDS) (None if none does): a fine bin (or a pair of neighbours, for a spike on their edge) whose count exceeds
         what the coarse bins' PCHIP shape puts there by `FINE_SDS` noise sds and by that shape's count
         again. Skewed but smooth data (which the shape follows) is not cut; a spike is, wherever it lies."""
         counts = np.asarray(counts, dtype=np.float64)
@@ -278,7 +281,8 @@ class AdaptiveMechanism(Mechanism):
         if not kept.any():
             return None
         starts = np.append(0, self.fine_ends[:-1] + 1)
-        w = self.refined_width
+        crowded = fine[kept].max() > NARROW_SDS * np.sqrt(self.noise_variance(2, copies))
+        w = 2 if crowded else self.refined_width  # 2-point bins where a spike is heavy (interpolation)
         ends = [np.arange(a + w - 1, b, w) for a, b in zip(starts[kept], self.fine_ends[kept])]
         ends = np.unique(np.concatenate(ends + [starts[kept] - 1, self.fine_ends[kept], [self.size - 1]]))
         return ends[ends >= 0]

@@ -168,12 +168,13 @@ def test_a_spike_is_measured_finely_wherever_it_lies():
     assert sum(m.refined_ends(m.noisy(skewed, secure_node_noise).round_one) is None for _ in range(8)) >= 4
 
 
-@pytest.mark.parametrize("mass, design", [(1000, "bins"), (10**6, "tree")])
-def test_a_spike_is_cut_finely_unless_its_values_crowd_a_2_point_bin(mass, design):
+@pytest.mark.parametrize("mass, design, width", [(1000, "bins", adaptive.REFINED_WIDTH), (10**4, "bins", 2), (10**6, "tree", 0)])
+def test_a_spike_is_cut_finely_unless_its_values_crowd_a_2_point_bin(mass, design, width):
     """A spike of `mass` values in one fine bin (round one without noise): cut into REFINED_WIDTH-point
-    bins at 1,000 values; at 10^6 (beyond TREE_SDS round-two sds, where a 2-point bin's interpolation
-    error grows with the square of its count: 5 spikes of 2 10^5 values on 2^12 got 4,162 at eps 0.5
-    that way, the tree 865) the tree."""
+    bins at 1,000 values; into 2-point bins at 10^4 (beyond NARROW_SDS round-two sds: 5 spikes of 6 10^4
+    values at eps 0.1 got 37,718 with 4-point bins, 19,253 with 2); at 10^6 (beyond TREE_SDS, where a
+    2-point bin's interpolation error grows with the square of its count: 5 spikes of 2 10^5 values on
+    2^12 got 4,162 at eps 0.5 that way, the tree 865) the tree."""
     m = AdaptiveMechanism(4096, 1.0)
     counts = np.zeros(m.bins_one)
     counts[2] = counts[32 + 2 * 8 + 3] = mass  # coarse bin 2, its fourth fine bin
@@ -181,7 +182,8 @@ def test_a_spike_is_cut_finely_unless_its_values_crowd_a_2_point_bin(mass, desig
     assert plan.design == design
     if design == "bins":
         ends = np.asarray(plan.ends)
-        assert set(range(2 * 128 + 3 * 16 + adaptive.REFINED_WIDTH - 1, 2 * 128 + 4 * 16, adaptive.REFINED_WIDTH)) <= set(ends.tolist())
+        assert set(range(2 * 128 + 3 * 16 + width - 1, 2 * 128 + 4 * 16, width)) <= set(ends.tolist())
+        assert 2 * 128 + 3 * 16 + 2 * width - 2 not in set(ends.tolist()) or width == 2
 
 
 @pytest.mark.parametrize("relation", ["substitution", "add-remove"])
