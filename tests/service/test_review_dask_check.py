@@ -290,3 +290,25 @@ def test_a_plain_tcp_scheduler_gets_no_verified_round_one():
             ev.close()
     finally:
         cluster.close()
+
+
+def test_a_new_spool_removes_the_spools_of_dead_servers_only(tmp_path):
+    """Round one's RAM spool holds key shares on their way to local workers: a server killed before it
+    closed left them there, out of retention's reach. The next server's spool removes the spools whose
+    pid is dead and leaves a live server's alone."""
+    import os
+    import subprocess
+
+    from dpcdf.service.server import dask_eval
+
+    done = subprocess.Popen(["true"])
+    done.wait()
+    dead = tmp_path / f"{dask_eval.SPOOL_PREFIX}{done.pid}-x"
+    live = tmp_path / f"{dask_eval.SPOOL_PREFIX}{os.getppid()}-y"
+    for d in (dead, live):
+        d.mkdir()
+        (d / "batch").write_bytes(b"key shares")
+    new = dask_eval._spool(str(tmp_path))
+    assert not dead.exists() and (live / "batch").exists()
+    assert new.parent == tmp_path and new.name.startswith(f"{dask_eval.SPOOL_PREFIX}{os.getpid()}-")
+    assert dask_eval._spool(str(tmp_path / "none")) is None

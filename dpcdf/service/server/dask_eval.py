@@ -146,13 +146,32 @@ class DaskEvaluator:
             shutil.rmtree(self.spool, ignore_errors=True)
 
 
-def _spool() -> Path | None:
+SPOOL_PREFIX = "dpcdf-round-one-"
+
+
+def _spool(root: str = "/dev/shm") -> Path | None:
     """A folder only this user may enter (0700) in RAM (/dev/shm), for round one's batches of key
     shares on their way to a local worker; None without /dev/shm (then they go by Dask's comms:
-    key shares are never left in a file on disk, which retention's secure delete would not reach)."""
-    if not os.path.isdir("/dev/shm"):
+    key shares are never left in a file on disk, which retention's secure delete would not reach).
+    Its name holds the server's pid: the spools of servers that died without closing (their shares,
+    which a later purge would not reach) are removed here, those of live servers left alone."""
+    if not os.path.isdir(root):
         return None
-    return Path(tempfile.mkdtemp(prefix="dpcdf-round-one-", dir="/dev/shm"))
+    for old in Path(root).glob(SPOOL_PREFIX + "*"):
+        pid = old.name[len(SPOOL_PREFIX):].split("-")[0]
+        if pid.isdigit() and old.stat().st_uid == os.getuid() and not _alive(int(pid)):
+            shutil.rmtree(old, ignore_errors=True)
+    return Path(tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-", dir=root))
+
+
+def _alive(pid: int) -> bool:
+    try:
+        os.kill(pid, 0)
+    except ProcessLookupError:
+        return False
+    except PermissionError:  # another user's process
+        return True
+    return True
 
 
 class _Piece:
