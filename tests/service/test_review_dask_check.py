@@ -295,20 +295,51 @@ def test_a_plain_tcp_scheduler_gets_no_verified_round_one():
 def test_a_new_spool_removes_the_spools_of_dead_servers_only(tmp_path):
     """Round one's RAM spool holds key shares on their way to local workers: a server killed before it
     closed left them there, out of retention's reach. The next server's spool removes the spools whose
-    pid is dead and leaves a live server's alone."""
+    lock nobody holds and leaves a live server's alone (its flock, whatever its pid namespace); links,
+    files and folders without a lock in /dev/shm (anyone may write there) neither stop it nor are
+    followed (review of issue 24: a dangling link stopped every local:N start)."""
+    import fcntl
     import os
-    import subprocess
 
     from dpcdf.service.server import dask_eval
 
-    done = subprocess.Popen(["true"])
-    done.wait()
-    dead = tmp_path / f"{dask_eval.SPOOL_PREFIX}{done.pid}-x"
-    live = tmp_path / f"{dask_eval.SPOOL_PREFIX}{os.getppid()}-y"
-    for d in (dead, live):
-        d.mkdir()
-        (d / "batch").write_bytes(b"key shares")
+    live = dask_eval._spool(str(tmp_path))
+    (live / "batch").write_bytes(b"key shares")
+    dead = tmp_path / f"{dask_eval.SPOOL_PREFIX}dead"
+    dead.mkdir()
+    (dead / dask_eval.SPOOL_LOCK).write_bytes(b"")
+    (dead / "batch").write_bytes(b"key shares")
+    target = tmp_path / "elsewhere"
+    target.mkdir()
+    (tmp_path / f"{dask_eval.SPOOL_PREFIX}link").symlink_to(target)
+    (tmp_path / f"{dask_eval.SPOOL_PREFIX}dangling").symlink_to(tmp_path / "nothing")
+    (tmp_path / f"{dask_eval.SPOOL_PREFIX}{10**30}").mkdir()  # no lock: not judged
     new = dask_eval._spool(str(tmp_path))
-    assert not dead.exists() and (live / "batch").exists()
-    assert new.parent == tmp_path and new.name.startswith(f"{dask_eval.SPOOL_PREFIX}{os.getpid()}-")
+    assert not dead.exists() and (live / "batch").exists() and target.exists()
+    assert (tmp_path / f"{dask_eval.SPOOL_PREFIX}{10**30}").exists()
+    assert new.parent == tmp_path and new.name.startswith(dask_eval.SPOOL_PREFIX) and new != live
+    fd = os.open(new / dask_eval.SPOOL_LOCK, os.O_RDWR)
+    try:
+        with pytest.raises(OSError):  # held by its server
+            fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    finally:
+        os.close(fd)
+    for spool in (live, new):
+        dask_eval._release(spool)
+    assert not live.exists() and not new.exists()
     assert dask_eval._spool(str(tmp_path / "none")) is None
+
+
+def test_a_failed_secret_write_leaves_no_partial_file(tmp_path, monkeypatch):
+    """A batch's spool file that cannot be written (a full /dev/shm) leaves no partial key shares."""
+    import os
+
+    from dpcdf.service import files
+
+    def full(fd):
+        raise OSError(28, "No space left on device")
+
+    monkeypatch.setattr(os, "fsync", full)
+    with pytest.raises(OSError):
+        files.write_secret(tmp_path / "batch", b"key shares" * 100)
+    assert list(tmp_path.iterdir()) == []

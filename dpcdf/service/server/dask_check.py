@@ -107,10 +107,14 @@ class RoundOneMap:
         and deletes: Dask's comms cost the server 3 ms and the worker 4 ms of CPU per MB, over TLS or
         not (6.4 MB a batch at 2^10). Else they go to one worker first (`scatter`, round robin): in the
         task itself they went through the scheduler, so it decrypted and encrypted them once more."""
+        data = None
         if self.spool is not None:
             data = _Spooled(str(self.spool / secrets.token_hex(16)), dcf.key_size + 8 * check.extras)
-            write_secret(data.path, shares)
-        else:
+            try:
+                write_secret(data.path, shares)
+            except OSError:  # /dev/shm full: this batch by Dask's comms (write_secret left no partial file)
+                data = None
+        if data is None:
             data = self.client.scatter(shares, hash=False)
         return self.client.submit(_run, work, dcf, check, party, data, *rest, pure=False)
 

@@ -26,8 +26,10 @@ Verified tasks' round one runs on the same cluster (`round_one` here, `dask_chec
 """
 from __future__ import annotations
 
+import fcntl
 import os
 import shutil
+import stat
 import tempfile
 from pathlib import Path
 
@@ -143,35 +145,59 @@ class DaskEvaluator:
         if self.cluster is not None:
             self.cluster.close()
         if self.spool is not None:  # batches a worker never took (it died first)
-            shutil.rmtree(self.spool, ignore_errors=True)
+            _release(self.spool)
 
 
 SPOOL_PREFIX = "dpcdf-round-one-"
+SPOOL_LOCK = ".lock"  # held (flock) by the server that made the spool, for its whole life
 
 
 def _spool(root: str = "/dev/shm") -> Path | None:
     """A folder only this user may enter (0700) in RAM (/dev/shm), for round one's batches of key
     shares on their way to a local worker; None without /dev/shm (then they go by Dask's comms:
     key shares are never left in a file on disk, which retention's secure delete would not reach).
-    Its name holds the server's pid: the spools of servers that died without closing (their shares,
-    which a later purge would not reach) are removed here, those of live servers left alone."""
+    The server holds an flock on its `.lock` while it lives: the spools of servers that died without
+    closing (their shares, which a later purge would not reach) are removed here, as their lock is
+    free; a live server's lock is held (whatever its pid namespace), and anything else in /dev/shm
+    (links, other users' folders, entries that vanish) is left alone."""
     if not os.path.isdir(root):
         return None
     for old in Path(root).glob(SPOOL_PREFIX + "*"):
-        pid = old.name[len(SPOOL_PREFIX):].split("-")[0]
-        if pid.isdigit() and old.stat().st_uid == os.getuid() and not _alive(int(pid)):
-            shutil.rmtree(old, ignore_errors=True)
-    return Path(tempfile.mkdtemp(prefix=f"{SPOOL_PREFIX}{os.getpid()}-", dir=root))
+        _remove_if_dead(old)
+    made = Path(tempfile.mkdtemp(prefix="." + SPOOL_PREFIX, dir=root))  # not swept: no spool name yet
+    fd = os.open(made / SPOOL_LOCK, os.O_RDWR | os.O_CREAT | os.O_EXCL, 0o600)
+    fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    spool = made.with_name(made.name[1:])
+    os.rename(made, spool)  # locked before a sweep can see it
+    _held_locks[spool] = fd  # released at close, or when the process ends, however it ends
+    return spool
 
 
-def _alive(pid: int) -> bool:
+def _release(spool: Path) -> None:
+    shutil.rmtree(spool, ignore_errors=True)
+    fd = _held_locks.pop(spool, None)
+    if fd is not None:
+        os.close(fd)
+
+
+_held_locks: dict[Path, int] = {}
+
+
+def _remove_if_dead(old: Path) -> None:
     try:
-        os.kill(pid, 0)
-    except ProcessLookupError:
-        return False
-    except PermissionError:  # another user's process
-        return True
-    return True
+        st = old.lstat()
+        if not stat.S_ISDIR(st.st_mode) or st.st_uid != os.getuid():
+            return  # a link, a file, another user's: not ours to judge
+        fd = os.open(old / SPOOL_LOCK, os.O_RDWR | os.O_NOFOLLOW)
+    except (OSError, ValueError):
+        return  # gone meanwhile, or no lock (not a spool of this release)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except OSError:
+        return  # held: a live server's
+    finally:
+        os.close(fd)
+    shutil.rmtree(old, ignore_errors=True)
 
 
 class _Piece:
