@@ -168,6 +168,27 @@ def test_a_batch_lost_once_is_sent_again(tmp_path, small_batches):
         store.close()
 
 
+def test_the_drops_grid_sum_keeps_ahead_batches_per_worker_in_flight(tmp_path, small_batches):
+    """The close's drops (a client's reports to one server alone make them) go to the workers a window
+    at a time, as round one's batches: all at once, every dropped share sat in the RAM spool and the
+    server's memory together (review of issue 24). Same sum as in-process."""
+    config = _config()
+    items = _shares(config, 300, 5)
+    store = _store(tmp_path / "dask.sqlite", config)
+    try:
+        store.add_many(config.task_id, items)
+        client, in_flight = FakeClient(), []
+        submit = client.submit
+        client.submit = lambda fn, *a, pure=True: in_flight.append(client.submitted - client.results + 1) or submit(fn, *a, pure=pure)
+        ctx = StepContext.of(config, PARTY, store, KEY)
+        ids = [i for i, _ in items]
+        got = dask_check.RoundOneMap(client, lambda: 2).grid_sum(ctx, ids)
+        np.testing.assert_array_equal(got, round_one.grid_sum(ctx, ids))
+        assert client.submitted == 8 and max(in_flight) == dask_check.AHEAD * 2  # 300 reports, 40 a batch
+    finally:
+        store.close()
+
+
 def test_two_tasks_round_ones_at_once_on_one_map(tmp_path, small_batches):
     """Two tasks' round ones in two threads through one RoundOneMap (the checker and a close): each
     stores in-process's per-report bits; each task's challenges are scattered once, are that task's

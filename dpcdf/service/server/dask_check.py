@@ -132,11 +132,15 @@ class RoundOneMap:
         config = ctx.config
         dcf, check = config.key_dcf(), config.check()
         per = self.reports_per_batch(check.size, dcf.width)
-        runs = [(round_one.shares_grid_sum, dcf, check, ctx.party,
-                 b"".join(ctx.store.shares_by_id(config.task_id, ids[s:s + per]))) for s in range(0, len(ids), per)]
-        futures = [self._submit(*args) for args in runs]
+        starts, pending = deque(range(0, len(ids), per)), deque()
         total = np.zeros((check.size, check.width), np.uint64)
-        for future, args in zip(futures, runs):
+        while starts or pending:  # at most AHEAD batches per worker in flight (and spooled), as __call__
+            while starts and len(pending) < AHEAD * max(1, self.worker_count()):
+                s = starts.popleft()
+                args = (round_one.shares_grid_sum, dcf, check, ctx.party,
+                        b"".join(ctx.store.shares_by_id(config.task_id, ids[s:s + per])))
+                pending.append((args, self._submit(*args)))
+            args, future = pending.popleft()
             total = F.add(total, self._result(future, args))
         return total
 
