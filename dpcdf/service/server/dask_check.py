@@ -80,7 +80,7 @@ class RoundOneMap:
         partial = check.size <= MAX_VERIFIED_GRID or store.frozen(config.task_id) is not None
         ch, after, done, pending, width = None, None, 0, deque(), dcf.key_size + 8 * check.extras
         while True:
-            while len(pending) < AHEAD * max(1, self.worker_count()):
+            while len(pending) < self._window():
                 seqs, ids, shares, lengths = store.unchecked_joined(config.task_id, per, after)  # one object each
                 n = len(shares) // width
                 if not seqs or (n < per and not partial):
@@ -100,6 +100,10 @@ class RoundOneMap:
             extras = np.ascontiguousarray(round_one.share_rows(dcf, check.extras, args[4])[:, dcf.key_size:]).view("<u8")
             round_one.store_batch(ctx, seqs, ids, (extras, *self._result(future, args)))
             done += len(extras)
+
+    def _window(self) -> int:
+        """Batches in flight at once (and in the spool): AHEAD per worker."""
+        return AHEAD * max(1, self.worker_count())
 
     def _submit(self, work: Callable, dcf, check, party: int, shares: bytes, *rest) -> "distributed.Future":
         """`work(dcf, check, party, shares, *rest)` on a worker. With a `spool` (`local:N`: the
@@ -135,7 +139,7 @@ class RoundOneMap:
         starts, pending = deque(range(0, len(ids), per)), deque()
         total = np.zeros((check.size, check.width), np.uint64)
         while starts or pending:  # at most AHEAD batches per worker in flight (and spooled), as __call__
-            while starts and len(pending) < AHEAD * max(1, self.worker_count()):
+            while starts and len(pending) < self._window():
                 s = starts.popleft()
                 args = (round_one.shares_grid_sum, dcf, check, ctx.party,
                         b"".join(ctx.store.shares_by_id(config.task_id, ids[s:s + per])))
