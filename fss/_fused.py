@@ -2,7 +2,8 @@
 
 Private; see `fss.backend` for the public switch and `fss.portable` for the level-by-level twin,
 which must agree bit for bit (the tests run every vector and property on both). `fss.fast` wraps
-these intrinsics in the parallel numba kernels it calls.
+these intrinsics in the parallel numba kernels it calls; the eval kernel (one point per key) is in
+`fss._eval`, on the helpers here.
 
 Keys come in the grouped layout of `KeyBatch`: one group's seeds, corrections of every level and
 payloads are contiguous, so a group's walk streams through memory. Per level, for the 16 keys of a
@@ -195,69 +196,6 @@ def _both_children_blocks(b, slo, shi, width: int, has_v: bool) -> list:
         for j in range(width):
             regs += A.interleave(b, b.xor(slo, A.const8(j)), hv)
     return regs
-
-
-@functools.lru_cache(maxsize=None)
-def eval_group(width: int, has_v: bool, uniform_x: bool, tier: str):
-    """The intrinsic eval16(seeds, cw_seed, cw_t, cw_v, xs, g, party, bits, mask, rk, out, out_k):
-    out[e, out_k + j] = share e of key GROUP g + j at its point (xs[GROUP g + j], or xs[0] if
-    uniform_x), for j in 0..15, payload element e < width. seeds (G, 2, 16), cw_seed (G, bits, 2, 16),
-    cw_t (G, bits, 16), cw_v (G, v_levels, width, 16): a `KeyBatch`'s grouped arrays; xs (n_pad,)
-    or (1,) uint64 internal points; out (width, m) uint64. A padded lane gives garbage, never a
-    fault: it stays inside the group."""
-    nwords = 2 * (1 + ((width + 1) // 2 if has_v else 0))  # words per key per level
-
-    @intrinsic
-    def eval16(typingctx, seeds, cw_seed, cw_t, cw_v, xs, g, party, bits, mask, rk, out, out_k):
-        i64 = types.int64
-        sig = types.void(seeds, cw_seed, cw_t, cw_v, xs, i64, i64, i64, types.uint64, rk, out, i64)
-
-        def codegen(context, b, signature, args):
-            aty = signature.args
-            S, X = _Ptr(context, b, aty[0], args[0]), _Ptr(context, b, aty[4], args[4])
-            grp = _Group(b, context, aty[1:4], args[1:4], args[5], width, has_v)
-            g_, party_, bits_, mask_ = args[5], args[6], args[7], args[8]
-            aes = A.AesRounds(b, _Ptr(context, b, aty[9], args[9]).data, tier)
-            O, out_k_ = _Ptr(context, b, aty[10], args[10]), args[11]
-            k_ = b.mul(g_, _c64(GROUP))  # the group's first key: its index into xs
-            s0 = b.mul(g_, S.group)
-            zero = A.const8(0)
-            x_uniform = A.splat(b, b.load(X.at(_c64(0)))) if uniform_x else None
-            state = []  # per half: seed lo, seed hi, t, acc[width]
-            for h in range(HALVES):
-                state += [S.load8(_off(b, s0, _c64(8 * h))), S.load8(_off(b, s0, _c64(GROUP + 8 * h))), A.splat(b, party_)]
-                state += [zero] * width
-            per_half = 3 + width
-
-            def level(i, st):
-                sh = A.splat(b, b.sub(b.sub(bits_, _c64(1)), i))
-                ds, regs = [], []
-                for h in range(HALVES):
-                    x = x_uniform if uniform_x else X.load8(_off(b, k_, _c64(8 * h)))
-                    ds.append(b.and_(b.lshr(x, sh), A.const8(1)))
-                    regs += _one_child_blocks(b, st[per_half * h], st[per_half * h + 1], ds[h], width, has_v)
-                words = _words(b, aes.mmo(regs))
-                new = []
-                for h in range(HALVES):
-                    t, accs = st[per_half * h + 2], st[per_half * h + 3 : per_half * (h + 1)]
-                    mine = words[nwords * h : nwords * (h + 1)]
-                    new += grp.advance(i, h, mine[0], mine[1], t, ds[h])
-                    if has_v:
-                        accs = grp.add_payload(i, h, accs, _one_child_values(b, mine[2:], ds[h], width), t)
-                    new += accs
-                return new
-
-            final = _level_loop(b, bits_, state, level)
-            for h in range(HALVES):
-                slo, shi, t = final[per_half * h : per_half * h + 3]
-                outs = grp.leaf(aes, h, slo, shi, t, final[per_half * h + 3 : per_half * (h + 1)], bits_, party_, mask_)
-                for e, v in enumerate(outs):
-                    O.store8(_off(b, b.mul(_c64(e), O.n), out_k_, _c64(8 * h)), v)
-            return context.get_dummy_value()
-
-        return sig, codegen
-
-    return eval16
 
 
 def _children(b, grp, aes, st: list, level, d, both: bool, width: int, has_v: bool) -> list:

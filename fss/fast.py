@@ -25,7 +25,8 @@ from numba import njit
 
 from . import _cache
 from ._aes import require, round_keys
-from ._fused import eval_group, gen_group, trie_steps
+from ._eval import eval_group
+from ._fused import gen_group, trie_steps
 from ._blockgrid import block_step, fits
 from ._grid import grid_step
 from .keys import GROUP, KeyBatch, groups, payload_dtype, to_groups
