@@ -153,9 +153,10 @@ def grid_blocks(p: TreeParams, size: int) -> float:
 
 class SketchWork:
     """The verified close's work per report at 2^10, count payload, as round one runs it on a batch of
-    reports (`round_one.step`, bench_verify.py part 2): eval_grid of the task's keys (`TaskConfig.key_dcf`:
-    the check's payload with its MAC, width 2) over the grid, then `Check.round_one_sums` (round one
-    and the histogram share's column sums, one pass over the grid values)."""
+    reports (`round_one.step`, bench_verify.py part 2): `round_one.pass_sums`, the grid walk of the
+    task's keys (`TaskConfig.key_dcf`: the check's payload with its MAC, width 2) with each key's values
+    reduced in cache to what `Check.round_one_sums` needs (round one and the histogram share's column
+    sums; `DCF.eval_grid_sums`)."""
 
     def __init__(self, n: int | None = None):
         from dpcdf.service.protocols.check import round_one
@@ -176,11 +177,10 @@ class SketchWork:
             self.keys, _ = self.dcf.gen_batch(rng.integers(0, self.size, n), betas)
         self.extras = np.zeros((n, self.check.extras), np.uint64)
         self.ch = self.check.challenges(secrets.token_bytes(32), b"bench")
-        self.grid_values = round_one.grid_values
+        self.pass_sums = round_one.pass_sums
 
     def __call__(self) -> None:
-        y = self.grid_values(self.dcf, self.keys, self.size)
-        self.check.round_one_sums(0, y, self.extras, self.ch)
+        self.pass_sums(self.dcf, self.check, 0, self.keys, self.extras, self.ch)
 
 
 def tier_section(quick: bool, reps: int) -> dict:

@@ -9,9 +9,10 @@
 2. Server, one core (`fss.backend.set_threads(1)`, `numba.set_num_threads(1)`): reports/s of the close's
    work per report on in-memory key batches, CPU time, the best of --repeats runs: "eval" =
    `DCF.eval_grid` over the whole grid, "check" = `Check.round_one_sums` (round one and the histogram
-   share's column sums, one pass over the grid values), "verify" = the two together (the inner loop of
-   `round_one.step`, which the servers run while reports arrive), "eval %" = eval's share of verify's
-   time; "decode" (`round_one.decode_shares`, the stored shares into a key batch) is shown apart.
+   share's column sums, one pass over the grid values), "verify" = the two as the inner loop of
+   `round_one.step` (which the servers run while reports arrive) runs them, `round_one.pass_sums`: for
+   the MAC'd count and label checks one grid walk with each key's values reduced in cache
+   (`DCF.eval_grid_sums`), "eval %" = eval / (eval + check); "decode" (`round_one.decode_shares`, the stored shares into a key batch) is shown apart.
    "AES bound" = pycryptodome AES-128-ECB blocks/s on a 32 MiB buffer (one core) divided by the
    blocks one key's grid walk needs: (N - 1) internal nodes x `expand_blocks` (2 seeds + 2 blocks per
    payload element over F_p, each reduced mod p), plus N x width LEAF blocks for width > 1; "of
@@ -40,8 +41,8 @@
 4. With --profile: the verified close at the largest size, replayed in this process phase by phase on
    the stopped servers' stores, on one core (in the real close the two servers prepare at the same
    time, sharing the machine's cores): the reconciliation; round one on each server from scratch
-   (`round_one.catch_up`, the collection's work: reading and decoding the shares, eval_grid,
-   Check.round_one_sums: round one and the column sums in one pass); `round_one.prepare` on each
+   (`round_one.catch_up`, the collection's work: reading and decoding the shares, then
+   `round_one.pass_sums`: eval_grid with round one and the column sums); `round_one.prepare` on each
    server (the close's part: reading the batches back for R); the check's messages (`lead` with `Helper.answer` called directly, no HTTP);
    and `finish` on each server.
 
@@ -83,7 +84,6 @@ from dpcdf.service.http import ServerError, http
 from dpcdf.service.processes import free_port, start_server, stop
 from dpcdf.service.storage.store import Store
 from dpcdf.service.task import TaskConfig, token_hash
-from dpcdf.service.protocols.check.maths import Check
 from dpcdf.service.wire import join_share, split_share
 
 E2E_BITS = 10
@@ -190,16 +190,20 @@ def server_section(repeats: int) -> float:
             def evaluate():
                 state["y"] = round_one.grid_values(dcf, state["batch"], size)
 
-            def one():  # round one and the column sums, one pass (`round_one.step`)
+            def one():  # round one and the column sums, one pass over the grid values
                 check.round_one_sums(0, state["y"], state["x"], ch)
+
+            def verify():  # what `round_one.step` runs on a batch
+                round_one.pass_sums(dcf, check, 0, state["batch"], state["x"], ch)
 
             decode()
             evaluate()
             one()
+            verify()
             t_dec = best_of(decode, repeats)
             t_eval = best_of(evaluate, repeats)
             t_one = best_of(one, repeats)
-            rate = n / (t_eval + t_one)
+            rate = n / best_of(verify, repeats)
             blocks = grid_blocks(cfg)
             bound = ecb / blocks
             if payload == "count" and bits == 10:
@@ -384,8 +388,9 @@ def e2e_section(sizes: list[int], repeats: int, max_seconds: float, profile: boo
 # --- 4. where the verified close spends its time ----------------------------------------------------
 @contextmanager
 def timers(acc: dict):
-    """Times decoding, eval_grid and Check.round_one_sums inside `round_one.step` (patched here)."""
-    decode, grid_values, one = round_one.decode_shares, round_one.grid_values, Check.round_one_sums
+    """Times decoding and the grid walk with round one (`round_one.pass_sums`) inside `round_one.step`
+    (patched here)."""
+    decode, one = round_one.decode_shares, round_one.pass_sums
 
     def wrap(name, fn):
         def run(*a, **k):
@@ -397,12 +402,11 @@ def timers(acc: dict):
         return run
 
     round_one.decode_shares = wrap("decode", decode)
-    round_one.grid_values = wrap("eval_grid", grid_values)
-    Check.round_one_sums = wrap("round_one_sums", one)
+    round_one.pass_sums = wrap("eval_grid + round_one_sums", one)
     try:
         yield
     finally:
-        round_one.decode_shares, round_one.grid_values, Check.round_one_sums = decode, grid_values, one
+        round_one.decode_shares, round_one.pass_sums = decode, one
 
 
 def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str, float]]:
@@ -436,7 +440,7 @@ def profile_close(config: TaskConfig, dirs: list[str], n: int) -> list[tuple[str
                 t, _ = timed(lambda: round_one.catch_up(ctxs[party]))
             rows.append((f"round one, server {party} (while reports arrive)", t))
             rows.append(("  read the shares, store the batches", t - sum(acc.values())))
-            rows += [(f"  {name}", acc[name]) for name in ("decode", "eval_grid", "round_one_sums")]
+            rows += [(f"  {name}", acc[name]) for name in ("decode", "eval_grid + round_one_sums")]
         local = []
         for party in (0, 1):
             t, loc = timed(lambda: round_one.prepare(ctxs[party]))

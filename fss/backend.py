@@ -226,6 +226,20 @@ def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool) -> np.ndarr
     return fast.eval_grid(batch, start, size, reverse, name, threads())
 
 
+def eval_grid_sums(batch: KeyBatch, start: int, size: int, reverse: bool, weights: np.ndarray,
+                   offs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`_linear.sums_of` of `eval_grid`'s values (F_p only), on the grid kernel without its output array
+    where there is one (`_gridsums.eval_grid_sums`)."""
+    name = _grid_for(batch.params)
+    if name is None:
+        from ._linear import sums_of
+
+        return sums_of(_portable().eval_grid(batch, start, size, reverse), weights, offs)
+    from ._gridsums import eval_grid_sums
+
+    return eval_grid_sums(batch, start, size, reverse, name, weights, offs, threads())
+
+
 def eval_full(batch: KeyBatch) -> np.ndarray:
     return _portable().eval_full(batch)
 

@@ -29,6 +29,7 @@ from ._eval import eval_group
 from ._fused import gen_group, trie_steps
 from ._blockgrid import block_step, fits
 from ._grid import grid_step
+from ._linear import fold_all, no_sketch, row_sketch
 from .keys import GROUP, KeyBatch, groups, payload_dtype, to_groups
 from .params import TreeParams
 
@@ -229,17 +230,20 @@ GRID_BLOCK_BITS = 10  # the walk goes subtree by subtree of 2^10 leaves: a level
 
 
 @functools.lru_cache(maxsize=None)
-def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str):
+def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str, sketch: tuple = ()):
     """Keys k0 .. k1 - 1, one after the other, walk the plan of `grid_plan`, the last level's steps
     writing the leaves' shares straight into `out` (no prange: a parallel
     numba kernel compiles in about three times as long, once per width, group, DCF or DPF and AES
-    flavour; `eval_grid` runs one call per thread instead)."""
+    flavour; `eval_grid` runs one call per thread instead). With `sketch` = (c, offsets), `out` is a ring
+    of two rows and each key's row goes through `_linear.row_sketch` (`_gridsums.eval_grid_sums`)."""
     blocks = fits(width, has_v, prime, tier)  # nodes in AES-block layout (`_blockgrid`)
     step = block_step(width, tier) if blocks else grid_step(width, has_v, prime, tier)
     rows = 3 + width
+    sums = bool(sketch)
+    row_sum = row_sketch(width, *sketch) if sums else no_sketch
 
     @njit(nogil=True)
-    def kernel(seeds, cw_seed, cw_t, cw_v, top, subs, cols, top_cap, reverse, k0, k1, party, bits, mask, rk, out):
+    def kernel(seeds, cw_seed, cw_t, cw_v, top, subs, cols, top_cap, reverse, k0, k1, party, bits, mask, rk, out, wf, dots, col, last):
         split = top.shape[0]  # levels of the first stage: the root down to the subtrees' roots
         sub_cap = 2 * (1 << subs.shape[1]) + 64
         ta, tb = np.empty((rows, top_cap), np.uint64), np.empty((rows, top_cap), np.uint64)
@@ -250,6 +254,7 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str):
         sign = -1 if reverse else 1
         for k in range(k0, k1):
             g, lane = k // GROUP, k % GROUP
+            slot = k % 2 if sums else k  # with sums, out holds two rows: the key's, the one before
             for i in range(bits):
                 kcw[i, 0] = cw_seed[g, i, 0, lane]
                 kcw[i, 1] = cw_seed[g, i, 1, lane]
@@ -289,7 +294,7 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str):
                     # the leaves: child positions lo .. hi - 1 of the last level, to the key's row
                     lo = subs[seg - 1, bits - 1 - split, 0]
                     hi = lo + subs[seg - 1, bits - 1 - split, 1]
-                    origin = k * size + cols[seg - 1] - sign * lo
+                    origin = slot * size + cols[seg - 1] - sign * lo
                 b2, mm = 0, 1
                 for level in range(first, stop):
                     leaf = level == bits - 1
@@ -302,8 +307,15 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str):
                     a, d = d, a
                 if seg == 0:
                     top_nodes, top_base = a, b2
+            if sums:  # the key's row, still in cache, reduced to its sketch (`_linear`)
+                row_sum(out[slot].reshape(size * width), wf, dots[k], col, last[k])
+                if (k - k0) % 4 == 3:
+                    fold_all(col)
+        if sums:
+            fold_all(col)
 
-    return _cache.cached(kernel, f"grid-{_tag(width, has_v, tier)}-{'p61' if prime else 'ring'}")
+    tag = f"-sums{sketch[0]}-{'.'.join(map(str, sketch[1]))}" if sums else ""
+    return _cache.cached(kernel, f"grid-{_tag(width, has_v, tier)}-{'p61' if prime else 'ring'}{tag}")
 
 
 @functools.lru_cache(maxsize=64)
@@ -361,32 +373,47 @@ def _threads_pool():
     return _pool
 
 
+def _unfit(batch: KeyBatch, tier: str) -> bool:
+    """Not a key gen makes or the codec accepts, left to the portable backend: over F_p, a correction >= p
+    or, for `_blockgrid` (t in bit 0 of the seeds), bit 0 of a seed correction set."""
+    p = batch.params
+    blocks = fits(p.width, p.level_payload, p.prime, tier)
+    return p.prime and len(batch) > 0 and (int(batch.cw_v.max()) >= p.modulus or blocks and (batch.cw_seed[:, :, 0] & 1).any())
+
+
+def _grid_run(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, threads: int, out, sketch: tuple, extra) -> None:
+    """The grid kernel (with `sketch`, `_grid_kernel`'s) over all keys, split over `threads` threads:
+    `extra(c)` gives part c's (wf, dots, col, last) arguments."""
+    p, n = batch.params, len(batch)
+    kernel = _grid_kernel(p.width, p.level_payload, p.prime, tier, sketch)
+    top, subs, cols, top_cap = grid_plan(p.bits, start, size, reverse)
+    common = (batch.party, p.bits, np.uint64(p.mask), round_keys())
+    cw_v = batch.cw_v.astype(np.uint64, copy=False)  # one kernel for 32- and 64-bit corrections
+    keys = (batch.seeds, batch.cw_seed, batch.cw_t, cw_v)
+    parts = max(1, min(threads, n // GROUP))
+    bounds = [n * c // parts for c in range(parts + 1)]
+    outs = [out] + [np.empty_like(out) if sketch else out for _ in range(1, parts)]  # with sums: a ring per thread
+    run = lambda c: kernel(*keys, top, subs, cols, top_cap, reverse, bounds[c], bounds[c + 1], *common, outs[c], *extra(c))  # noqa: E731
+    futures = [_threads_pool().submit(run, c) for c in range(1, parts)]
+    run(0)
+    for f in futures:
+        f.result()
+
+
 def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, threads: int = 1) -> np.ndarray:
     """Same contract as `portable.eval_grid`: (n, size, width) shares at internal points start + j
     (or start + size - 1 - j with `reverse`). Each key walks the range's subtree once (`grid_plan`);
     the keys are split over `threads` threads."""
     tier = require(tier)  # a name the CPU can run (True / False of older callers: 'vaes' / 'aesni')
     p, n = batch.params, len(batch)
-    blocks = fits(p.width, p.level_payload, p.prime, tier)  # `_blockgrid` keeps t in bit 0 of the seeds
-    if p.prime and n and (int(batch.cw_v.max()) >= p.modulus or blocks and (batch.cw_seed[:, :, 0] & 1).any()):
-        # not a key gen makes or the codec accepts: a correction >= p, or bit 0 of a seed correction set
+    if _unfit(batch, tier):
         from . import portable
 
         return portable.eval_grid(batch, start, size, reverse)
     out = np.empty((n, size, p.width), np.uint64)
     if n:
-        kernel = _grid_kernel(p.width, p.level_payload, p.prime, tier)
-        top, subs, cols, top_cap = grid_plan(p.bits, start, size, reverse)
-        common = (batch.party, p.bits, np.uint64(p.mask), round_keys(), out)
-        cw_v = batch.cw_v.astype(np.uint64, copy=False)  # one kernel for 32- and 64-bit corrections
-        keys = (batch.seeds, batch.cw_seed, batch.cw_t, cw_v)
-        run = lambda k0, k1: kernel(*keys, top, subs, cols, top_cap, reverse, k0, k1, *common)  # noqa: E731
-        parts = max(1, min(threads, n // GROUP))
-        bounds = [n * c // parts for c in range(parts + 1)]
-        futures = [_threads_pool().submit(run, bounds[c], bounds[c + 1]) for c in range(1, parts)]
-        run(bounds[0], bounds[1])
-        for f in futures:
-            f.result()
+        none = (np.zeros((0, 0), np.uint64), np.zeros((1, 0), np.uint64), np.zeros(0, np.uint64), np.zeros((1, 0), np.uint64))
+        _grid_run(batch, start, size, reverse, tier, threads, out, (), lambda c: none)
     return out
 
 

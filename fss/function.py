@@ -151,6 +151,25 @@ class TreeFunction:
         out = backend.eval_grid(batch, start, size, reverse)
         return out.reshape(len(batch), size) if p.width == 1 else out
 
+    def eval_grid_sums(self, keys: KeyBatch, size: int, weights: np.ndarray, offsets: Sequence[int]) -> tuple[np.ndarray, ...]:
+        """Linear sketches of `eval_grid`'s values y (n, size, width) over F_p (group "p61" only), without
+        that array: with weights W (q, size, c) canonical and offsets o (q,), returns (dots (n, q):
+        sum_i sum_{e < c} W[j, i, e] y[k, i, o_j + e], the column sums (size, c) of y[:, :, :c] over the
+        keys, and the last point's values y[:, size - 1] (n, width)), all canonical; the same bits as
+        computing them from `eval_grid` (`fss._linear`). ParameterError for a bad shape or offset."""
+        batch = self._check_keys(keys, KeyBatch)
+        p = self.params
+        size = check_int("size", size, 1, 1 << p.bits)
+        w = np.ascontiguousarray(weights, dtype=np.uint64)
+        offs = np.ascontiguousarray(offsets, dtype=np.int64)
+        if not p.prime or w.ndim != 3 or w.shape[1] != size or offs.shape != (w.shape[0],) or not 1 <= w.shape[2] <= p.width:
+            raise ParameterError(f"eval_grid_sums needs group p61, weights (q, {size}, c <= {p.width}) and q offsets")
+        if ((offs < 0) | (offs + w.shape[2] > p.width)).any() or (w >= np.uint64(p.modulus)).any():
+            raise ParameterError("eval_grid_sums: an offset out of range or a weight not below p")
+        reverse = p.cmp in ("gt", "ge")
+        start = (1 << p.bits) - size if reverse else 0
+        return backend.eval_grid_sums(batch, start, size, reverse, w, offs)
+
     # --- reconstruction --------------------------------------------------------------------
     @property
     def group(self) -> str:

@@ -163,6 +163,40 @@ def test_block_layout_kernel_width_4_above_a_subtree_and_its_fallback():
                 assert np.array_equal(backend.eval_grid(keys, 0, 64, True), portable.eval_grid(keys, 0, 64, True)), name
 
 
+@pytest.mark.parametrize("width, c, offsets", [(2, 1, [0, 0, 1]), (4, 2, [0, 0, 2]), (1, 1, [0]), (2, 1, [1, 0, 1, 0])])
+def test_eval_grid_sums_equals_the_sums_of_eval_grid(width, c, offsets):
+    """`eval_grid_sums` (the grid kernel with each key's row reduced in cache, `fss._linear`) against
+    Python integers on `eval_grid`'s values, on every backend, both orders, one and two threads, a
+    partial subtree and a first stage above the subtrees (12 bits), weights and payloads at p - 1."""
+    rng = np.random.default_rng(width * 10 + len(offsets))
+    for cmp, bits, size in (("ge", 10, 1024), ("lt", 12, 3000), ("ge", 5, 19)):
+        fn = DCF(bits, width=width, group="p61", cmp=cmp)
+        n = 37
+        betas = rng.integers(0, P, (n, width)).astype(np.uint64) if width > 1 else rng.integers(0, P, n).astype(np.uint64)
+        betas[:3] = P - 1
+        keys = gen(fn, rng.integers(0, 1 << bits, n), betas)[1]
+        w = rng.integers(0, P, (len(offsets), size, c)).astype(np.uint64)
+        w[:, :40] = P - 1
+        y = fn.eval_grid(keys, size).reshape(n, size, width).astype(object)
+        dots = [[int((w[j].astype(object) * y[k, :, o:o + c]).sum() % P) for j, o in enumerate(offsets)] for k in range(n)]
+        col = y[:, :, :c].sum(axis=0) % P
+        threads = backend.threads()
+        for name in backend.available():
+            for t in (1, 2):
+                backend.set_threads(t)
+                try:
+                    with backend.using(name):
+                        got = fn.eval_grid_sums(keys, size, w, offsets)
+                finally:
+                    backend.set_threads(threads)
+                assert got[0].tolist() == dots and got[1].tolist() == col.tolist(), (name, t, cmp)
+                assert np.array_equal(got[2], y[:, -1].astype(np.uint64)), (name, t, cmp)
+    with pytest.raises(ParameterError):
+        fn.eval_grid_sums(keys, size, np.full((1, size, c), P, np.uint64), [0])
+    with pytest.raises(ParameterError):
+        fn.eval_grid_sums(keys, size, w[:1], [width])
+
+
 def test_empty_batch_and_one_key():
     fn = DCF(6, group="p61", cmp="ge")
     k0, _ = fn.gen_batch([5, 9], 1)

@@ -125,3 +125,26 @@ def test_round_one_sums_of_calibration_and_of_a_check_without_mac():
         m1, s1 = check.round_one(1, y, x, ch)
         assert np.array_equal(m, m1) and np.array_equal(s, s1)
         np.testing.assert_array_equal(sums, sketch.column_sums(round_one.data(check, y)))
+
+
+def test_a_pass_from_the_keys_gives_the_bits_of_round_one_sums():
+    """`round_one.pass_sums` (the MAC'd count and label checks from `DCF.eval_grid_sums`, each key's grid
+    values reduced in cache; the others through the grid values) equals `round_one_sums` on
+    `grid_values`, for both servers, on every backend."""
+    from dpcdf.service.protocols.check import round_one
+    from fss import backend
+
+    rng = np.random.default_rng(4)
+    for payload in V.CHECKED:
+        for check in (V.Check(payload, 50, mac=True), V.Check(payload, 50)):
+            dcf = DCF(6, width=check.key_width, cmp="ge", group="p61")
+            key_betas, x0, x1 = check.client_report(betas_for(payload)[[0, 1, 2, 3, 4] * 4])
+            keys = dcf.gen_batch(rng.integers(0, 50, 20), key_betas)
+            ch = check.challenges(b"k" * 32, b"pass")
+            for name in backend.available():
+                with backend.using(name):
+                    for party, (k, x) in enumerate(zip(keys, (x0, x1))):
+                        want = check.round_one_sums(party, round_one.grid_values(dcf, k, 50), x, ch)
+                        got = round_one.pass_sums(dcf, check, party, k, x, ch)
+                        for a, b in zip(want, got):
+                            assert a.dtype == b.dtype and np.array_equal(a, b), (payload, check.mac, name, party)

@@ -176,16 +176,23 @@ class Check:
         w, xs = self.width, self.base_extras
         if self.mac and self.payload != "calibration":  # count, label: one kernel reads values and tags in place
             total = np.zeros(self.size * w if sums else 0, np.uint64)
-            z, big_l, top, zt, topt = sketch.sketch_mac(y, w, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0), total)
-            msg = np.stack([F.sub(z, extras[:, 0]), top], axis=1)
-            state = np.stack([big_l, F.mul(top, np.full_like(top, ch.s))], axis=1)
-            linear = np.stack([F.sub(zt, extras[:, xs]), topt], axis=1)  # the tags' round one, no constant
-            return msg, self._tagged(state, linear, extras, ch), total.reshape(self.size, w) if sums else None
+            msg, state = self.mac_messages(*sketch.sketch_mac(y, w, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0), total), extras, ch)
+            return msg, state, total.reshape(self.size, w) if sums else None
         msg, state = self._round_one(party, np.ascontiguousarray(y[:, :, :w]), extras[:, :xs], ch)
         if self.mac:
             linear, _ = self._round_one(1, np.ascontiguousarray(y[:, :, w:]), extras[:, xs:2 * xs], ch)  # no constant
             state = self._tagged(state, linear, extras, ch)
         return msg, state, sketch.value_sums(y, w) if sums else None
+
+    def mac_messages(self, z: np.ndarray, big_l: np.ndarray, top: np.ndarray, zt: np.ndarray, topt: np.ndarray,
+                     extras: np.ndarray, ch: "Challenges") -> tuple[np.ndarray, np.ndarray]:
+        """The MAC'd count/label round one (message, state) from a report's sketch (`sketch.sketch_mac`'s
+        z, l, top of the values, zt, topt of the tags, each (n,) canonical) and its extras."""
+        extras, xs = _u64(extras), self.base_extras
+        msg = np.stack([F.sub(z, extras[:, 0]), top], axis=1)
+        state = np.stack([big_l, F.mul(top, np.full_like(top, ch.s))], axis=1)
+        linear = np.stack([F.sub(zt, extras[:, xs]), topt], axis=1)  # the tags' round one, no constant
+        return msg, self._tagged(state, linear, extras, ch)
 
     def _tagged(self, state: np.ndarray, linear: np.ndarray, extras: np.ndarray, ch: "Challenges") -> np.ndarray:
         """The state with this server's share of kappa times each opened element appended: the tags'

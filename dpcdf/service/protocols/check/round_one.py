@@ -81,6 +81,20 @@ def grid_values(dcf: DCF, batch: KeyBatch, size: int) -> np.ndarray:
     return np.ascontiguousarray(y.reshape(len(batch), size, dcf.width))
 
 
+def pass_sums(dcf: DCF, check: Check, party: int, batch: KeyBatch, extras: np.ndarray, ch) -> tuple[np.ndarray, ...]:
+    """`check.round_one_sums(party, grid_values(dcf, batch, check.size), extras, ch)`, the same bits: for
+    the MAC'd count and label checks from `DCF.eval_grid_sums` (z, l of the values and zt of the tags,
+    the values' column sums and the last point; each key's grid values reduced while in cache, never
+    stored as an (n, size, 2 width) array), for the others through `grid_values`."""
+    if not check.mac or check.payload == "calibration":
+        return check.round_one_sums(party, grid_values(dcf, batch, check.size), extras, ch)
+    w = check.width
+    dots, sums, last = dcf.eval_grid_sums(batch, check.size, np.stack([ch.wz, ch.wl, ch.wz]), [0, 0, w])
+    top = F.sub(np.full(len(batch), 1 if party == 0 else 0, np.uint64), F.sum(last[:, :w]))
+    msg, state = check.mac_messages(dots[:, 0], dots[:, 1], top, dots[:, 2], F.neg(F.sum(last[:, w:])), extras, ch)
+    return msg, state, sums
+
+
 def warm_up(payloads: tuple[str, ...] = ("count", "label", "calibration")) -> None:
     """Compiles (or loads from numba's disk cache) what a verified close runs: the grid kernel of
     each payload's width over F_p, and the check's sums; about 4 s the first time after an
@@ -90,7 +104,9 @@ def warm_up(payloads: tuple[str, ...] = ("count", "label", "calibration")) -> No
         dcf = DCF(2, width=check.key_width, cmp="ge", group="p61")
         keys, _ = dcf.gen_batch(np.arange(2), np.ones((2, check.key_width), np.int64))
         y = grid_values(dcf, keys, 4)
-        check.round_one_sums(0, y, np.zeros((2, check.extras), np.uint64), check.challenges(b"k" * 32, b"warm"))
+        ch = check.challenges(b"k" * 32, b"warm")
+        check.round_one_sums(0, y, np.zeros((2, check.extras), np.uint64), ch)
+        pass_sums(dcf, check, 0, keys, np.zeros((2, check.extras), np.uint64), ch)
         sketch.value_sums(y, check.width)
 
 
@@ -161,7 +177,7 @@ def evaluate(dcf: DCF, check: Check, party: int, shares: list[bytes] | bytes, ch
     total = np.zeros((check.size, check.width), np.uint64)
     for start in range(0, len(rows), per):
         batch, x = decode_shares(dcf, check.extras, rows[start:start + per], party)
-        msg, st, sums = check.round_one_sums(party, grid_values(dcf, batch, check.size), x, ch)  # one pass over y
+        msg, st, sums = pass_sums(dcf, check, party, batch, x, ch)
         parts.append((x, msg, st))
         total = F.add(total, sums) if start else sums
     return (*(np.concatenate(c) for c in zip(*parts)), total)

@@ -1,0 +1,32 @@
+"""`eval_grid`'s values over F_p reduced per key to linear sketches (`_linear`) inside the grid kernel,
+without the (n, size, width) array. Private; `fss.backend.eval_grid_sums` calls it on the fast tiers."""
+from __future__ import annotations
+
+import numpy as np
+
+from . import fast, field
+from ._aes import require
+from ._linear import MAX_DOTS, sums_of
+from .keys import KeyBatch
+
+
+def eval_grid_sums(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, weights: np.ndarray, offs: np.ndarray,
+                   threads: int = 1) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """`sums_of(fast.eval_grid(...), weights, offs)` for a batch over F_p, without the (n, size,
+    width) array: each key's row is written to a ring of two rows and reduced to its sketch while it
+    is in cache (one pass of round one's check, `dpcdf`). weights (q, size, c) canonical, offs (q,)."""
+    tier = require(tier)
+    p, n = batch.params, len(batch)
+    if fast._unfit(batch, tier) or not p.prime or not 1 <= len(offs) <= MAX_DOTS:
+        return sums_of(fast.eval_grid(batch, start, size, reverse, tier, threads), weights, offs)
+    q, c = weights.shape[0], weights.shape[2]
+    dots, last = np.zeros((n, q), np.uint64), np.zeros((n, p.width), np.uint64)
+    cols = [np.zeros(size * c, np.uint64) for _ in range(max(1, min(threads, n // fast.GROUP)))]
+    if n:
+        ring = np.empty((2, size, p.width), np.uint64)
+        sketch = (c, tuple(int(o) for o in offs))
+        fast._grid_run(batch, start, size, reverse, tier, threads, ring, sketch, lambda k: (weights.reshape(q, size * c), dots, cols[k], last))
+    col = cols[0]
+    for other in cols[1:]:
+        col = field.add(col, other)
+    return dots, col.reshape(size, c), last
