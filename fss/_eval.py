@@ -3,25 +3,19 @@ per key, the state of every level in vector registers (see `fss._fused` for the 
 kernels and the helpers shared with them).
 
 Private. Per level, for each half of 8 keys (one <8 x i64> vector per field; struct of arrays):
-  state  = seed lo, seed hi, t as a mask (all ones or zero), x shifted so that this level's bit is
-           its sign bit, the payload accumulators
-  dm     = x >> 63 (arithmetic): all ones where the bit is 1 (AVX2: one `vpcmpgtq` against zero)
-  blocks = seed block (s xor T(LEFT + d, 0)), then for a DCF the ceil(width/2) value blocks of child
-           d's payload words, interleaved into AES lanes; one MMO over all of them
-  update = seed corrections and payload share masked by t; the next t mask is
-           -(bit 0 of the child seed) xor [(cw_t and (1 - dm) and t) > 0], i.e. bit d of the level's
-           control-bit correction where t is set; for odd widths the child's word is chosen by
-           w0 xor ((w0 xor w1) and dm); then x += x.
-The same values as `fss._kernels.eval_level`, bit for bit. On the AVX2 tiers a vector shift,
-variable shift, `vpcmpeqq` or `vblendvpd` takes an execution port that the AES instructions need
-(Zen 3: a loop of 8 registers' VAES rounds ran 1.7-2.3x as long with as many of those as AES
-instructions in between, about 1.05x with as many `vpand`/`vpxor`/`vpaddq`/`vpcmpgtq`), so the level's
-bit, the t update and the word choice use only the latter (the choice still becomes one
-`vpblendvb`: hiding the mask from LLVM to avoid it spilled more and ran slower).
+  d      = bit of x at this level
+  blocks = seed block (s xor T(LEFT + d, 0)), then for a DCF the ceil(width/2) value blocks holding
+           child d's payload words (s xor T(VALUE, first(d) + q)), interleaved into AES lanes
+  AES    = one MMO over all blocks (`fss._aes.AesRounds`)
+  update = the same branch-free bookkeeping as `_kernels.eval_level`, with masks from t
+(`fss._fused`'s `_one_child_blocks`, `_one_child_values` and `_Group`), bit for bit the same values.
 
 The level loop also prefetches the corrections of the group `PREFETCH_AHEAD` groups ahead at the same
-level (every cache line of its seed and payload corrections): with keys far larger than the caches,
-the CPU's own prefetchers left the walk waiting on memory.
+level (every cache line of its seed and payload corrections), and a group's start that group's points,
+roots and control-bit corrections: with keys far larger than the caches, the CPU's own prefetchers
+left the walk waiting on memory. A DCF(32, 64, 1) key is 824 bytes, so at 200,000 keys the eval
+streams 8-10 GB/s from DRAM, about what one core of the Zen 3 class EPYC reads at all (9.6 GB/s for a
+plain numba loop over 160 MB, load average 5.8): there the walk is close to memory-bound.
 """
 from __future__ import annotations
 
@@ -32,9 +26,8 @@ from numba import types
 from numba.extending import intrinsic
 
 from . import _aes as A
-from ._fused import HALVES, _Group, _Ptr, _c64, _level_loop, _off, _words
+from ._fused import HALVES, _Group, _one_child_blocks, _one_child_values, _Ptr, _c64, _level_loop, _off, _words
 from .keys import GROUP
-from .prg import ROLE_LEFT, ROLE_VALUE
 
 PREFETCH_AHEAD = 2  # groups: one group's walk (about 2 us) covers the memory latency many times over
 
@@ -74,14 +67,22 @@ def eval_group(width: int, has_v: bool, uniform_x: bool, tier: str):
             k_ = b.mul(g_, _c64(GROUP))  # the group's first key: its index into xs
             s0 = b.mul(g_, S.group)
             zero, one = A.const8(0), A.const8(1)
-            up = A.splat(b, b.sub(_c64(64), bits_))  # x << (64 - bits): the root's bit in the sign
-            state = []  # per half: seed lo, seed hi, t mask, x, acc[width]
-            for h in range(HALVES):
-                x = A.splat(b, b.load(X.at(_c64(0)))) if uniform_x else X.load8(_off(b, k_, _c64(8 * h)))
-                state += [S.load8(_off(b, s0, _c64(8 * h))), S.load8(_off(b, s0, _c64(GROUP + 8 * h)))]
-                state += [b.sub(zero, A.splat(b, party_)), b.shl(x, up)] + [zero] * width
-            per = 4 + width
+            # the group PREFETCH_AHEAD ahead: its points, roots and control-bit corrections (at most
+            # 64 levels of 16 bytes: 16 cache lines, those past its `bits` levels guarded to line 0)
             ahead = _c64(PREFETCH_AHEAD)
+            for q in range(0, 0 if uniform_x else GROUP, 8):
+                _prefetch(b, X, _off(b, k_, _c64(PREFETCH_AHEAD * GROUP + q)))
+            for q in range(0, 2 * GROUP, 8):
+                _prefetch(b, S, _off(b, s0, b.mul(ahead, S.group), _c64(q)))
+            ct_next, ct_size = _off(b, grp.ct0, b.mul(ahead, grp.CT.group)), b.mul(bits_, _c64(GROUP))
+            for q in range(0, 64 * GROUP, 64):
+                _prefetch(b, grp.CT, _off(b, ct_next, b.select(b.icmp_signed("<", _c64(q), ct_size), _c64(q), _c64(0))))
+            x_uniform = A.splat(b, b.load(X.at(_c64(0)))) if uniform_x else None
+            state = []  # per half: seed lo, seed hi, t, acc[width]
+            for h in range(HALVES):
+                state += [S.load8(_off(b, s0, _c64(8 * h))), S.load8(_off(b, s0, _c64(GROUP + 8 * h))), A.splat(b, party_)]
+                state += [zero] * width
+            per = 3 + width
             cv_line = 64 // (grp.CV.data.type.pointee.width // 8)  # payload corrections per cache line
 
             def level(i, st):
@@ -92,42 +93,27 @@ def eval_group(width: int, has_v: bool, uniform_x: bool, tier: str):
                     cv = _off(b, grp.cv0, b.mul(ahead, grp.CV.group), b.mul(i, _c64(width * GROUP)))
                     for q in range(0, width * GROUP, cv_line):
                         _prefetch(b, grp.CV, _off(b, cv, _c64(q)))
-                dms, regs = [], []
+                sh = A.splat(b, b.sub(b.sub(bits_, _c64(1)), i))
+                ds, regs = [], []
                 for h in range(HALVES):
-                    slo, shi, xr = st[per * h], st[per * h + 1], st[per * h + 3]
-                    dm = b.ashr(xr, A.const8(63))  # all ones where this level's bit of x is 1
-                    dms.append(dm)
-                    regs += A.interleave(b, slo, b.xor(shi, b.sub(A.const8(ROLE_LEFT), dm)))  # LEFT + d
-                    if has_v:
-                        first = b.lshr(b.mul(b.sub(zero, dm), A.const8(width)), one)  # d * width // 2
-                        hv = b.xor(shi, A.const8(ROLE_VALUE))
-                        for q in range((width + 1) // 2):
-                            regs += A.interleave(b, b.xor(slo, b.add(first, A.const8(q))), hv)
+                    x = x_uniform if uniform_x else X.load8(_off(b, k_, _c64(8 * h)))
+                    ds.append(b.and_(b.lshr(x, sh), one))
+                    regs += _one_child_blocks(b, st[per * h], st[per * h + 1], ds[h], width, has_v)
                 words = _words(b, aes.mmo(regs))
                 new = []
                 for h in range(HALVES):
-                    tm, xr, accs = st[per * h + 2], st[per * h + 3], st[per * h + 4 : per * (h + 1)]
-                    mine, dm, lane = words[nwords * h : nwords * (h + 1)], dms[h], _c64(8 * h)
-                    so, sho = mine[0], mine[1]
-                    lo = _off(b, grp.cs0, b.mul(i, _c64(2 * GROUP)), lane)
-                    new.append(b.xor(b.and_(so, A.const8(~1 & (2**64 - 1))), b.and_(grp.CS.load8(lo), tm)))
-                    new.append(b.xor(sho, b.and_(grp.CS.load8(_off(b, lo, _c64(GROUP))), tm)))
-                    ct = grp.CT.load8(_off(b, grp.ct0, b.mul(i, _c64(GROUP)), lane))
-                    hit = b.and_(b.and_(ct, b.sub(one, dm)), tm)  # cw_t's bit d (1 or 2) where t, else 0
-                    flip = b.sext(b.icmp_signed(">", hit, zero), A.V8)
-                    new += [b.xor(b.sub(zero, b.and_(so, one)), flip), b.add(xr, xr)]
+                    t, accs = st[per * h + 2], st[per * h + 3 : per * (h + 1)]
+                    mine = words[nwords * h : nwords * (h + 1)]
+                    new += grp.advance(i, h, mine[0], mine[1], t, ds[h])
                     if has_v:
-                        vals = mine[2:]
-                        if width % 2:  # child d's words start at word d of the first value block
-                            vals = [b.xor(vals[e], b.and_(b.xor(vals[e], vals[e + 1]), dm)) for e in range(width)]
-                        accs = [b.add(acc, b.add(v, b.and_(grp.payload(i, h, e), tm))) for e, (acc, v) in enumerate(zip(accs, vals))]
+                        accs = grp.add_payload(i, h, accs, _one_child_values(b, mine[2:], ds[h], width), t)
                     new += accs
                 return new
 
             final = _level_loop(b, bits_, state, level)
             for h in range(HALVES):
-                slo, shi, tm = final[per * h : per * h + 3]
-                outs = grp.leaf(aes, h, slo, shi, b.sub(zero, tm), final[per * h + 4 : per * (h + 1)], bits_, party_, mask_)
+                slo, shi, t = final[per * h : per * h + 3]
+                outs = grp.leaf(aes, h, slo, shi, t, final[per * h + 3 : per * (h + 1)], bits_, party_, mask_)
                 for e, v in enumerate(outs):
                     O.store8(_off(b, b.mul(_c64(e), O.n), out_k_, _c64(8 * h)), v)
             return context.get_dummy_value()
