@@ -163,11 +163,15 @@ def test_block_layout_kernel_width_4_above_a_subtree_and_its_fallback():
                 assert np.array_equal(backend.eval_grid(keys, 0, 64, True), portable.eval_grid(keys, 0, 64, True)), name
 
 
-@pytest.mark.parametrize("width, c, offsets", [(2, 1, [0, 0, 1]), (4, 2, [0, 0, 2]), (1, 1, [0]), (2, 1, [1, 0, 1, 0])])
-def test_eval_grid_sums_equals_the_sums_of_eval_grid(width, c, offsets):
+# round one's two shapes (count, label: `round_one.pass_sums`) run on every backend; the others on the
+# portable and the fastest: a fused kernel is compiled per shape and tier (about 5 s each from a cold
+# cache), the walk is the tier's (pinned on every tier above) and the row's reduction the same code on all
+@pytest.mark.parametrize("width, c, offsets, tiers", [(2, 1, [0, 0, 1], "all"), (4, 2, [0, 0, 2], "all"),
+                                                     (1, 1, [0], BACKENDS), (2, 1, [1, 0, 1, 0], BACKENDS)])
+def test_eval_grid_sums_equals_the_sums_of_eval_grid(width, c, offsets, tiers):
     """`eval_grid_sums` (the grid kernel with each key's row reduced in cache, `fss._linear`) against
-    Python integers on `eval_grid`'s values, on every backend, both orders, one and two threads, a
-    partial subtree and a first stage above the subtrees (12 bits), weights and payloads at p - 1."""
+    Python integers on `eval_grid`'s values, both orders, one and two threads, a partial subtree and a
+    first stage above the subtrees (12 bits), weights and payloads at p - 1."""
     rng = np.random.default_rng(width * 10 + len(offsets))
     for cmp, bits, size in (("ge", 10, 1024), ("lt", 12, 3000), ("ge", 5, 19)):
         fn = DCF(bits, width=width, group="p61", cmp=cmp)
@@ -181,7 +185,7 @@ def test_eval_grid_sums_equals_the_sums_of_eval_grid(width, c, offsets):
         dots = [[int((w[j].astype(object) * y[k, :, o:o + c]).sum() % P) for j, o in enumerate(offsets)] for k in range(n)]
         col = y[:, :, :c].sum(axis=0) % P
         threads = backend.threads()
-        for name in backend.available():
+        for name in backend.available() if tiers == "all" else tiers:
             for t in (1, 2):
                 backend.set_threads(t)
                 try:

@@ -130,7 +130,8 @@ def test_round_one_sums_of_calibration_and_of_a_check_without_mac():
 def test_a_pass_from_the_keys_gives_the_bits_of_round_one_sums():
     """`round_one.pass_sums` (the MAC'd count and label checks from `DCF.eval_grid_sums`, each key's grid
     values reduced in cache; the others through the grid values) equals `round_one_sums` on
-    `grid_values`, for both servers, on every backend."""
+    `grid_values`, for both servers, on the portable and the fastest backend (`eval_grid_sums` is pinned
+    on every backend in test_eval_grid)."""
     from dpcdf.service.protocols.check import round_one
     from fss import backend
 
@@ -141,7 +142,7 @@ def test_a_pass_from_the_keys_gives_the_bits_of_round_one_sums():
             key_betas, x0, x1 = check.client_report(betas_for(payload)[[0, 1, 2, 3, 4] * 4])
             keys = dcf.gen_batch(rng.integers(0, 50, 20), key_betas)
             ch = check.challenges(b"k" * 32, b"pass")
-            for name in backend.available():
+            for name in sorted({"portable", backend.available()[-1]}):
                 with backend.using(name):
                     for party, (k, x) in enumerate(zip(keys, (x0, x1))):
                         want = check.round_one_sums(party, round_one.grid_values(dcf, k, 50), x, ch)
