@@ -5,8 +5,8 @@ the results are equal bit for bit.
 
 Per key, with its row y (size, width) of canonical values, weights W (q, size, c) below p and column
 offsets o (q,):  dots[j] = sum_i sum_{e < c} W[j, i, e] y[i, o_j + e]  (mod p, canonical); the column
-sums add y[:, :c] into `col` (size * c, below p before each key, at most 4 keys between folds); `last`
-is y[size - 1]. A product of two elements is below 2^122, so a 128-bit accumulator (`mac`: one
+sums add y[:, :c] into `col` (size * c; below p after each fold, at most 4 keys between folds, so below
+5p); `last` is y[size - 1]. A product of two elements is below 2^122, so a 128-bit accumulator (`mac`: one
 64 x 64 -> 128-bit multiply and an add/adc pair on x86-64) takes FOLD_EVERY = 32 of them before it is
 folded into a field element.
 """
@@ -117,14 +117,15 @@ def sums_of(y, weights, offs):
     last = np.zeros((n, width), np.uint64)
     for k in range(n):
         for j in range(q):
-            s = np.uint64(0)
-            for i0 in range(0, size, max(1, FOLD_EVERY // c)):
-                lo = hi = np.uint64(0)
-                for i in range(i0, min(i0 + max(1, FOLD_EVERY // c), size)):
-                    for e in range(c):
-                        lo, hi = mac(lo, hi, y[k, i, offs[j] + e], weights[j, i, e])
-                s = fold(s + fold128(lo, hi))
-            dots[k, j] = s
+            s = lo = hi = np.uint64(0)
+            m = 0  # products in the accumulator: folded every FOLD_EVERY, whatever c is
+            for i in range(size):
+                for e in range(c):
+                    lo, hi = mac(lo, hi, y[k, i, offs[j] + e], weights[j, i, e])
+                    m += 1
+                    if m == FOLD_EVERY:
+                        s, lo, hi, m = fold(s + fold128(lo, hi)), np.uint64(0), np.uint64(0), 0
+            dots[k, j] = fold(s + fold128(lo, hi))
         for i in range(size):
             for e in range(c):
                 col[i * c + e] += y[k, i, e]

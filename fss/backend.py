@@ -18,8 +18,8 @@ The tiers, one per instruction set (`available()` lists those this CPU has, slow
 else "portable"),
 and runs a self-test of the fused kernel against the portable backend before trusting it. Payload widths above
 `fast.MAX_WIDTH` always take the portable backend, and so do prime-field keys (group "p61") except
-in `eval_grid`, whose fused kernel (`fss._grid`) also does the F_p arithmetic (and has its own
-self-test per width, DCF or DPF and group).
+in `eval_grid` and `eval_grid_sums`, whose fused kernels (`fss._grid`, `fss._blockgrid`, `fss._gridsums`)
+also do the F_p arithmetic (and have their own self-tests per width, DCF or DPF, group and sketch shape).
 """
 from __future__ import annotations
 
@@ -177,11 +177,9 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
     return fast.gen_batch(p, alphas, betas, roots, name)
 
 
-@functools.lru_cache(maxsize=None)
-def _grid_self_test(name: str, width: int, has_v: bool, prime: bool) -> bool:
-    """The grid kernel of this width, DCF or DPF and group agrees with the portable backend on a
-    small batch (both parties, a partial range in both orders, every level of a 7-bit tree)."""
-    from . import fast, portable
+def _self_test_keys(width: int, has_v: bool, prime: bool):
+    """Both parties' keys of a small fixed batch (21 keys, 7 bits) for the grid kernels' self-tests."""
+    from . import portable
     from .params import KIND_DCF, KIND_DPF
 
     p = TreeParams.make(KIND_DCF if has_v else KIND_DPF, 7, None if prime else 64, width, "le" if has_v else "eq",
@@ -190,7 +188,36 @@ def _grid_self_test(name: str, width: int, has_v: bool, prime: bool) -> bool:
     alphas = np.arange(n, dtype=np.uint64) * np.uint64(37) % np.uint64(1 << p.bits)
     betas = (np.arange(n * width, dtype=np.uint64).reshape(width, n) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(4)
     roots = (np.arange(4 * n, dtype=np.uint64) * np.uint64(0xD1B54A32D192ED03)).reshape(2, 2, n)
-    for k in portable.gen_batch(p, alphas, betas, roots):
+    return portable.gen_batch(p, alphas, betas, roots)
+
+
+@functools.lru_cache(maxsize=None)
+def _sums_self_test(name: str, width: int, has_v: bool, c: int, offs: tuple) -> bool:
+    """The grid kernel with the row sketch of this shape (`_gridsums`) agrees with `_linear.sums_of` of
+    the portable backend's grid values (both parties, a partial range in both orders, weights near p)."""
+    from . import portable
+    from ._gridsums import eval_grid_sums
+    from ._linear import sums_of
+
+    w = np.arange(len(offs) * 100 * c, dtype=np.uint64).reshape(len(offs), 100, c) * np.uint64(0x9E3779B97F4A7C15)
+    w = np.uint64((1 << 61) - 2) - w % np.uint64((1 << 61) - 1 - 7)  # canonical, many near p
+    o = np.array(offs, dtype=np.int64)
+    for k in _self_test_keys(width, has_v, True):
+        for start, reverse in ((0, False), (3, True)):
+            got = eval_grid_sums(k, start, 100, reverse, name, w, o)
+            want = sums_of(portable.eval_grid(k, start, 100, reverse), w, o)
+            if not all(np.array_equal(a, b) for a, b in zip(got, want)):
+                return False
+    return True
+
+
+@functools.lru_cache(maxsize=None)
+def _grid_self_test(name: str, width: int, has_v: bool, prime: bool) -> bool:
+    """The grid kernel of this width, DCF or DPF and group agrees with the portable backend on a
+    small batch (both parties, a partial range in both orders, every level of a 7-bit tree)."""
+    from . import fast, portable
+
+    for k in _self_test_keys(width, has_v, prime):
         for start, size, reverse in ((0, 128, False), (3, 100, True)):
             got = fast.eval_grid(k, start, size, reverse, name)
             if not np.array_equal(got, portable.eval_grid(k, start, size, reverse)):
@@ -230,10 +257,17 @@ def eval_grid_sums(batch: KeyBatch, start: int, size: int, reverse: bool, weight
                    offs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`_linear.sums_of` of `eval_grid`'s values (F_p only), on the grid kernel without its output array
     where there is one (`_gridsums.eval_grid_sums`)."""
-    name = _grid_for(batch.params)
-    if name is None:
-        from ._linear import sums_of
+    from ._linear import MAX_DOTS, sums_of
 
+    p = batch.params
+    name = _grid_for(p)
+    if name is not None and 1 <= len(offs) <= MAX_DOTS and not _sums_self_test(
+            name, p.width, p.level_payload, weights.shape[2], tuple(int(o) for o in offs)):
+        if _chosen != "auto":
+            raise FssError(f"the {name} grid kernel's sums failed their self-test against the portable backend")
+        warnings.warn(f"fss: the {name} grid kernel's sums failed their self-test; using the portable backend", RuntimeWarning)
+        name = None
+    if name is None:
         return sums_of(_portable().eval_grid(batch, start, size, reverse), weights, offs)
     from ._gridsums import eval_grid_sums
 

@@ -1,6 +1,7 @@
 """What the DCF and the DPF share: the public gen/eval API over the one tree walk (`fss.backend`)."""
 from __future__ import annotations
 
+import operator
 import secrets
 from typing import Sequence, Union
 
@@ -160,12 +161,19 @@ class TreeFunction:
         batch = self._check_keys(keys, KeyBatch)
         p = self.params
         size = check_int("size", size, 1, 1 << p.bits)
-        w = np.ascontiguousarray(weights, dtype=np.uint64)
-        offs = np.ascontiguousarray(offsets, dtype=np.int64)
-        if not p.prime or w.ndim != 3 or w.shape[1] != size or offs.shape != (w.shape[0],) or not 1 <= w.shape[2] <= p.width:
-            raise ParameterError(f"eval_grid_sums needs group p61, weights (q, {size}, c <= {p.width}) and q offsets")
-        if ((offs < 0) | (offs + w.shape[2] > p.width)).any() or (w >= np.uint64(p.modulus)).any():
-            raise ParameterError("eval_grid_sums: an offset out of range or a weight not below p")
+        try:  # integers only, compared as Python ints (an offset near 2^63 must not wrap past the check)
+            w = np.asarray(weights)
+            offs_list = [operator.index(o) for o in offsets]
+        except (TypeError, ValueError, OverflowError) as e:
+            raise ParameterError(f"eval_grid_sums: weights must be an integer array and offsets integers ({e})") from None
+        if not p.prime or w.dtype.kind not in "iu" or w.ndim != 3 or w.shape[1] != size or len(offs_list) != w.shape[0] \
+                or not 1 <= w.shape[2] <= p.width:
+            raise ParameterError(f"eval_grid_sums needs group p61, integer weights (q, {size}, c <= {p.width}) and q offsets")
+        c = w.shape[2]
+        if any(o < 0 or o > p.width - c for o in offs_list) or (w.size and (int(w.min()) < 0 or int(w.max()) >= p.modulus)):
+            raise ParameterError("eval_grid_sums: an offset out of range or a weight not in [0, p)")
+        w = np.ascontiguousarray(w, dtype=np.uint64)
+        offs = np.array(offs_list, dtype=np.int64)
         reverse = p.cmp in ("gt", "ge")
         start = (1 << p.bits) - size if reverse else 0
         return backend.eval_grid_sums(batch, start, size, reverse, w, offs)

@@ -201,6 +201,51 @@ def test_eval_grid_sums_equals_the_sums_of_eval_grid(width, c, offsets, tiers):
         fn.eval_grid_sums(keys, size, w[:1], [width])
 
 
+def test_eval_grid_sums_refuses_bad_arguments_and_folds_wide_rows():
+    """Every bad weight or offset is a ParameterError before any kernel runs (an offset near 2^63 wrapped
+    past an int64 range check and read before the row; floats were truncated), and the portable path's
+    accumulator folds every 32 products however wide the rows (c = 65 overflowed it)."""
+    fn = DCF(4, width=2, group="p61", cmp="ge")
+    k0, _ = gen(fn, [0, 1, 2], np.ones((3, 2), np.uint64))
+    ones = np.ones((1, 5, 1), np.uint64)
+    for weights, offsets in ((ones, [2**63 - 1]), (ones, [2]), (ones, [-1]), (ones, [0.7]), (ones, ["a"]), (ones, None),
+                             (np.full((1, 5, 1), 0.5), [0]), (np.full((1, 5, 1), -1), [0]), (None, [0]),
+                             (np.full((1, 5, 1), P, np.uint64), [0]), (np.full((1, 5, 1), 2**64 - 1, np.uint64), [0]),
+                             ([[["x"]] * 5], [0]), (np.ones((1, 4, 1), np.uint64), [0]), (np.ones((1, 5, 3), np.uint64), [0]),
+                             (np.ones((2, 5, 1), np.uint64), [0])):
+        with pytest.raises(ParameterError):
+            fn.eval_grid_sums(k0, 5, weights, offsets)
+    wide = DCF(3, width=70, group="p61", cmp="ge")  # above the fused kernels' widths: the portable path
+    for keys in gen(wide, [0, 3, 5, 7], np.full((4, 70), P - 1, np.uint64)):
+        w = np.full((1, 8, 65), P - 1, np.uint64)
+        y = wide.eval_grid(keys, 8).astype(object)
+        want = [int((w[0].astype(object) * y[k, :, :65]).sum() % P) for k in range(4)]
+        assert wide.eval_grid_sums(keys, 8, w, [0])[0][:, 0].tolist() == want
+
+
+def test_eval_grid_sums_falls_back_when_its_kernel_fails_the_self_test(monkeypatch):
+    """A fused sketch that disagrees with the portable sums is not trusted: a warning and the portable
+    path under "auto", an FssError for a tier chosen by name."""
+    from fss import FssError, _gridsums
+
+    fn = DCF(6, width=2, group="p61", cmp="ge")
+    k0, _ = gen(fn, [1, 40, 63], np.ones((3, 2), np.uint64))
+    w = np.full((1, 64, 1), 5, np.uint64)
+    with backend.using("portable"):
+        want = fn.eval_grid_sums(k0, 64, w, [0])
+    monkeypatch.setattr(_gridsums, "eval_grid_sums", lambda batch, *a, **k: tuple(np.zeros_like(x) for x in want))
+    backend._sums_self_test.cache_clear()
+    try:
+        if FASTEST != "portable":
+            with pytest.warns(RuntimeWarning, match="self-test"):
+                got = fn.eval_grid_sums(k0, 64, w, [0])
+            assert all(np.array_equal(a, b) for a, b in zip(got, want))
+            with backend.using(FASTEST), pytest.raises(FssError, match="self-test"):
+                fn.eval_grid_sums(k0, 64, w, [0])
+    finally:
+        backend._sums_self_test.cache_clear()
+
+
 def test_empty_batch_and_one_key():
     fn = DCF(6, group="p61", cmp="ge")
     k0, _ = fn.gen_batch([5, 9], 1)

@@ -2,8 +2,10 @@
 sigmas add up to 0 for an honest opening, and to kappa times the shift for any other, for every
 payload and every opened element; the MAC takes nothing from the sketch's own verdicts."""
 import numpy as np
+import pytest
 from hypothesis import given, settings, strategies as st
 
+from dpcdf import ParameterError
 from dpcdf.service.protocols.check import maths as V, randomness as RND
 from fss import DCF
 from fss import field as F
@@ -149,3 +151,15 @@ def test_a_pass_from_the_keys_gives_the_bits_of_round_one_sums():
                         got = round_one.pass_sums(dcf, check, party, k, x, ch)
                         for a, b in zip(want, got):
                             assert a.dtype == b.dtype and np.array_equal(a, b), (payload, check.mac, name, party)
+
+
+def test_a_pass_refuses_keys_of_another_width():
+    """As `round_one_sums` refuses grid values of another width, `pass_sums` refuses keys of one (it
+    would otherwise sum the wrong columns)."""
+    from dpcdf.service.protocols.check import round_one
+
+    check = V.Check("count", 8, mac=True)
+    dcf = DCF(3, width=4, cmp="ge", group="p61")
+    keys, _ = dcf.gen_batch(np.arange(3), np.ones((3, 4), np.int64))
+    with pytest.raises(ParameterError, match="width"):
+        round_one.pass_sums(dcf, check, 0, keys, np.zeros((3, check.extras), np.uint64), check.challenges(b"k" * 32, b"w"))

@@ -20,6 +20,7 @@ import numpy as np
 import pytest
 
 from dpcdf.release.ecdf import prefix_counts
+from fss import backend as fss_backend
 from dpcdf.service.protocols.check import round_one
 from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, make_reports, submit
@@ -286,9 +287,10 @@ def test_one_sided_reports_cost_the_server_two_grid_walks_each(tmp_path, monkeyp
     server two evaluations per report, the second inside the close."""
     config = TaskConfig(GRID, 1.0, "path", "substitution", 0, ("a", "b"), ("00" * 32, "01" * 32), "00")
     key, party = bytes(range(32)), 1
-    walked = []
-    real = round_one.grid_values
-    monkeypatch.setattr(round_one, "grid_values", lambda dcf, batch, size: walked.append(len(batch)) or real(dcf, batch, size))
+    walked = []  # keys walked over the grid, by either path (the MAC'd checks' round one walks in `eval_grid_sums`)
+    for name in ("eval_grid", "eval_grid_sums"):
+        real = getattr(fss_backend, name)
+        monkeypatch.setattr(fss_backend, name, lambda batch, *args, _real=real: walked.append(len(batch)) or _real(batch, *args))
     store = Store(tmp_path / "server.sqlite")
     try:
         store.add_task(config.task_id, config.to_json(), b"fp", b"seed")

@@ -39,6 +39,7 @@ import numpy as np
 from fss import DCF, KeyBatch
 from fss import field as F
 
+from ....errors import ParameterError
 from ...storage.records import CheckBatch
 from ...storage.store import Store
 from ..context import StepContext
@@ -86,6 +87,8 @@ def pass_sums(dcf: DCF, check: Check, party: int, batch: KeyBatch, extras: np.nd
     the MAC'd count and label checks from `DCF.eval_grid_sums` (z, l of the values and zt of the tags,
     the values' column sums and the last point; each key's grid values reduced while in cache, never
     stored as an (n, size, 2 width) array), for the others through `grid_values`."""
+    if dcf.width != check.key_width:  # as round_one_sums refuses grid values of another width
+        raise ParameterError(f"keys of width {check.key_width} expected for this check, got {dcf.width}")
     if not check.mac or check.payload == "calibration":
         return check.round_one_sums(party, grid_values(dcf, batch, check.size), extras, ch)
     w = check.width
