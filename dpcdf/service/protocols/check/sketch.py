@@ -11,6 +11,8 @@ from llvmlite import ir
 from numba import njit, types
 from numba.extending import intrinsic
 
+# The same helpers as `fss._linear` (the grid kernel's sketch), copied, not imported: numba's cache of the
+# kernels below (cache=True) checks only this file's freshness, so an edit of fss._linear would leave them stale
 _P = np.uint64((1 << 61) - 1)
 _I64, _I128 = ir.IntType(64), ir.IntType(128)
 FOLD_EVERY = 32  # products of two field elements a 128-bit accumulator takes between folds
