@@ -234,12 +234,17 @@ def _grid_for(p: TreeParams) -> str | None:
     name = current()
     if name == "portable" or p.width > fast.MAX_WIDTH:
         return None
-    if not _grid_self_test(name, p.width, p.level_payload, p.prime):
+    return name if _trusted(name, "grid kernel", _grid_self_test(name, p.width, p.level_payload, p.prime)) else None
+
+
+def _trusted(name: str, what: str, passed: bool) -> bool:
+    """A fused kernel's self-test verdict: a failure is an FssError for a tier chosen by name, and a
+    warning (the caller then takes the portable backend) under "auto"."""
+    if not passed:
         if _chosen != "auto":
-            raise FssError(f"the {name} grid kernel failed its self-test against the portable backend")
-        warnings.warn(f"fss: the {name} grid kernel failed its self-test; using the portable backend", RuntimeWarning)
-        return None
-    return name
+            raise FssError(f"the {name} {what} failed its self-test against the portable backend")
+        warnings.warn(f"fss: the {name} {what} failed its self-test; using the portable backend", RuntimeWarning)
+    return passed
 
 
 def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool) -> np.ndarray:
@@ -257,15 +262,12 @@ def eval_grid_sums(batch: KeyBatch, start: int, size: int, reverse: bool, weight
                    offs: np.ndarray) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
     """`_linear.sums_of` of `eval_grid`'s values (F_p only), on the grid kernel without its output array
     where there is one (`_gridsums.eval_grid_sums`)."""
-    from ._linear import MAX_DOTS, sums_of
+    from ._linear import sums_of
 
     p = batch.params
     name = _grid_for(p)
-    if name is not None and 1 <= len(offs) <= MAX_DOTS and not _sums_self_test(
-            name, p.width, p.level_payload, weights.shape[2], tuple(int(o) for o in offs)):
-        if _chosen != "auto":
-            raise FssError(f"the {name} grid kernel's sums failed their self-test against the portable backend")
-        warnings.warn(f"fss: the {name} grid kernel's sums failed their self-test; using the portable backend", RuntimeWarning)
+    if name is not None and not _trusted(name, "grid kernel's sketch", _sums_self_test(
+            name, p.width, p.level_payload, weights.shape[2], tuple(int(o) for o in offs))):
         name = None
     if name is None:
         return sums_of(_portable().eval_grid(batch, start, size, reverse), weights, offs)

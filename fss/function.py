@@ -145,12 +145,15 @@ class TreeFunction:
         batch = self._check_keys(keys, KeyBatch)
         p = self.params
         size = check_int("size", size, 1, 1 << p.bits)
-        # user point lo + j is internal point j xor input_xor = j, or 2^bits - 1 - j for gt and ge
-        # (input_xor's sign bit cancels lo's): the internal range reversed
-        reverse = p.cmp in ("gt", "ge")
-        start = (1 << p.bits) - size if reverse else 0
-        out = backend.eval_grid(batch, start, size, reverse)
+        out = backend.eval_grid(batch, *self._grid_range(size))
         return out.reshape(len(batch), size) if p.width == 1 else out
+
+    def _grid_range(self, size: int) -> tuple[int, int, bool]:
+        """(start, size, reverse) of the internal points of user points lo .. lo + size - 1: user point
+        lo + j is internal point j xor input_xor = j, or 2^bits - 1 - j for gt and ge (input_xor's sign
+        bit cancels lo's): the internal range reversed."""
+        reverse = self.params.cmp in ("gt", "ge")
+        return ((1 << self.params.bits) - size if reverse else 0), size, reverse
 
     def eval_grid_sums(self, keys: KeyBatch, size: int, weights: np.ndarray, offsets: Sequence[int]) -> tuple[np.ndarray, ...]:
         """Linear sketches of `eval_grid`'s values y (n, size, width) over F_p (group "p61" only), without
@@ -173,10 +176,7 @@ class TreeFunction:
         if any(o < 0 or o > p.width - c for o in offs_list) or (w.size and (int(w.min()) < 0 or int(w.max()) >= p.modulus)):
             raise ParameterError("eval_grid_sums: an offset out of range or a weight not in [0, p)")
         w = np.ascontiguousarray(w, dtype=np.uint64)
-        offs = np.array(offs_list, dtype=np.int64)
-        reverse = p.cmp in ("gt", "ge")
-        start = (1 << p.bits) - size if reverse else 0
-        return backend.eval_grid_sums(batch, start, size, reverse, w, offs)
+        return backend.eval_grid_sums(batch, *self._grid_range(size), w, np.array(offs_list, dtype=np.int64))
 
     # --- reconstruction --------------------------------------------------------------------
     @property
