@@ -126,7 +126,8 @@ def eval_chunks(fn, state, seeds, party, xs, cw_seed, cw_t, cw_v, width, nb, vb,
         t64[:] = party
         part[:] = 0
         x[:] = 0
-        x[:m] = xs[k0:k1]
+        for k in range(m):  # element loops, not slice copies: a copy compiles numba's shape-error formatting (~8 s)
+            x[k] = xs[k0 + k]
         I, E = inp[:ml], out[:ml]
         K.fill_eval_at(s, x, bits - 1, width, I)
         for i in range(bits):
@@ -140,9 +141,11 @@ def eval_chunks(fn, state, seeds, party, xs, cw_seed, cw_t, cw_v, width, nb, vb,
                 K.eval_step_at(E, I, s, t, part, cw_seed, cw_t, cw_v, g0, i, i if has_v else 0, x, bits - 1 - i, width, has_v,
                                i == bits - 1)
         if w1:
-            t[:ml] = t64[:ml]
+            for k in range(ml):
+                t[k] = t64[k]
         if vb == 0:
-            conv[0, :ml] = s[1, :ml]
+            for k in range(ml):
+                conv[0, k] = s[1, k]
         else:  # LEAF blocks: words 0 .. width - 1 of MMO(seed xor LEAF tweaks)
             K.fill_leaf(s[:, :ml], lin[:ml])
             st = _ecb(fn, state, lin[:ml], lout[:ml])
@@ -152,5 +155,7 @@ def eval_chunks(fn, state, seeds, party, xs, cw_seed, cw_t, cw_v, width, nb, vb,
                 for e in range(width):
                     conv[e, k] = lout[k, e >> 1, e & 1] ^ lin[k, e >> 1, e & 1]
         K.finish_eval(part[:, :ml], conv[:, :ml], t[:ml], cw_v[g0:g1, vl - 1], party == 1)
-        acc[:, k0:k1] = part[:, :m]
+        for e in range(width):
+            for k in range(m):
+                acc[e, k0 + k] = part[e, k]
     return 0

@@ -67,7 +67,8 @@ def _sum_kernel(width: int, has_v: bool, tier: str):
             for e in range(width):
                 for j in range(lanes):
                     acc[e] += scratch[e, j]
-        partial[c] = acc
+        for e in range(width):  # element by element (see `_put`)
+            partial[c, e] = acc[e]
 
     return _cache.cached(kernel, _tag(width, has_v, tier))
 
@@ -125,6 +126,13 @@ def eval_batch(batch: KeyBatch, xs: np.ndarray, tier: str, threads: int | None =
 OP_ONE, OP_BOTH, OP_LAST_ONE, OP_LAST_BOTH = 0, 1, 2, 3
 
 
+@_cache.njit(nogil=True, inline="always")
+def _put(prog, r, op, src, a1, a2, level, a3):
+    """Row r of a trie program, element by element: assigning a tuple or an array to a row makes numba
+    compile its shape-mismatch message (about 4 s of string formatting in each process)."""
+    prog[r, 0], prog[r, 1], prog[r, 2], prog[r, 3], prog[r, 4], prog[r, 5] = op, src, a1, a2, level, a3
+
+
 @_cache.njit(nogil=True)
 def trie_program(points, bits):
     """The depth-first walk over the union of the paths to `points` (sorted, unique), as rows
@@ -154,16 +162,16 @@ def trie_program(points, bits):
         nxt = 2 * (level + 1)
         if level == bits - 1:  # children are leaves: points lo (and lo + 1 if both)
             if a == lo or a == hi:
-                prog[ops] = (OP_LAST_ONE, slot, 1 if a == lo else 0, lo, level, 0)
+                _put(prog, ops, OP_LAST_ONE, slot, 1 if a == lo else 0, lo, level, 0)
             else:
-                prog[ops] = (OP_LAST_BOTH, slot, 0, lo, level, a)
+                _put(prog, ops, OP_LAST_BOTH, slot, 0, lo, level, a)
             ops += 1
             level = bits
             continue
         if a == lo or a == hi:
-            prog[ops] = (OP_ONE, slot, nxt, 0, level, 1 if a == lo else 0)
+            _put(prog, ops, OP_ONE, slot, nxt, 0, level, 1 if a == lo else 0)
         else:
-            prog[ops] = (OP_BOTH, slot, nxt, nxt + 1, level, 0)
+            _put(prog, ops, OP_BOTH, slot, nxt, nxt + 1, level, 0)
             stack[sp, 0], stack[sp, 1], stack[sp, 2], stack[sp, 3] = level + 1, a, hi, nxt + 1
             sp += 1
             hi = a
@@ -183,12 +191,12 @@ def _trie_kernel(width: int, has_v: bool, tier: str):
         row = partial[c]
         for g in range(g0, g1):
             lanes = min(GROUP, n - g * GROUP)  # the last group's padding is not counted
-            state[0, 0] = seeds[g, 0]
-            state[0, 1] = seeds[g, 1]
-            state[0, 2] = party
-            state[0, 3:] = 0
+            for j in range(GROUP):  # element by element (see `_put`)
+                state[0, 0, j], state[0, 1, j], state[0, 2, j] = seeds[g, 0, j], seeds[g, 1, j], party
+                for e in range(width):
+                    state[0, 3 + e, j] = 0
             for r in range(prog.shape[0]):
-                op, src, a1, a2, level, a3 = prog[r]
+                op, src, a1, a2, level, a3 = prog[r, 0], prog[r, 1], prog[r, 2], prog[r, 3], prog[r, 4], prog[r, 5]
                 if op == 0:  # child a3 of src into slot a1
                     step_one(state, src, a1, 0, a3, level, cw_seed, cw_t, cw_v, g, party, bits, mask, rk, row)
                 elif op == 1:  # both children into slots a1, a2
@@ -287,7 +295,8 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str, sketch: tuple 
                     if blocks:
                         flat, src = a.reshape(rows * sub_cap), top_nodes.reshape(rows * top_cap)
                         flat[0], flat[1] = src[2 * q], src[2 * q + 1]
-                        flat[3 * sub_cap : 3 * sub_cap + width] = src[3 * top_cap + width * q : 3 * top_cap + width * (q + 1)]
+                        for e in range(width):  # not a slice copy: that compiles numba's shape-error formatting
+                            flat[3 * sub_cap + e] = src[3 * top_cap + width * q + e]
                     else:
                         for r in range(rows):
                             a[r, 0] = top_nodes[r, q]
