@@ -9,6 +9,8 @@ fits the data is itself a question about the data, answered here by a first DP r
 1. Round one spends `ROUND_ONE_SHARE` of epsilon on the counts of `ROUND_ONE_BINS` equal-width bins,
    and `FINE_SHARE` on `fine_bins` finer ones (about 16 grid points wide): 32 bins cannot see a spike
    narrower than a bin, so a plan from them alone spread it (`fine=False`: the coarse bins alone).
+   Above eps `SHARE_EPSILON` both shares shrink as SHARE_EPSILON / eps (`round_one_shares`, share rule
+   2): round one's noise stays what planning needed at SHARE_EPSILON, and round two gets the rest.
 2. From them alone (post-processing), `AdaptiveMechanism.plan` picks round two's design, which spends
    the rest of epsilon (`RoundTwo`):
    - when the bins' spread is what sampling and noise explain ("flat", `flat_statistic`): K
@@ -26,17 +28,23 @@ fits the data is itself a question about the data, answered here by a first DP r
      between round one's own coarse ends.
 3. The estimate (post-processing): a histogram's bins within `EMPTY_SDS` noise sds of zero are taken
    as empty, the rest conditioned on n (substitution), cumulated, made monotone, and interpolated.
+   Under add/remove from eps `ROOT_EPSILON` (share rule 2) a round-two histogram also counts the whole
+   grid with `ROOT_SHARE_TWO` of its budget (`root`), and the kept bins are combined with that count by
+   least squares: n is not public, the bins' cumulated noise is a random walk, and past the data's
+   support every prefix is the estimate of n.
 
 Privacy: epsilon-DP under `relation`, by sequential composition of the two rounds, the second chosen
 from the first's output only (adaptive composition of pure DP): a histogram's count vector, for any
 partition of the grid, changes by at most 2 in L1 under substitution (one unit leaves a bin and joins
 another) and by 1 under add/remove, so DLap(Delta / eps_r) per bin is eps_r-DP (round one's two
-partitions compose: eps_1 + eps_fine); the round-two tree is `TreeMechanism`'s guarantee at eps_2. The
+partitions compose: eps_1 + eps_fine; a round-two histogram's count of the grid, sensitivity 1 under
+add/remove, composes with its bins: eps_bins + eps_root <= eps_2); the round-two tree is `TreeMechanism`'s guarantee at eps_2. The
 exact guarantee is round one's plus the larger of the two round-two designs', each rounded down to a
 rational scale, so at most epsilon whichever design the data picks. Over two servers each round is
 fixed once per task (`dpcdf.service`): a server answers round one's bins, and one round-two design,
-from its own PRF noise, so an analyst cannot spend more; a task pins `fine` (`TaskConfig.fine_bins`) and
-the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`).
+from its own PRF noise, so an analyst cannot spend more; a task pins `fine` (`TaskConfig.fine_bins`),
+the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`) and the shares' rule (`share_rule`,
+`TaskConfig.adaptive_shares`).
 Measured against OpenDP and the Sarus methods in docs/accuracy.md.
 """
 from __future__ import annotations
@@ -58,6 +66,10 @@ from .noise import MIN_EPSILON, check_epsilon, dlaplace_variance, scale_fraction
 ROUND_ONE_SHARE = 0.15  # of epsilon, for round one's coarse bins
 ROUND_ONE_BINS = 32  # round one's coarse bins
 FINE_SHARE = 0.05  # of epsilon, for round one's fine bins (`fine`)
+SHARE_EPSILON = 0.5  # share rule 2: above this epsilon both shares shrink as SHARE_EPSILON / epsilon (`round_one_shares`)
+SHARE_RULE = 2  # the round-one shares' rule (`AdaptiveMechanism.share_rule`; a task pins the one it was made with)
+ROOT_SHARE_TWO = 0.2  # share rule 2, add/remove: of a round-two histogram's budget, for the count of the whole grid (`root`)
+ROOT_EPSILON = 0.5  # ... from this epsilon up (at 0.25 it cost the skewed data 1.12x: too few bins kept for it to pay)
 FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 256 of them (`fine_bins`)
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
 MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
@@ -98,9 +110,20 @@ class AdaptiveRelease:
     round_one: np.ndarray
     plan: RoundTwo
     round_two: np.ndarray | list[np.ndarray]
+    root: float | None = None  # a round-two histogram's noisy count of the whole grid (`AdaptiveMechanism.root`)
 
 
 FLAT_LIMIT = 1 + 3 * np.sqrt(5 / (ROUND_ONE_BINS - 1))  # 3 sds of flat_statistic on flat data (Laplace noise: Var(z^2) = 5 sd^4)
+
+
+def round_one_shares(epsilon: float, rule: int = SHARE_RULE) -> tuple[float, float]:
+    """Round one's shares of epsilon, (coarse bins, fine bins): rule 1, `ROUND_ONE_SHARE` and
+    `FINE_SHARE` at every epsilon; rule 2, the same up to `SHARE_EPSILON` and beyond it both times
+    SHARE_EPSILON / epsilon, so round one's noise stays what it is at SHARE_EPSILON (enough to plan
+    by) and round two gets the rest. A function of public parameters only."""
+    if rule == 1 or epsilon <= SHARE_EPSILON:
+        return ROUND_ONE_SHARE, FINE_SHARE
+    return ROUND_ONE_SHARE * SHARE_EPSILON / epsilon, FINE_SHARE * SHARE_EPSILON / epsilon
 
 
 def fine_bins(size: int) -> int:
@@ -115,9 +138,11 @@ def fine_bins(size: int) -> int:
 @dataclass
 class AdaptiveMechanism(Mechanism):
     """Round one: DLap(Delta / eps_1) on `ROUND_ONE_BINS` equal-width bin counts, eps_1 = 0.15 eps, and
-    (`fine`) DLap(Delta / eps_fine) on `fine_bins(size)` ones, eps_fine = 0.05 eps; round two, chosen
-    from round one (`plan`): DLap(Delta / eps_2) on a histogram's bin counts, or the `TreeMechanism`
-    at eps_2 = epsilon - eps_1 - eps_fine (Delta = 2 under substitution, 1 under add/remove).
+    (`fine`) DLap(Delta / eps_fine) on `fine_bins(size)` ones, eps_fine = 0.05 eps (both times 0.5 / eps
+    above eps 0.5: `round_one_shares`); round two, chosen from round one (`plan`): DLap(Delta / eps_2)
+    on a histogram's bin counts (under add/remove from eps 0.5, DLap(1 / (0.8 eps_2)) on them and
+    DLap(1 / (0.2 eps_2)) on the whole grid's count: `root`), or the `TreeMechanism` at
+    eps_2 = epsilon - eps_1 - eps_fine (Delta = 2 under substitution, 1 under add/remove).
 
     Privacy: epsilon-DP under `relation` (module docstring): eps_1 + eps_fine + the larger of the two round-two
     designs' guarantees, exactly, whichever the data picks. Grids of at least `MIN_ADAPTIVE_GRID`
@@ -128,6 +153,7 @@ class AdaptiveMechanism(Mechanism):
     relation: str = "substitution"
     fine: bool = True  # round one's fine bins too (False: the 32 coarse bins alone, as tasks made before them)
     plan_version: int = PLAN_VERSION  # 1: spikes cut into 2-point bins, no `unplaced` (tasks made before version 2)
+    share_rule: int = SHARE_RULE  # 1: round one's shares fixed (tasks made before rule 2; `round_one_shares`)
 
     name = "adaptive"
     answers_prefixes = False
@@ -142,9 +168,12 @@ class AdaptiveMechanism(Mechanism):
                                  f"at least {MIN_EPSILON:g}), got {self.epsilon!r}")
         if not isinstance(self.plan_version, int) or isinstance(self.plan_version, bool) or self.plan_version not in (1, 2):
             raise ParameterError(f"the adaptive plan's version is 1 or 2, got {self.plan_version!r:.40}")
+        if not isinstance(self.share_rule, int) or isinstance(self.share_rule, bool) or self.share_rule not in (1, 2):
+            raise ParameterError(f"the adaptive shares' rule is 1 or 2, got {self.share_rule!r:.40}")
         self.refined_width = REFINED_WIDTH if self.plan_version >= 2 else 2
-        self.eps_fine = self.epsilon * FINE_SHARE if self.fine else 0.0
-        self.eps_one = self.epsilon * ROUND_ONE_SHARE
+        one_share, fine_share = round_one_shares(self.epsilon, self.share_rule if self.fine else 1)
+        self.eps_fine = self.epsilon * fine_share if self.fine else 0.0
+        self.eps_one = self.epsilon * one_share
         self.eps_two = self.epsilon - self.eps_one - self.eps_fine
         while Fraction(self.eps_one) + Fraction(self.eps_fine) + Fraction(self.eps_two) > Fraction(self.epsilon):
             self.eps_two = math.nextafter(self.eps_two, 0.0)  # the float split's last bit
@@ -152,6 +181,14 @@ class AdaptiveMechanism(Mechanism):
         self.scale_one = scale_fraction(delta, self.eps_one)
         self.scale_fine = scale_fraction(delta, self.eps_fine) if self.fine else None
         self.scale_two = scale_fraction(delta, self.eps_two)
+        self.root = self.share_rule >= 2 and self.fine and self.relation == "add-remove" and self.epsilon >= ROOT_EPSILON
+        self.scale_root = None
+        if self.root:  # its bins with the rest of eps_two (the tree takes all of eps_two: it has its own root)
+            eps_root = self.eps_two * ROOT_SHARE_TWO
+            eps_bins = self.eps_two - eps_root
+            while Fraction(eps_root) + Fraction(eps_bins) > Fraction(self.eps_two):
+                eps_bins = math.nextafter(eps_bins, 0.0)
+            self.scale_two, self.scale_root = scale_fraction(delta, eps_bins), scale_fraction(delta, eps_root)
         self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
         self.shape = self.tree.shape  # node queries are round two's tree's
         self.round_one_ends = equal_width_ends(self.size, ROUND_ONE_BINS)
@@ -162,10 +199,10 @@ class AdaptiveMechanism(Mechanism):
             raise AssertionError("the adaptive mechanism's rounds exceed epsilon")
 
     # --- the plan ----------------------------------------------------------------------------
-    def noise_variance(self, round_: int, copies: int = 1, fine: bool = False) -> float:
+    def noise_variance(self, round_: int, copies: int = 1, fine: bool = False, root: bool = False) -> float:
         """A bin count's noise variance in round one (its coarse bins, or with `fine` its fine ones)
-        or two (`copies` independent noises)."""
-        scale = self.scale_two if round_ == 2 else self.scale_fine if fine else self.scale_one
+        or two (a histogram's bins, or with `root` its count of the whole grid; `copies` independent noises)."""
+        scale = (self.scale_root if root else self.scale_two) if round_ == 2 else self.scale_fine if fine else self.scale_one
         return copies * dlaplace_variance(scale)
 
     def coarse_counts(self, counts: np.ndarray, copies: int = 1) -> tuple[np.ndarray, float]:
@@ -331,8 +368,10 @@ class AdaptiveMechanism(Mechanism):
     def bin_noise(self, round_: int, count: int, noise: NoiseFn) -> np.ndarray:
         """The noise of a round's `count` bins (round one: its coarse bins, then its fine ones), from
         node ids no tree node uses."""
-        if round_ == 2:
-            return noise(ROUND_TWO_IDS + np.arange(count, dtype=np.int64), self.scale_two)
+        if round_ == 2:  # a histogram's bins, then (`root`) its count of the whole grid
+            bins = count - self.root
+            out = noise(ROUND_TWO_IDS + np.arange(bins, dtype=np.int64), self.scale_two)
+            return np.concatenate([out, noise(np.array([ROUND_TWO_IDS + bins], np.int64), self.scale_root)]) if self.root else out
         ids = ROUND_ONE_IDS + np.arange(count, dtype=np.int64)
         out = noise(ids[:ROUND_ONE_BINS], self.scale_one)
         return out if count <= ROUND_ONE_BINS else np.concatenate([out, noise(ids[ROUND_ONE_BINS:], self.scale_fine)])
@@ -352,9 +391,17 @@ class AdaptiveMechanism(Mechanism):
         if plan.design == "tree":
             return AdaptiveRelease(one, plan, self.tree.gather(prefix_at, nodes_at))
         two = np.asarray(bins_at(2, np.asarray(plan.ends)), dtype=np.float64)
-        if two.shape != (len(plan.ends),) or not np.isfinite(two).all():
-            raise ParameterError(f"round two has {len(plan.ends)} finite bin counts of one ECDF, got shape {two.shape}")
+        if two.shape != (len(plan.ends) + self.root,) or not np.isfinite(two).all():
+            raise ParameterError(f"round two has {len(plan.ends) + self.root} finite bin counts of one ECDF, got shape {two.shape}")
+        if self.root:
+            return AdaptiveRelease(one, plan, two[:-1], float(two[-1]))
         return AdaptiveRelease(one, plan, two)
+
+    def round_two_parts(self, ends: np.ndarray) -> list[np.ndarray]:
+        """The partitions round two's histogram counts (a server's answer, one after another): its bins,
+        then (`root`) the whole grid."""
+        ends = np.asarray(ends, np.int64)
+        return [ends, np.array([self.size - 1], np.int64)] if self.root else [ends]
 
     def noisy(self, prefix: np.ndarray, noise: NoiseFn, copies: int = 1) -> AdaptiveRelease:
         """The central release of exact prefix counts with `noise` (which adds `copies` noises to each
@@ -362,6 +409,8 @@ class AdaptiveMechanism(Mechanism):
         prefix = np.asarray(prefix).astype(np.int64)
 
         def bins_at(round_: int, ends: np.ndarray) -> np.ndarray:
+            if round_ == 2:
+                ends = np.concatenate(self.round_two_parts(ends))
             return part_counts(prefix[ends], ends) + self.bin_noise(round_, len(ends), noise)
 
         return self.gather(None, self.tree.central_nodes(prefix, noise), None, bins_at, int(prefix[-1]), copies)
@@ -369,15 +418,19 @@ class AdaptiveMechanism(Mechanism):
     def counts(self, release: AdaptiveRelease, n: float, postprocess_with: str = "auto", copies: int = 1) -> tuple[np.ndarray, np.ndarray, float]:
         """(raw, counts, total) of a round-two histogram: raw is its bins cumulated, linear in between;
         counts the estimate of the module docstring ("auto"), or without the empty bins and with
-        linear filling ("monotone"); total n or its estimate (the bins' sum)."""
+        linear filling ("monotone"); total n or its estimate (the bins' sum, with `root` after the
+        least-squares combination: each kept bin gets var / (K var + var_root) of the root's excess)."""
         ends = np.asarray(release.plan.ends)
         bins = np.asarray(release.round_two, dtype=np.float64)
         raw = self.estimate(release, copies)[0]
         substitution = self.relation == "substitution"
         if postprocess_with == "auto":
             bins = np.where(np.abs(bins) > EMPTY_SDS * np.sqrt(self.noise_variance(2, copies)), bins, 0.0)
-        total = float(n) if substitution else max(float(bins.sum()), 1.0)
         kept = bins != 0
+        if release.root is not None and self.root:  # add/remove: the kept bins and the grid's count, by least squares
+            var, var_root = self.noise_variance(2, copies), self.noise_variance(2, copies, root=True)
+            bins = bins + np.where(kept, (release.root - bins.sum()) * var / (kept.sum() * var + var_root), 0.0)
+        total = float(n) if substitution else max(float(bins.sum()), 1.0)
         if substitution and kept.any():
             bins = bins + np.where(kept, (total - bins.sum()) / kept.sum(), 0.0)
         elif substitution:
@@ -410,22 +463,25 @@ class AdaptiveMechanism(Mechanism):
 
     # --- privacy -----------------------------------------------------------------------------
     def exact_epsilon(self, relation: str) -> Fraction | None:
-        """Round one's Delta / scale_1 plus the larger of round two's designs: Delta / scale_2 for a
-        histogram, the tree's own; None when the tree has no guarantee under `relation`."""
+        """Round one's Delta / scale_1 (+ Delta / scale_fine) plus the larger of round two's designs:
+        Delta / scale_2 (+ Delta / scale_root with `root`) for a histogram, the tree's own; None when the
+        tree has no guarantee under `relation`."""
         tree = self.tree.exact_epsilon(relation)
         if tree is None:
             return None
         delta = TreeMechanism.level_sensitivity(check_relation(relation))
         fine = delta / self.scale_fine if self.fine else 0
-        return delta / self.scale_one + fine + max(delta / self.scale_two, tree)
+        root = delta / self.scale_root if self.root else 0
+        return delta / self.scale_one + fine + max(delta / self.scale_two + root, tree)
 
     def rounded_budgets(self) -> int:
-        return 1 + self.fine + max(1, self.tree.rounded_budgets())
+        return 1 + self.fine + max(1 + self.root, self.tree.rounded_budgets())
 
     def _describe(self) -> str:
         fine = f" and {self.fine_ends.size} with eps {self.eps_fine:.4g}" if self.fine else ""
+        root = f" (a histogram also counts n with {ROOT_SHARE_TWO:g} of it)" if self.root else ""
         return (f"adaptive: {ROUND_ONE_BINS} bins with eps {self.eps_one:.4g}{fine}, then a histogram or the b-ary tree "
-                f"chosen from them with eps {self.eps_two:.4g}")
+                f"chosen from them with eps {self.eps_two:.4g}{root}")
 
     def _no_guarantee(self) -> str:
         return self.tree._no_guarantee()

@@ -16,7 +16,7 @@ import numpy as np
 from fss import DCF
 
 from ..errors import ParameterError
-from ..release.adaptive import MIN_ADAPTIVE_GRID, PLAN_VERSION, AdaptiveMechanism
+from ..release.adaptive import MIN_ADAPTIVE_GRID, PLAN_VERSION, SHARE_RULE, AdaptiveMechanism
 from ..release.policy import auto_mechanism, curve_budget
 from ..release.calibration import group_scales
 from ..release.factorization import sqrt_factorization
@@ -123,6 +123,7 @@ class TaskConfig:
     root_share: float = ROOT_SHARE
     fine_bins: bool = True
     adaptive_plan: int = PLAN_VERSION
+    adaptive_shares: int = SHARE_RULE
     task_id: str = field(default_factory=lambda: secrets.token_hex(16))
     format: str = FORMAT
 
@@ -196,9 +197,14 @@ class TaskConfig:
         were answered with. It applies to adaptive tasks; elsewhere it is False and left out of the JSON.
         So is the plan's version (`AdaptiveMechanism.plan_version`): a server fixes round two's design
         the first time it is asked, so an analyst must plan it from round one with the rules the task
-        was made with (configs without the field: version 1; left out of the JSON when it is 1)."""
+        was made with (configs without the field: version 1; left out of the JSON when it is 1). And so is
+        the rule of round one's shares of epsilon (`AdaptiveMechanism.share_rule`, `adaptive_shares`: 2
+        shrinks them above eps 0.5 and, under add/remove, gives a round-two histogram a count of n; a
+        config without the field keeps rule 1, the fixed 15% and 5%, its noise scales and fingerprint; a
+        round one without fine bins has rule 1's shares whatever the field says)."""
         if self.mechanism != "adaptive":
             object.__setattr__(self, "fine_bins", False)
+            object.__setattr__(self, "adaptive_shares", 1)
         if not isinstance(self.fine_bins, bool):
             raise ParameterError(f"fine_bins must be true or false, got {self.fine_bins!r:.40}")
         if not self.fine_bins:  # the plan's versions differ only where round one has fine bins
@@ -266,7 +272,8 @@ class TaskConfig:
                 return sqrt_factorization(size, rho, relation)
             return gaussian_tree(size, rho, relation)
         if self.mechanism == "adaptive":  # its round-two tree's plan is ROOT_SHARE's: a new plan needs a new name
-            return AdaptiveMechanism(size, self.epsilon, self.relation, fine=self.fine_bins, plan_version=self.adaptive_plan)
+            return AdaptiveMechanism(size, self.epsilon, self.relation, fine=self.fine_bins, plan_version=self.adaptive_plan,
+                                     share_rule=self.adaptive_shares)
         if self.mechanism == "tree" and self.payload == "count":
             return TreeMechanism(size, self.epsilon, self.relation, root_share=self.root_share)
         eps, relation = curve_budget(self.payload, self.epsilon, self.relation, self.split)
@@ -325,6 +332,8 @@ class TaskConfig:
             del d["fine_bins"]  # and from before round one's fine bins
         if self.adaptive_plan == 1:
             del d["adaptive_plan"]  # and from before the plan's version 2
+        if self.adaptive_shares == 1:
+            del d["adaptive_shares"]  # and from before the shares' rule 2
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -336,6 +345,7 @@ class TaskConfig:
             d.setdefault("root_share", 0.0)  # a config from before the root share: the plan it was answered with
             d.setdefault("fine_bins", False)  # and from before round one's fine bins: its 32 bins
             d.setdefault("adaptive_plan", 1)  # and from before the plan's version 2
+            d.setdefault("adaptive_shares", 1)  # and from before the shares' rule 2
             return cls(**d)
         except ParameterError:
             raise

@@ -144,7 +144,7 @@ class Aggregator:
 
     def bin_shares(self, shards: list[KeyBatch], round_: int, ends: np.ndarray | None = None) -> np.ndarray:
         """An adaptive task's bin counts: round 1 its fixed equal-width bins (coarse, then fine), round 2 the bins ending at
-        `ends` (checked by `AdaptiveMechanism.check_plan`), plus this server's noise at the round's
+        `ends` (checked by `AdaptiveMechanism.check_plan`; then the whole grid's count, `round_two_parts`), plus this server's noise at the round's
         scale (`AdaptiveMechanism.bin_noise`: ids no tree node uses). ParameterError for any other
         mechanism or a bad partition. Whether round two may be answered is the router's (once per task)."""
         mech = self.mechanism
@@ -153,7 +153,7 @@ class Aggregator:
         if round_ == 1:  # its partitions one after another (coarse, then fine: `AdaptiveMechanism.round_one_parts`)
             parts = mech.round_one_parts
         else:
-            parts = [np.asarray(mech.check_plan(RoundTwo("bins", tuple(ends))).ends, np.int64)]
+            parts = mech.round_two_parts(np.asarray(mech.check_plan(RoundTwo("bins", tuple(ends))).ends, np.int64))
         counts = np.concatenate([self._interval_shares(shards, e)[:, 0] for e in parts])
         return self._plus(counts, mech.bin_noise(round_, counts.size, self.noise_fn(0)))
 
