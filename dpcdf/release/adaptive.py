@@ -31,7 +31,8 @@ fits the data is itself a question about the data, answered here by a first DP r
    Under add/remove from eps `ROOT_EPSILON` (share rule 2) a round-two histogram also counts the whole
    grid with `ROOT_SHARE_TWO` of its budget (`root`), and the kept bins are combined with that count by
    least squares: n is not public, the bins' cumulated noise is a random walk, and past the data's
-   support every prefix is the estimate of n.
+   support every prefix is the estimate of n. (Rule 2 under add/remove also cuts a light spike, below
+   `WIDE_SDS` round-two noise sds, into 8-point bins, not 4: fewer noises in its sum.)
 
 Privacy: epsilon-DP under `relation`, by sequential composition of the two rounds, the second chosen
 from the first's output only (adaptive composition of pure DP): a histogram's count vector, for any
@@ -80,6 +81,9 @@ REFINED_WIDTH = 4  # round two's bins inside a fine bin that holds a spike (`ref
 NARROW_SDS = 1000.0  # ... but 2-point bins in a fine bin holding more round-two noise sds than this (a 4-point
 # bin's interpolation error grows with the square of its count: 5 spikes of 6 10^4 values, eps 0.1, 30 runs,
 # 37,718 against 19,253; at 2 10^3 values (570 sds at eps 1) 4 points gave 99 against 152)
+WIDE_SDS = 150.0  # ... and (share rule 2, add/remove) 8-point bins in one holding fewer than this (a spike's mass is
+# summed from half the noises: 5 spikes of 2 10^3 values, eps 0.1, 150 paired runs, 7,117 -> 5,003; at 10^3 values and
+# eps 0.5, about 200 sds, 8 points cost 1.55x)
 MAX_REFINED_BINS = 1024  # a refined design with more bins measures the whole tree instead
 TREE_SDS = 1e4  # ... and so does one whose largest fine bin holds this many round-two noise sds (its small
 # bins' interpolation error grows with the square of their counts: 5 spikes of 2 10^5 values, sd 2, on 2^12)
@@ -302,7 +306,7 @@ class AdaptiveMechanism(Mechanism):
 
     def refined_ends(self, counts: np.ndarray, copies: int = 1) -> np.ndarray | None:
         """Bin ends cutting each fine bin that holds a spike into bins of REFINED_WIDTH points (2 in plan
-        version 1, or above NARROW_SDS) (None if none does): a fine bin (or a pair of neighbours, for a spike on their edge) whose count exceeds
+        version 1, or above NARROW_SDS; 8 below WIDE_SDS under share rule 2 and add/remove) (None if none does): a fine bin (or a pair of neighbours, for a spike on their edge) whose count exceeds
         what the coarse bins' PCHIP shape puts there by `FINE_SDS` noise sds and by that shape's count
         again. Skewed but smooth data (which the shape follows) is not cut; a spike is, wherever it lies."""
         counts = np.asarray(counts, dtype=np.float64)
@@ -318,8 +322,10 @@ class AdaptiveMechanism(Mechanism):
         if not kept.any():
             return None
         starts = np.append(0, self.fine_ends[:-1] + 1)
-        crowded = fine[kept].max() > NARROW_SDS * np.sqrt(self.noise_variance(2, copies))
-        w = 2 if crowded else self.refined_width  # 2-point bins where a spike is heavy (interpolation)
+        heaviest = fine[kept].max() / np.sqrt(self.noise_variance(2, copies))  # in round-two noise sds
+        w = 2 if heaviest > NARROW_SDS else self.refined_width  # 2-point bins where a spike is heavy (interpolation)
+        if self.share_rule >= 2 and self.fine and self.relation == "add-remove" and heaviest < WIDE_SDS:
+            w = 2 * self.refined_width  # ... and 8-point bins where it is light (fewer noises in its sum)
         ends = [np.arange(a + w - 1, b, w) for a, b in zip(starts[kept], self.fine_ends[kept])]
         ends = np.unique(np.concatenate(ends + [starts[kept] - 1, self.fine_ends[kept], [self.size - 1]]))
         return ends[ends >= 0]
