@@ -76,6 +76,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ParameterError
+from .noise import dlaplace_variance
 from .zcdp import GaussianVariance
 
 DEFAULT_SIMS = 2000  # draws of the studentised maximum (the rank argument holds for any number)
@@ -202,17 +203,30 @@ def _tree(mech, released, copies: int, what: str) -> LinearEstimate:
 
 
 def _bins(mech, released, total: float, copies: int) -> LinearEstimate:
+    """A histogram's bins, cumulated: under substitution conditioned on the public n; under add/remove
+    with a noisy count of the whole grid (`released.root`), the least-squares fit of bins and count
+    (each bin moved by w (root - sum), w = v / (K v + v_root)), whose error is z + w (z_root - sum z)."""
     ends = np.asarray(released.plan.ends, np.int64)
     bins = np.asarray(released.round_two, np.float64)
     sub = mech.relation == "substitution"
+    root = None if sub else getattr(released, "root", None)
     if sub:  # conditioned on the public n: the noise becomes (I - 11^T / K) z
         bins = bins + (total - bins.sum()) / bins.size
+    w = 0.0
+    if root is not None:  # the same weights whatever `copies` (both variances scale with it)
+        v, v_root = dlaplace_variance(mech.scale_two), dlaplace_variance(mech.scale_root)
+        w = v / (bins.size * v + v_root)
+        bins = bins + w * (float(root) - bins.sum())
 
     def simulate(rng, draws):
         z = draw_noise(mech.scale_two, (ends.size, draws), rng, copies)
+        if root is not None:
+            z = z + w * (draw_noise(mech.scale_root, draws, rng, copies) - z.sum(axis=0))
         return np.cumsum(z - z.mean(axis=0) if sub else z, axis=0)
-    return LinearEstimate(np.cumsum(bins), ends, simulate, ("bins", ends.size, mech.scale_two, mech.relation, copies),
-                          "the round-two histogram's bins" + (" conditioned on n" if sub else "") + ", at their ends")
+    scale_root = mech.scale_root if root is not None else None
+    return LinearEstimate(np.cumsum(bins), ends, simulate, ("bins", ends.size, mech.scale_two, scale_root, mech.relation, copies),
+                          "the round-two histogram's bins" + (" conditioned on n" if sub else "")
+                          + (" and its count of the whole grid" if root is not None else "") + ", at their ends")
 
 
 # --- calibration --------------------------------------------------------------------------------------

@@ -87,6 +87,24 @@ def test_adaptive_releases_are_covered_whichever_design_round_one_picks(relation
     assert sum(covered(r, truth) for r in rels) / runs >= floor(runs)
 
 
+def test_an_add_remove_histogram_band_uses_round_twos_count_of_n():
+    """Under add/remove at eps 1 round two also counts the whole grid (share rule 2): the band is
+    centred on the least-squares fit of the bins and that count, whose error sd at the grid's end is
+    sqrt(K v v_n / (K v + v_n)), not the bins' sum's sqrt(K v) (1.2x or more here), and it covers."""
+    rng = np.random.default_rng(3)
+    grid, runs = Grid.integers(256), 100
+    values = rng.integers(0, 256, 2000)  # flat: round one plans a histogram
+    truth = dpcdf.prefix_counts(values, grid) / values.size
+    rels = [dpcdf.release_ecdf(values, grid, 1.0, "adaptive", "add-remove") for _ in range(runs)]
+    hists = [r for r in rels if r.released.plan.design == "bins"]
+    assert len(hists) > runs / 2 and all(r.released.root is not None for r in hists)
+    mech, k = hists[0].mechanism, len(hists[0].released.plan.ends)
+    v, v_n = dlaplace_variance(mech.scale_two), dlaplace_variance(mech.scale_root)
+    sd = band.calibration(band.linear_estimate(hists[0]))[0][-1]  # from 400 pilot draws: ~5% off at most
+    assert abs(sd / math.sqrt(k * v * v_n / (k * v + v_n)) - 1) < 0.12 < math.sqrt((k * v + v_n) / v_n) - 1
+    assert sum(covered(r, truth) for r in rels) / runs >= floor(runs)
+
+
 def test_zcdp_releases_are_covered():
     values, grid, runs = data(), Grid.integers(64), 60
     truth = dpcdf.prefix_counts(values, grid) / values.size
