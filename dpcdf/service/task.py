@@ -208,8 +208,9 @@ class TaskConfig:
             object.__setattr__(self, "adaptive_shares", 1)
         if not isinstance(self.fine_bins, bool):
             raise ParameterError(f"fine_bins must be true or false, got {self.fine_bins!r:.40}")
-        if not self.fine_bins:  # the plan's versions differ only where round one has fine bins
+        if not self.fine_bins:  # the plan's versions and the shares' rules differ only where round one has fine bins
             object.__setattr__(self, "adaptive_plan", 1)
+            object.__setattr__(self, "adaptive_shares", 1)
 
     def _check_privacy(self) -> None:
         """pure: epsilon-DP with discrete Laplace noise, mechanism 'path', 'tree' or 'adaptive' (two

@@ -131,9 +131,11 @@ def test_an_adaptive_task_pins_round_ones_fine_bins_and_an_older_config_keeps_it
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "substitution"}))
     assert config.fine_bins and json.loads(config.to_json())["fine_bins"] is True
     assert config.make_mechanism().bins_one == 32 + 64 and TaskConfig.from_json(config.to_json()) == config
-    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":2,', "")
+    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":2,', "").replace('"adaptive_shares":2,', "")
     old = TaskConfig.from_json(old_json)
     assert old.fine_bins is False and old.to_json() == old_json and old.fingerprint != config.fingerprint
+    # without fine bins round one has rule 1's shares whatever the field says: one config, one fingerprint
+    assert TaskConfig.from_json(old_json.replace("{", '{"adaptive_shares":2,', 1)) == old
     mech = old.make_mechanism()
     assert mech.bins_one == 32 and mech.stated_epsilon() == 0.5 and mech.eps_two == pytest.approx(0.85 * 0.5)
     tree = TaskConfig(**(BASE | {"relation": "substitution"}))
