@@ -198,8 +198,8 @@ class TaskConfig:
         So is the plan's version (`AdaptiveMechanism.plan_version`): a server fixes round two's design
         the first time it is asked, so an analyst must plan it from round one with the rules the task
         was made with (configs without the field: version 1; left out of the JSON when it is 1). And so is
-        the rule of round one's shares of epsilon (`AdaptiveMechanism.share_rule`, `adaptive_shares`: 2
-        shrinks them above eps 0.5 and, under add/remove, gives a round-two histogram a count of n and
+        the rule of round one's shares of epsilon (`AdaptiveMechanism.share_rule`, `adaptive_shares`: 2,
+        under add/remove, shrinks them above eps 0.5, gives a round-two histogram a count of n and
         cuts light spikes into 8-point bins; a
         config without the field keeps rule 1, the fixed 15% and 5%, its noise scales and fingerprint; a
         round one without fine bins has rule 1's shares whatever the field says)."""

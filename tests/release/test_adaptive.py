@@ -54,7 +54,7 @@ def test_the_rounds_spend_at_most_epsilon_whichever_design(size, eps, relation):
     assert mech.root == (relation == "add-remove" and eps >= adaptive.ROOT_EPSILON)
     assert mech.exact_epsilon(relation) == one + fine + max(bins + root, mech.tree.exact_epsilon(relation))
     assert mech.exact_epsilon(relation) <= Fraction(eps)
-    shrink = min(1.0, adaptive.SHARE_EPSILON / eps)  # share rule 2
+    shrink = min(1.0, adaptive.SHARE_EPSILON / eps) if relation == "add-remove" else 1.0  # share rule 2
     assert abs(float(one) - adaptive.ROUND_ONE_SHARE * shrink * eps) < 2**-20 * delta
     assert abs(float(fine) - adaptive.FINE_SHARE * shrink * eps) < 2**-20 * delta
     assert abs(float(root) - adaptive.ROOT_SHARE_TWO * mech.eps_two * mech.root) < 2**-20 * delta
@@ -285,16 +285,17 @@ def test_round_twos_histogram_and_count_of_n_spend_exactly_their_budgets_under_a
 
 
 @pytest.mark.parametrize("eps, one, fine", [(0.1, 0.15, 0.05), (0.5, 0.15, 0.05), (1.0, 0.075, 0.025), (4.0, 0.01875, 0.00625)])
-def test_round_ones_shares_shrink_above_share_epsilon_and_each_epsilon_is_exact(eps, one, fine):
-    """Share rule 2: 15% and 5% up to eps 0.5, then both times 0.5 / eps (round one's noise stays what it
-    is at 0.5); rule 1 (tasks made before it) keeps 15% and 5%. At every epsilon, either relation and
-    rule, the guarantee is the exact sum of the rounded budgets and at most epsilon, and rule 2 gives
-    round two at least rule 1's budget."""
-    assert adaptive.round_one_shares(eps) == pytest.approx((one, fine), rel=1e-12)
-    assert adaptive.round_one_shares(eps, rule=1) == (0.15, 0.05)
+def test_round_ones_shares_shrink_above_share_epsilon_under_add_remove_and_each_epsilon_is_exact(eps, one, fine):
+    """Share rule 2 under add/remove: 15% and 5% up to eps 0.5, then both times 0.5 / eps (round one's
+    noise stays what it is at 0.5); substitution and rule 1 (tasks made before it) keep 15% and 5%. At
+    every epsilon, either relation and rule, the guarantee is the exact sum of the rounded budgets and
+    at most epsilon, and rule 2 gives round two at least rule 1's budget."""
+    assert adaptive.round_one_shares(eps, "add-remove") == pytest.approx((one, fine), rel=1e-12)
+    assert adaptive.round_one_shares(eps, "add-remove", rule=1) == adaptive.round_one_shares(eps, "substitution") == (0.15, 0.05)
     for relation in ("substitution", "add-remove"):
         new, old = AdaptiveMechanism(1024, eps, relation), AdaptiveMechanism(1024, eps, relation, share_rule=1)
-        assert (new.eps_one, new.eps_fine) == pytest.approx((one * eps, fine * eps), rel=1e-12)
+        want = (one, fine) if relation == "add-remove" else (0.15, 0.05)
+        assert (new.eps_one, new.eps_fine) == pytest.approx((want[0] * eps, want[1] * eps), rel=1e-12)
         assert (old.eps_one, old.eps_fine) == pytest.approx((0.15 * eps, 0.05 * eps), rel=1e-12) and not old.root
         assert new.eps_two >= old.eps_two
         for m in (new, old):
@@ -302,6 +303,22 @@ def test_round_ones_shares_shrink_above_share_epsilon_and_each_epsilon_is_exact(
             assert m.exact_epsilon(relation) >= Fraction(eps) - m.rounding()
     with pytest.raises(ParameterError, match="rule"):
         AdaptiveMechanism(1024, 1.0, share_rule=3)
+
+
+@pytest.mark.parametrize("rule", [1, 2])
+def test_mass_round_one_cannot_place_is_found_at_the_same_count_whatever_the_shares(rule):
+    """Share rule 2 halves round one's coarse share at eps 1 under add/remove, so `unplaced` asks for half
+    as many of its (doubled) noise sds: a coarse bin holding 120 values between empty ones (about 13 sds
+    at rule 1, 6 at rule 2; five spikes of 100 values were planned away, 2.1x, before this) is cut at the
+    fine bins under either rule, and 60 values (below rule 1's 8 sds) under neither."""
+    m = AdaptiveMechanism(4096, 1.0, "add-remove", share_rule=rule)
+    assert m.isolated_sds == adaptive.ISOLATED_SDS * (0.5 if rule == 2 else 1.0)
+    k = m.fine_ends.size // 32  # fine bins per coarse bin
+    for mass, cut in ((120, True), (60, False)):
+        counts = np.zeros(m.bins_one)
+        counts[5], counts[32 + 5 * k: 32 + 6 * k] = mass, mass / k  # mass in one coarse bin, no fine bin a spike
+        found = m.unplaced(counts, None)
+        assert (found is not None and set(m.fine_ends[5 * k: 6 * k].tolist()) <= set(found.tolist())) == cut, (mass, rule)
 
 
 def test_a_task_pins_its_shares_rule_and_an_older_config_keeps_rule_1():
