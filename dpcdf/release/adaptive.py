@@ -439,7 +439,8 @@ class AdaptiveMechanism(Mechanism):
         kept = bins != 0
         if release.root is not None and self.root:  # add/remove: the kept bins and the grid's count, by least squares
             var, var_root = self.noise_variance(2, copies), self.noise_variance(2, copies, root=True)
-            bins = bins + np.where(kept, (release.root - bins.sum()) * var / (kept.sum() * var + var_root), 0.0)
+            fit = kept if postprocess_with == "auto" else np.ones(bins.size, bool)  # else every bin, as `estimate`
+            bins = bins + np.where(fit, (release.root - bins.sum()) * var / (fit.sum() * var + var_root), 0.0)
         total = float(n) if substitution else max(float(bins.sum()), 1.0)
         if substitution and kept.any():
             bins = bins + np.where(kept, (total - bins.sum()) / kept.sum(), 0.0)
@@ -458,7 +459,11 @@ class AdaptiveMechanism(Mechanism):
     def estimate(self, release: AdaptiveRelease, copies: int = 1) -> tuple[np.ndarray, np.ndarray]:
         if release.plan.design == "tree":
             return self.tree.estimate(release.round_two, copies)
-        raw = fill_linear(np.cumsum(release.round_two), np.asarray(release.plan.ends), self.size)
+        bins = np.asarray(release.round_two, dtype=np.float64)
+        if release.root is not None and self.root:  # least squares with the grid's count, every bin (linear, as the band's)
+            var, var_root = self.noise_variance(2), self.noise_variance(2, root=True)
+            bins = bins + (release.root - bins.sum()) * var / (bins.size * var + var_root)
+        raw = fill_linear(np.cumsum(bins), np.asarray(release.plan.ends), self.size)
         return raw, raw
 
     # --- the Mechanism interface the rounds do not use -----------------------------------------

@@ -517,9 +517,11 @@ def test_noise_ids_of_round_one_round_two_and_every_tree_node_are_disjoint(size,
     distinct, so no two released values share a noise."""
     m = AdaptiveMechanism(size, 1.0, relation)
     seen: list[np.ndarray] = []
+    scales: list[tuple[int, object]] = []  # (first id, scale) of every call
 
     def record(ids, scale):
         seen.append(np.asarray(ids, np.uint64).copy())
+        scales.append((int(seen[-1][0]), scale))
         return np.zeros(np.asarray(ids).size, np.int64)
 
     for level in m.released_levels():
@@ -535,6 +537,15 @@ def test_noise_ids_of_round_one_round_two_and_every_tree_node_are_disjoint(size,
     assert np.unique(everything).size == everything.size
     assert one.min() == ROUND_ONE_IDS and two.min() == ROUND_TWO_IDS
     assert tree.size == 0 or not ((tree >= ROUND_ONE_IDS) & (tree < ROUND_TWO_IDS + np.uint64(1 << 20))).any()
+    # each id at its round's scale: the coarse bins, the fine ones, round two's bins, and (add/remove,
+    # share rule 2) the count of n, the last id, at its own scale; no id without noise
+    k = min(size, MAX_QUERY_POINTS)
+    want = {ROUND_ONE_IDS: m.scale_one, ROUND_ONE_IDS + 32: m.scale_fine, ROUND_TWO_IDS: m.scale_two}
+    if m.root:
+        want[ROUND_TWO_IDS + k - 1] = m.scale_root  # k counts in all: k - 1 bins, then n
+    got = {first: scale for first, scale in scales if ROUND_ONE_IDS <= first < ROUND_TWO_IDS + (1 << 20)}
+    assert got == want and all(s is not None and s > 0 for s in got.values())
+    assert m.root == (relation == "add-remove") and two.size == k
 
 
 # --- the round-two check the servers rely on --------------------------------------------------------
@@ -707,3 +718,25 @@ def test_adaptive_task_config_round_trip_and_limits():
         assert (a.scale_one, a.scale_two, a.tree.scales) == (b.scale_one, b.scale_two, b.tree.scales)
     ar = TaskConfig(**{**BASE, "relation": "add-remove", "root_share": 0.5})
     assert "root_share" not in ar.to_json() and ar.make_mechanism().tree.root_share == ROOT_SHARE
+
+
+def test_an_unprocessed_add_remove_histogram_uses_the_count_of_n_as_the_estimate_does():
+    """postprocess_with="none" (and `quantile(method="bisect")`, which reads the same raw curve) takes
+    the least-squares fit of every bin and round two's count of n, whose sum is the release's n: its
+    ECDF ends at 1 exactly (it ended anywhere in 0.99 to 1.01 when the raw curve left the count out)."""
+    rng = np.random.default_rng(5)
+    grid = Grid.integers(1024)
+    prefix = dpcdf.prefix_counts(np.clip(np.round(rng.normal(500, 120, 2000)), 0, 1023), grid)
+    m = AdaptiveMechanism(1024, 1.0, "add-remove")
+    ends = []
+    for r in range(30):
+        released = m.noisy(prefix, lambda ids, scale: prf_noise(r.to_bytes(16, "little"), ids, scale))
+        if released.plan.design == "bins":
+            assert released.root is not None
+            rel = finish_release(grid, m, released, 0, "none")
+            raw = m.estimate(released)[0]
+            b, k = float(np.sum(released.round_two)), len(released.round_two)
+            v, v_n = dlaplace_variance(m.scale_two), dlaplace_variance(m.scale_root)
+            assert raw[-1] == pytest.approx(b + (released.root - b) * k * v / (k * v + v_n), abs=1e-9)
+            ends.append(rel.cdf()[-1])
+    assert len(ends) > 10 and np.allclose(ends, 1.0, atol=1e-12)
