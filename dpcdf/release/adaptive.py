@@ -51,7 +51,6 @@ Measured against OpenDP and the Sarus methods in docs/accuracy.md.
 """
 from __future__ import annotations
 
-import functools
 import math
 from dataclasses import dataclass
 from fractions import Fraction
@@ -64,9 +63,11 @@ from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeA
 from .histogram import (FILLS, UNIFORM_SHARE, bins_noise, equal_width_ends, fill_linear, fill_pchip,  # noqa: F401
                         linear_energy, mass_ends, part_counts)
 from .noise import MIN_EPSILON, check_epsilon, dlaplace_variance, scale_fraction
+from .adaptive_plan import (FINE_SDS, FLAT_BINS, FLAT_LIMIT, ISOLATED_SDS, MASS_BINS, MAX_PLANNED_BINS,  # noqa: F401
+                            MAX_REFINED_BINS, NARROW_SDS, REFINED_WIDTH, ROUND_ONE_BINS, TREE_SDS, WIDE_SDS, RoundOnePlanner,
+                            RoundTwo)
 
 ROUND_ONE_SHARE = 0.15  # of epsilon, for round one's coarse bins
-ROUND_ONE_BINS = 32  # round one's coarse bins
 FINE_SHARE = 0.05  # of epsilon, for round one's fine bins (`fine`)
 SHARE_EPSILON = 0.5  # share rule 2, add/remove: above this epsilon both shares shrink as SHARE_EPSILON / epsilon
 SHARE_RULE = 2  # the round-one shares' rule (`AdaptiveMechanism.share_rule`; a task pins the one it was made with)
@@ -75,36 +76,10 @@ ROOT_EPSILON = 0.5  # ... from this epsilon up (at 0.25 it cost the skewed data 
 FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 256 of them (`fine_bins`)
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
 MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
-MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tree instead
 PLAN_VERSION = 2  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
-REFINED_WIDTH = 4  # round two's bins inside a fine bin that holds a spike (`refined_ends`; 2-point bins sum each spike's
-# mass from twice the noises: 5 spikes, 200 paired runs, eps 0.5/1, MSE 633/152 -> 393/99 (substitution), 449/104 -> 314/76)
-NARROW_SDS = 1000.0  # ... but 2-point bins in a fine bin holding more round-two noise sds than this (a 4-point
-# bin's interpolation error grows with the square of its count: 5 spikes of 6 10^4 values, eps 0.1, 30 runs,
-# 37,718 against 19,253; at 2 10^3 values (570 sds at eps 1) 4 points gave 99 against 152)
-WIDE_SDS = 150.0  # ... and (share rule 2, add/remove) 8-point bins in one holding fewer than this (a spike's mass is
-# summed from half the noises: 5 spikes of 2 10^3 values, eps 0.1, 150 paired runs, 7,117 -> 5,003; at 10^3 values and
-# eps 0.5, about 200 sds, 8 points cost 1.55x)
-MAX_REFINED_BINS = 1024  # a refined design with more bins measures the whole tree instead
-TREE_SDS = 1e4  # ... and so does one whose largest fine bin holds this many round-two noise sds (its small
-# bins' interpolation error grows with the square of their counts: 5 spikes of 2 10^5 values, sd 2, on 2^12)
-ISOLATED_SDS = 8.0  # a coarse bin (or pair) this many sds heavy between bins within 2 sds of 0: unplaced mass (`unplaced`)
-FINE_SDS = 4.0  # a fine bin holds a spike when its count is this many noise sds (and twice) above the coarse shape's
-FLAT_BINS = (1, 2, 4, 8, 16, 32, 64, 128)
-MASS_BINS = (8, 16, 32, 64, 128, 256)
 EMPTY_SDS = 2.0  # a round-two bin within this many noise sds of zero is taken as empty
 ROUND_ONE_IDS, ROUND_TWO_IDS = 1 << 40, 1 << 41  # noise ids of the rounds' bins: a tree node's id is its index
 # below 2^40 at level 0 (grids are smaller) and at least 2^56 above (`tree.LEVEL_SHIFT`), so none is a bin's
-
-
-@dataclass(frozen=True)
-class RoundTwo:
-    """Round two's design: "bins" (a histogram whose bins end at `ends`, filled in "linear"ly or by
-    "pchip") or "tree" (`AdaptiveMechanism.tree` on the whole grid)."""
-
-    design: str
-    ends: tuple[int, ...] = ()
-    fill: str = "linear"
 
 
 @dataclass
@@ -118,7 +93,6 @@ class AdaptiveRelease:
     root: float | None = None  # a round-two histogram's noisy count of the whole grid (`AdaptiveMechanism.root`)
 
 
-FLAT_LIMIT = 1 + 3 * np.sqrt(5 / (ROUND_ONE_BINS - 1))  # 3 sds of flat_statistic on flat data (Laplace noise: Var(z^2) = 5 sd^4)
 
 
 def round_one_shares(epsilon: float, relation: str, rule: int = SHARE_RULE) -> tuple[float, float]:
@@ -143,7 +117,7 @@ def fine_bins(size: int) -> int:
 
 
 @dataclass
-class AdaptiveMechanism(Mechanism):
+class AdaptiveMechanism(RoundOnePlanner, Mechanism):
     """Round one: DLap(Delta / eps_1) on `ROUND_ONE_BINS` equal-width bin counts, eps_1 = 0.15 eps, and
     (`fine`) DLap(Delta / eps_fine) on `fine_bins(size)` ones, eps_fine = 0.05 eps (under add/remove
     both times 0.5 / eps above eps 0.5: `round_one_shares`); round two, chosen from round one (`plan`): DLap(Delta / eps_2)
@@ -212,151 +186,6 @@ class AdaptiveMechanism(Mechanism):
         or two (a histogram's bins, or with `root` its count of the whole grid; `copies` independent noises)."""
         scale = (self.scale_root if root else self.scale_two) if round_ == 2 else self.scale_fine if fine else self.scale_one
         return copies * dlaplace_variance(scale)
-
-    def coarse_counts(self, counts: np.ndarray, copies: int = 1) -> tuple[np.ndarray, float]:
-        """Round one's coarse bin counts and their noise variance: with fine bins, the inverse-variance
-        mean of each coarse count and its fine bins' sum (post-processing of round one)."""
-        counts = np.asarray(counts, dtype=np.float64)
-        coarse, var = counts[:ROUND_ONE_BINS], self.noise_variance(1, copies)
-        if not self.fine:
-            return coarse, var
-        sums = counts[ROUND_ONE_BINS:].reshape(ROUND_ONE_BINS, -1)
-        sums_var = self.noise_variance(1, copies, fine=True) * sums.shape[1]
-        return (coarse / var + sums.sum(axis=1) / sums_var) / (1 / var + 1 / sums_var), 1 / (1 / var + 1 / sums_var)
-
-    def round_one_estimate(self, counts: np.ndarray, n: float, copies: int = 1) -> np.ndarray:
-        """Round one's prefix-count estimate: its coarse bins (`coarse_counts`) conditioned on n
-        (substitution), cumulated, monotone, PCHIP in between."""
-        counts = self.coarse_counts(counts, copies)[0]
-        if self.relation == "substitution":
-            counts = counts + (n - counts.sum()) / counts.size
-        at_ends = postprocess.monotone(np.cumsum(counts), 0.0, float(n), 2, float(n) if self.relation == "substitution" else None)
-        return fill_pchip(at_ends, self.round_one_ends, self.size)
-
-    def flat_statistic(self, counts: np.ndarray, n: float, copies: int = 1) -> float:
-        """The spread of round one's coarse bin counts over what sampling (n w_j / N per bin) and noise
-        explain: about 1 for data spread evenly over the grid, far above for concentrated data."""
-        counts = np.asarray(counts, dtype=np.float64)[:ROUND_ONE_BINS]
-        widths = np.diff(np.append(-1, self.round_one_ends))
-        expected = n * widths / self.size
-        spread = np.sum((counts - counts.sum() * widths / self.size) ** 2)
-        return float(spread / np.sum(self.noise_variance(1, copies) + expected) / (1 - 1 / counts.size))
-
-    def missed_structure(self, counts: np.ndarray, n: float, ends: np.ndarray, copies: int = 1) -> float:
-        """An unbiased estimate (clipped at 0) of what linear interpolation between `ends` misses of
-        the data's shape at round one's resolution, per grid index: round one's linear estimate's
-        squared departure from its interpolation at `ends`, less the exact part its noise explains.
-        So a shape round one half-sees still gets bins when a flat design is chosen. `ends` are
-        equal-width (`equal_width_ends`), so they are among round one's ends or include them all
-        (then nothing is missed): the departure is linear between round one's ends, and its sum of
-        squares has a closed form (`linear_energy`): O(bins^2), whatever the grid."""
-        one = self.round_one_ends
-        if np.isin(one, ends).all():
-            return 0.0
-        if not np.isin(ends, one).all():
-            raise ParameterError("missed_structure takes bins whose ends are among round one's or include them")
-        k = counts.size
-        cum = np.tril(np.ones((k, k)))
-        if self.relation == "substitution":  # conditioned on n: the noise enters as (I - 11^T / k) z
-            counts = counts + (n - counts.sum()) / k
-            cum = cum @ (np.eye(k) - 1.0 / k)
-        at = np.append(-1, one)
-        knots = np.append(-1, ends)
-        lam = np.interp(at, knots, np.arange(knots.size))  # each round-one end's place among `ends`
-        lo = np.minimum(np.floor(lam).astype(np.int64), knots.size - 2)
-        w = lam - lo
-        sel = np.searchsorted(at, knots)  # `ends` as rows of `at`
-        interp = np.zeros((at.size, at.size))
-        interp[np.arange(at.size), sel[lo]] += 1 - w
-        interp[np.arange(at.size), sel[lo + 1]] += w
-        values = np.vstack([np.zeros((1, k + 1)), np.column_stack([np.cumsum(counts), cum])])  # estimate, then noise
-        miss = values - interp @ values
-        widths = np.diff(at)
-        energy = linear_energy(miss, widths)
-        return max(0.0, float(energy[0] - self.noise_variance(1, copies) * energy[1:].sum()) / self.size)
-
-    def plan(self, round_one: np.ndarray, n: float | None = None, copies: int = 1) -> RoundTwo:
-        """Round two's design from round one's noisy bin counts (and n, public under substitution;
-        None under add/remove: round one's sum). Post-processing of round one: no privacy cost."""
-        counts = np.asarray(round_one, dtype=np.float64).reshape(-1)
-        if counts.size != self.bins_one or not np.isfinite(counts).all():
-            raise ParameterError(f"round one is {self.bins_one} finite bin counts, got {counts.size} values")
-        bridge = self.relation == "substitution"
-        if bridge and (n is None or isinstance(n, bool) or not np.isfinite(float(n)) or n < 0):
-            raise ParameterError(f"under substitution round two is planned with n (a count), got {n!r:.40}")
-        total = float(n) if bridge else max(float(counts.sum()), 1.0)
-        var = self.noise_variance(2, copies)
-        if self.flat_statistic(counts, total, copies) < FLAT_LIMIT:
-            options = [equal_width_ends(self.size, k) for k in FLAT_BINS if k <= self.size // 2]
-            risks = [total / (6 * e.size) + self.missed_structure(counts[:ROUND_ONE_BINS], total, e, copies)
-                     + bins_noise(e, self.size, var, bridge) for e in options]
-            return RoundTwo("bins", tuple(int(i) for i in options[int(np.argmin(risks))]), "linear")
-        estimate = self.round_one_estimate(counts, total, copies)
-        options = [mass_ends(estimate, total, k) for k in MASS_BINS if k <= self.size // 2]
-        risks = [total / (6 * e.size) + float(np.mean((estimate - fill_pchip(estimate[e], e, self.size)) ** 2))
-                 + bins_noise(e, self.size, var, bridge) for e in options]
-        best = int(np.argmin(risks))
-        refined = self.refined_ends(counts, copies) if self.fine else None
-        histogram = refined is not None or MASS_BINS[best] <= MAX_PLANNED_BINS  # else the tree, below
-        unplaced = self.unplaced(counts, refined, copies) if self.fine and self.plan_version >= 2 and histogram else None
-        if refined is not None or unplaced is not None:  # a spike: the histogram, cut finely where round one sees it
-            base = options[min(best, MASS_BINS.index(MAX_PLANNED_BINS))] if unplaced is None else self.round_one_ends
-            ends = functools.reduce(np.union1d, [e for e in (base, refined, unplaced) if e is not None])
-            crowded = counts[ROUND_ONE_BINS:].max() > TREE_SDS * np.sqrt(var)  # a small bin's interpolation would cost more
-            return RoundTwo("tree") if ends.size > MAX_REFINED_BINS or crowded else RoundTwo("bins", tuple(int(i) for i in ends), "pchip")
-        if MASS_BINS[best] > MAX_PLANNED_BINS:
-            return RoundTwo("tree")
-        return RoundTwo("bins", tuple(int(i) for i in options[best]), "pchip")
-
-    def refined_ends(self, counts: np.ndarray, copies: int = 1) -> np.ndarray | None:
-        """Bin ends cutting each fine bin that holds a spike into bins of REFINED_WIDTH points (2 in plan
-        version 1, or above NARROW_SDS; 8 below WIDE_SDS under share rule 2 and add/remove) (None if none does): a fine bin (or a pair of neighbours, for a spike on their edge) whose count exceeds
-        what the coarse bins' PCHIP shape puts there by `FINE_SDS` noise sds and by that shape's count
-        again. Skewed but smooth data (which the shape follows) is not cut; a spike is, wherever it lies."""
-        counts = np.asarray(counts, dtype=np.float64)
-        coarse, fine = counts[:ROUND_ONE_BINS], counts[ROUND_ONE_BINS:]
-        shape = fill_pchip(np.maximum.accumulate(np.cumsum(np.maximum(coarse, 0.0))), self.round_one_ends, self.size)
-        expected = np.diff(np.append(0.0, shape[self.fine_ends]))  # the fine counts the coarse shape explains
-        sd = np.sqrt(self.noise_variance(1, copies, fine=True))
-        expected = np.maximum(expected, 0.0)
-        kept = fine - expected > np.maximum(FINE_SDS * sd, expected)
-        pair, pair_expected = fine[1:] + fine[:-1], expected[1:] + expected[:-1]  # a spike on a fine bin's edge
-        pairs = pair - pair_expected > np.maximum(FINE_SDS * np.sqrt(2) * sd, pair_expected)
-        kept = kept | np.append(pairs, False) | np.append(False, pairs)
-        if not kept.any():
-            return None
-        starts = np.append(0, self.fine_ends[:-1] + 1)
-        heaviest = fine[kept].max() / np.sqrt(self.noise_variance(2, copies))  # in round-two noise sds
-        w = 2 if heaviest > NARROW_SDS else self.refined_width  # 2-point bins where a spike is heavy (interpolation)
-        if self.share_rule >= 2 and self.fine and self.relation == "add-remove" and heaviest < WIDE_SDS:
-            w = 2 * self.refined_width  # ... and 8-point bins where it is light (fewer noises in its sum)
-        ends = [np.arange(a + w - 1, b, w) for a, b in zip(starts[kept], self.fine_ends[kept])]
-        ends = np.unique(np.concatenate(ends + [starts[kept] - 1, self.fine_ends[kept], [self.size - 1]]))
-        return ends[ends >= 0]
-
-    def unplaced(self, counts: np.ndarray, refined: np.ndarray | None, copies: int = 1) -> np.ndarray | None:
-        """Bin ends cutting, at the fine bins' ends, each coarse bin (or pair) that holds `ISOLATED_SDS`
-        noise sds (times the coarse share's shrink under share rule 2: rule 1's count) between bins within 2 sds of zero and in which no fine bin was cut (`refined`) (None
-        if there is none): mass round one cannot place, spikes its fine bins did not see (their noise
-        at small epsilon), which a plan from the coarse shape would spread over the whole bin and past it.
-        The plan then takes round one's coarse ends around them, not ends at equal mass of that shape.
-        A run at the grid's end is not isolated there: nothing outside the grid is known to be empty
-        (skewed data's first bins, the steep side of a smooth shape, are not cut)."""
-        coarse, var = self.coarse_counts(counts, copies)
-        sd = np.sqrt(var)
-        padded = np.concatenate([[np.inf], coarse, [np.inf]])  # the grid's ends: not known empty
-        empty = padded < 2 * sd
-        starts = np.append(0, self.round_one_ends[:-1] + 1)
-        cut = np.zeros(coarse.size, bool) if refined is None else np.array(
-            [np.any((refined >= a) & (refined < b)) for a, b in zip(starts, self.round_one_ends)])
-        found = np.zeros(coarse.size, bool)
-        for width in (1, 2):  # a run of 1 or 2 heavy bins at j .. j + width - 1
-            for j in range(coarse.size - width + 1):
-                if padded[j + 1:j + 1 + width].sum() > self.isolated_sds * sd * np.sqrt(width) and empty[j] \
-                        and empty[j + 1 + width] and not cut[j:j + width].any():
-                    found[j:j + width] = True
-        inside = np.searchsorted(self.round_one_ends, self.fine_ends)  # each fine end's coarse bin
-        return self.fine_ends[found[inside]] if found.any() else None
 
     def check_plan(self, plan: RoundTwo) -> RoundTwo:
         """A round-two design as a server must check it before answering: "tree", or "bins" whose
