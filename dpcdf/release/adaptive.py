@@ -267,9 +267,8 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
             bins = np.where(np.abs(bins) > EMPTY_SDS * np.sqrt(self.noise_variance(2, copies)), bins, 0.0)
         kept = bins != 0
         if release.root is not None and self.root:  # add/remove: the kept bins and the grid's count, by least squares
-            var, var_root = self.noise_variance(2, copies), self.noise_variance(2, copies, root=True)
             fit = kept if postprocess_with == "auto" else np.ones(bins.size, bool)  # else every bin, as `estimate`
-            bins = bins + np.where(fit, (release.root - bins.sum()) * var / (fit.sum() * var + var_root), 0.0)
+            bins = bins + np.where(fit, (release.root - bins.sum()) * self.root_weight(int(fit.sum()), copies), 0.0)
         total = float(n) if substitution else max(float(bins.sum()), 1.0)
         if substitution and kept.any():
             bins = bins + np.where(kept, (total - bins.sum()) / kept.sum(), 0.0)
@@ -279,6 +278,12 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         fill = FILLS[release.plan.fill] if postprocess_with == "auto" else fill_linear
         counts = np.clip(np.maximum.accumulate(fill(at_ends, ends, self.size)), 0.0, total)  # exactly monotone (PCHIP rounds)
         return raw, counts, total
+
+    def root_weight(self, fitted: int, copies: int = 1) -> float:
+        """Each of `fitted` bins' share of the excess of round two's count of n (`root`) over their sum in
+        the least-squares fit: var / (fitted var + var_root) (`counts`, `estimate` and the band's)."""
+        var, var_root = self.noise_variance(2, copies), self.noise_variance(2, copies, root=True)
+        return var / (fitted * var + var_root)
 
     def elements(self, release: AdaptiveRelease) -> list[AdaptiveRelease]:
         if np.ndim(release.round_one) != 1:
@@ -290,8 +295,7 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
             return self.tree.estimate(release.round_two, copies)
         bins = np.asarray(release.round_two, dtype=np.float64)
         if release.root is not None and self.root:  # least squares with the grid's count, every bin (linear, as the band's)
-            var, var_root = self.noise_variance(2), self.noise_variance(2, root=True)
-            bins = bins + (release.root - bins.sum()) * var / (bins.size * var + var_root)
+            bins = bins + (release.root - bins.sum()) * self.root_weight(bins.size)
         raw = fill_linear(np.cumsum(bins), np.asarray(release.plan.ends), self.size)
         return raw, raw
 

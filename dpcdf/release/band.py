@@ -76,7 +76,6 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ParameterError
-from .noise import dlaplace_variance
 from .zcdp import GaussianVariance
 
 DEFAULT_SIMS = 2000  # draws of the studentised maximum (the rank argument holds for any number)
@@ -214,8 +213,7 @@ def _bins(mech, released, total: float, copies: int) -> LinearEstimate:
         bins = bins + (total - bins.sum()) / bins.size
     w = 0.0
     if root is not None:  # the same weights whatever `copies` (both variances scale with it)
-        v, v_root = dlaplace_variance(mech.scale_two), dlaplace_variance(mech.scale_root)
-        w = v / (bins.size * v + v_root)
+        w = mech.root_weight(bins.size)
         bins = bins + w * (float(root) - bins.sum())
 
     def simulate(rng, draws):
