@@ -17,7 +17,8 @@ count other programs' turns on our core):
   eval     DCF(32, out 64) `eval_batch`, one point per key: evals/s (64 blocks each)
   gen      the same function's `gen_batch`: key pairs/s (both parties' expansions, 256 blocks)
   sum      `eval_sum` at one point, one thread: keys/s (64 blocks each)
-  grid     `eval_grid` of DCF(10, F_p, x >= alpha) over all 2^10 points: points/s (4 blocks each)
+  grid     `eval_grid` of DCF(10, F_p, x >= alpha) over all 2^10 points: points/s (3 blocks each in key
+           format 2, the default; the eval_grid section also times format 1, 4 blocks a point)
   sketch   the verified close's work per report at 2^10 (count): what round one runs on each batch of
            reports (`round_one.step`, a pass of `keys_per_pass` keys): `round_one.grid_values` (eval_grid
            of the task's keys over the grid) + `Check.round_one_sums` (round one and the histogram
@@ -147,8 +148,7 @@ def gen_blocks(p: TreeParams) -> int:
 
 def grid_blocks(p: TreeParams, size: int) -> float:
     """AES blocks per point of eval_grid over a full grid of size = 2^bits points."""
-    leaf = 0 if p.width == 1 else (p.width if p.prime else p.value_blocks)
-    return ((size - 1) * p.expand_blocks + size * leaf) / size
+    return ((size - 1) * p.expand_blocks + size * p.leaf_blocks) / size
 
 
 class SketchWork:
@@ -297,13 +297,14 @@ def eval_grid_section(quick: bool) -> None:
     ecb = ecb_blocks_per_s()
     peaks = {name: (ecb if name == "portable" else peak_blocks_per_s(name)) for name in backend.available()}
     print(f"\neval_grid, one core (ECB {ecb / 1e6:.0f} M blocks/s): every key's shares at every point")
-    head = f"{'function':<42} {'keys':>6} {'points':>6} {'blocks/pt':>9} | {'tier':<8} {'M pts/s':>8} {'x ECB':>6} {'of peak':>7}"
+    head = f"{'function':<50} {'keys':>6} {'points':>6} {'blocks/pt':>9} | {'tier':<8} {'M pts/s':>8} {'x ECB':>6} {'of peak':>7}"
     print(head)
     print("-" * len(head))
     rng = np.random.default_rng(3)
     before = backend.threads()
     backend.set_threads(1)
-    for fn, n in ((DCF(10, group="p61", cmp="ge"), 10_000), (DCF(10, width=2, group="p61", cmp="ge"), 10_000),
+    for fn, n in ((DCF(10, group="p61", cmp="ge"), 10_000), (DCF(10, group="p61", cmp="ge", version=1), 10_000),
+                  (DCF(10, width=2, group="p61", cmp="ge"), 10_000), (DCF(10, width=2, group="p61", cmp="ge", version=1), 10_000),
                   (DCF(16, group="p61", cmp="ge"), 200)):
         n = n // 5 if quick else n
         size = 1 << fn.bits
@@ -315,7 +316,7 @@ def eval_grid_section(quick: bool) -> None:
                 t = best_of(lambda: fn.eval_grid(k0, size), 1 if name == "portable" else 3)
             rate = n * size / t
             label = repr(fn).replace("out_bits=61, ", "") if i == 0 else ""
-            print(f"{label:<42} {n:>6} {size:>6} {per:>9.2f} | {name:<8} {rate / 1e6:>8.1f} {rate * per / ecb:>6.2f} "
+            print(f"{label:<50} {n:>6} {size:>6} {per:>9.2f} | {name:<8} {rate / 1e6:>8.1f} {rate * per / ecb:>6.2f} "
                   f"{rate * per / peaks[name]:>7.0%}")
     backend.set_threads(before)
 

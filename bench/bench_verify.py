@@ -14,8 +14,9 @@
    the MAC'd count and label checks one grid walk with each key's values reduced in cache
    (`DCF.eval_grid_sums`), "eval %" = eval / (eval + check); "decode" (`round_one.decode_shares`, the stored shares into a key batch) is shown apart.
    "AES bound" = pycryptodome AES-128-ECB blocks/s on a 32 MiB buffer (one core) divided by the
-   blocks one key's grid walk needs: (N - 1) internal nodes x `expand_blocks` (2 seeds + 2 blocks per
-   payload element over F_p, each reduced mod p), plus N x width LEAF blocks for width > 1; "of
+   blocks one key's grid walk needs: (N - 1) internal nodes x `expand_blocks` (2 seeds + one block
+   per two payload elements: key format version 2, `fss.prg`), plus N x `leaf_blocks` (none for
+   width <= 2); "of
    bound" = verify / bound; "at peak" = the reports/s eval_grid alone would allow at the tier's
    register-only AES peak (`bench_fss.peak_blocks_per_s`), the most any check can reach on this CPU.
 3. Close and queries, both servers as real processes on loopback (`start_server`, noise on), 2^10 grid,
@@ -155,7 +156,7 @@ def client_section(batch: int, repeats: int, tmp: str) -> None:
 def grid_blocks(cfg: TaskConfig) -> int:
     """AES blocks of one key's walk over the whole grid (`fss.portable.eval_grid`)."""
     p, size = cfg.key_dcf().params, cfg.make_grid().size
-    return (size - 1) * p.expand_blocks + (size * p.width if p.width > 1 else 0)
+    return (size - 1) * p.expand_blocks + size * p.leaf_blocks
 
 
 def server_section(repeats: int) -> float:

@@ -40,9 +40,10 @@ NODES = 4  # nodes per AES batch: 3 registers a node (width 2), in one inline bl
 INFLIGHT = 12  # (4 nodes in two blocks of 6, 8 nodes in 8 + 8 + 8: 3-12% slower)
 
 
-def fits(width: int, has_v: bool, prime: bool, tier: str) -> bool:
-    """Whether `block_step` covers this flavour: a DCF over F_p of even width on a 16-register tier."""
-    return prime and has_v and width % 2 == 0 and tier in ("vaes256", "aesni")
+def fits(width: int, has_v: bool, prime: int, tier: str) -> bool:
+    """Whether `block_step` covers this flavour: a DCF over F_p (`prime`: the key format version, 1 or
+    2) of even width on a 16-register tier."""
+    return prime in (1, 2) and has_v and width % 2 == 0 and tier in ("vaes256", "aesni")
 
 
 def _c4(*words) -> ir.Constant:
@@ -59,6 +60,32 @@ class _Ops:
     def __init__(self, b: ir.IRBuilder):
         self.b = b
         self.p = _c4(PRIME)
+        self.rejected = None
+
+    def elements(self, y):
+        """Key format version 2: y & p, word by word; notes in `rejected` where a word is p (`_grid._Prime.element`)."""
+        b = self.b
+        x = b.and_(y, self.p)
+        hit = b.icmp_unsigned("==", x, self.p)
+        self.rejected = hit if self.rejected is None else b.or_(self.rejected, hit)
+        return x
+
+    def seed_words(self, kids):
+        """Version 2, width 2: [left | right] leaf blocks -> their elements [l0, l1, r0, r1] from the
+        seeds' own words (bits 1..61, 62..122; bit 0, t, drops out)."""
+        b = self.b
+        lo, hi = b.shuffle_vector(kids, kids, _mask(0, 0, 2, 2)), b.shuffle_vector(kids, kids, _mask(1, 1, 3, 3))
+        return self.elements(b.or_(b.lshr(lo, _c4(1, 62)), b.shl(hi, _c4(63, 2))))
+
+    def flag(self, ptr) -> None:
+        """flags[0] |= 1 if an element since the last call was rejected."""
+        if self.rejected is None:
+            return
+        b = self.b
+        bits = b.zext(b.bitcast(self.rejected, ir.IntType(4)), A.I64)
+        with b.if_then(b.icmp_unsigned("!=", bits, _c64(0)), likely=False):
+            b.store(b.or_(b.load(ptr), _c64(1)), ptr)
+        self.rejected = None
 
     def half(self, x):
         b = self.b
@@ -104,17 +131,20 @@ class _Ops:
 
 
 @functools.lru_cache(maxsize=None)
-def block_step(width: int, tier: str):
+def block_step(width: int, tier: str, version: int = 1):
     """The intrinsic with `_grid.grid_step`'s arguments and contract, on node buffers in block layout
     (module docstring): 16 nodes src i .. i + 15 into their 32 children dst j .. j + 31, or with
     `leaf` their shares into `out` (`mask` unused). At level 0 the node is the root: its seed is
-    used whole and its t is `party`."""
+    used whole and its t is `party`. `version`: the F_p key format; with 2, VALUE block m and
+    width/2 + m are [left acc 2m, 2m + 1 | right acc 2m, 2m + 1] as they come (words & p), a width-2
+    leaf reads the seed's words, a wider one LEAF block m, and a rejected word sets flags[0]."""
+    words = version == 2
     i64 = types.int64
     half_w = width // 2
 
     @intrinsic
-    def step(typingctx, src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk):
-        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, out, i64, i64, i64, types.boolean, i64, types.uint64, rk)
+    def step(typingctx, src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk, flags):
+        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, out, i64, i64, i64, types.boolean, i64, types.uint64, rk, flags)
 
         def codegen(context, b, signature, args):
             aty = signature.args
@@ -123,6 +153,7 @@ def block_step(width: int, tier: str):
             origin_, lo_, hi_, reverse_, party_ = args[8:13]
             aes = A.AesRounds(b, _Ptr(context, b, aty[14], args[14]).data, tier)
             ops, w = _Ops(b), _c64(width)
+            flag_ptr = _Ptr(context, b, aty[15], args[15]).at(_c64(0))
             k0 = b.shuffle_vector(aes.keys2[0], aes.keys2[0], _mask(0, 1, 0, 1))
             k_last = b.xor(aes.keys[10], aes.keys[0])
 
@@ -157,20 +188,30 @@ def block_step(width: int, tier: str):
             cv = [four(*(cw(level_, 3 + 2 * m + q) for q in (0, 1, 0, 1))) for m in range(half_w)]
             lv = [four(*(cw(b.add(level_, one), 3 + 2 * m + q) for q in (0, 1, 0, 1))) for m in range(half_w)]
             t_lr = tweak((0, ROLE_LEFT), (0, ROLE_LEFT + 1))
-            t_v = [tweak((2 * m + q, ROLE_VALUE), (width + 2 * m + q, ROLE_VALUE)) for m in range(half_w) for q in (0, 1)]
-            t_leaf = [tweak((q, ROLE_LEAF), (q, ROLE_LEAF)) for q in range(width)]
+            if words:
+                t_v = [tweak((m, ROLE_VALUE), (half_w + m, ROLE_VALUE)) for m in range(half_w)]
+                t_leaf = [] if width == 2 else [tweak((m, ROLE_LEAF), (m, ROLE_LEAF)) for m in range(half_w)]
+            else:
+                t_v = [tweak((2 * m + q, ROLE_VALUE), (width + 2 * m + q, ROLE_VALUE)) for m in range(half_w) for q in (0, 1)]
+                t_leaf = [tweak((q, ROLE_LEAF), (q, ROLE_LEAF)) for q in range(width)]
+            per_node, per_leaf = 1 + len(t_v), len(t_leaf)
+
+            def payload(y, m):
+                """Elements 2m, 2m + 1 of both children, [left | right], from the AES outputs y of their blocks."""
+                return ops.elements(y[m]) if words else ops.parts(y[2 * m], y[2 * m + 1])
             flip = A.splat(b, b.sub(_c64(0), party_), V4)
             sacc, dacc = b.mul(_c64(3), S.n), b.mul(_c64(3), D.n)
 
             def leaves(kids_accs):
                 """The shares of the nodes' children (child positions j + 2n, + 1) into out, the LEAF
                 blocks of all of them in one AES batch; whole stores when every leaf is in range."""
-                ys = mmo([b.xor(b.and_(kids, _c4(ALL ^ 1, ALL)), t) for _, kids, _ in kids_accs for t in t_leaf])
+                ys = mmo([b.xor(b.and_(kids, _c4(ALL ^ 1, ALL)), t) for _, kids, _ in kids_accs for t in t_leaf]) if t_leaf else []
                 done = []
                 for q, (n, kids, accs) in enumerate(kids_accs):
-                    y, tm = ys[width * q : width * (q + 1)], ops.tmask(kids)
-                    done.append((n, [ops.share(b.add(b.add(accs[m], ops.parts(y[2 * m], y[2 * m + 1])), b.and_(lv[m], tm)), flip)
-                                     for m in range(half_w)]))
+                    y, tm = ys[per_leaf * q : per_leaf * (q + 1)], ops.tmask(kids)
+                    conv = [ops.seed_words(kids)] if words and not t_leaf else [payload(y, m) for m in range(half_w)]
+                    done.append((n, [ops.share(b.add(b.add(accs[m], conv[m]), b.and_(lv[m], tm)), flip) for m in range(half_w)]))
+                ops.flag(flag_ptr)
                 first, last = b.add(j_, _c64(2 * done[0][0])), b.add(j_, _c64(2 * done[-1][0] + 1))
                 with b.if_else(b.and_(b.icmp_signed(">=", first, lo_), b.icmp_signed("<", last, hi_))) as (whole, edge):
                     with whole:
@@ -207,11 +248,12 @@ def block_step(width: int, tier: str):
                 ys = mmo(regs)
                 kids_accs = []
                 for q, n in enumerate(nodes):
-                    tm, y = meta[q], ys[(1 + width) * q : (1 + width) * (q + 1)]
+                    tm, y = meta[q], ys[per_node * q : per_node * (q + 1)]
                     acc = b.add(sacc, b.mul(b.add(i_, _c64(n)), w))
-                    accs = [ops.half(b.add(b.add(ops.load2(S.at(b.add(acc, _c64(2 * m)))), ops.parts(y[1 + 2 * m], y[2 + 2 * m])),
+                    accs = [ops.half(b.add(b.add(ops.load2(S.at(b.add(acc, _c64(2 * m)))), payload(y[1:], m)),
                                            b.and_(cv[m], tm))) for m in range(half_w)]
                     kids_accs.append((n, b.xor(y[0], b.and_(csct, tm)), accs))
+                ops.flag(flag_ptr)
                 with b.if_else(leaf_) as (at_leaf, inner):
                     with at_leaf:
                         leaves(kids_accs)

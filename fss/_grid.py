@@ -12,7 +12,11 @@ p = 2^61 - 1) with lazy reduction, since 2^61 = 1 and 2^64 = 8 (mod p):
     level:  acc = half(acc + part(VALUE block side*width + e) + t * CW_i)   (acc < 2^61 + 8: no overflow)
     leaf:   y = canonical(acc + part(Convert(s)) + t * CW_{n+1}); party 1: p - y (0 stays 0)
 
-with Convert(s) = s >> 1 (the 127-bit seed) for width 1, else LEAF block e. Every step is exact mod
+with Convert(s) = s >> 1 (the 127-bit seed) for width 1, else LEAF block e: key format version 1
+(`prime` = 1). Version 2 (`prime` = 2) reads element x = word & p of the ring's word instead of
+part(block) (and at a leaf of width <= 2 the seed's own words, `prg.seed_word`); an x equal to p is
+rejected by `fss.prg` and resampled, which this kernel does not do: it sets flags[0] instead, and
+`fast` then hands the whole batch to the portable backend (probability about 2^-61 an element). Every step is exact mod
 p for corrections below p (all keys gen makes and the codec accepts), so the shares equal
 `portable`'s (canonical F_p arithmetic on whole blocks, `fss.field`) bit for bit; `fast.eval_grid`
 sends batches with unreduced corrections to the portable backend.
@@ -67,9 +71,29 @@ def _aos(width: int, reverse: bool) -> ir.Constant:
 class _Prime:
     """F_p arithmetic on <8 x i64> vectors, reduced lazily (see the module docstring)."""
 
-    def __init__(self, b: ir.IRBuilder):
+    def __init__(self, b: ir.IRBuilder, words: bool = False):
         self.b = b
         self.p = A.const8(PRIME)
+        self.words = words  # key format version 2: elements are words & p (`element`)
+        self.rejected = None  # <8 x i1>: some element of some lane was p (version 2)
+
+    def element(self, word):
+        """word & p, in [0, p]; notes in `rejected` where it is p (then `prg.resample` would apply)."""
+        b = self.b
+        x = b.and_(word, self.p)
+        hit = b.icmp_unsigned("==", x, self.p)
+        self.rejected = hit if self.rejected is None else b.or_(self.rejected, hit)
+        return x
+
+    def flag(self, ptr) -> None:
+        """flags[0] |= 1 if any element since the last call was rejected (one scalar store at most)."""
+        if self.rejected is None:
+            return
+        b = self.b
+        bits = b.zext(b.bitcast(self.rejected, ir.IntType(8)), A.I64)
+        with b.if_then(b.icmp_unsigned("!=", bits, _c64(0)), likely=False):
+            b.store(b.or_(b.load(ptr), _c64(1)), ptr)
+        self.rejected = None
 
     def half(self, x):
         """x mod p, in [0, 2^61 + 8) for any uint64 x."""
@@ -126,16 +150,19 @@ def _blocks(b, mmo: _Mmo, slo, shi, tweaks: list) -> list:
     return regs
 
 
-def _both_tweaks(width: int, has_v: bool, prime: bool) -> list:
+def _both_tweaks(width: int, has_v: bool, prime: int) -> list:
     """Tweaks that expand both children of a seed: LEFT, RIGHT, then the VALUE blocks of both
-    children's payloads (width of them over the ring, two words a block; 2 width over F_p)."""
-    values = [(j, ROLE_VALUE) for j in range(2 * width if prime else width)] if has_v else []
+    children's payloads (width of them over the ring and F_p version 2, two words a block; 2 width
+    over F_p version 1)."""
+    values = [(j, ROLE_VALUE) for j in range(2 * width if prime == 1 else width)] if has_v else []
     return [(0, ROLE_LEFT), (0, ROLE_LEFT + 1)] + values
 
 
 def _converts(b, mmo: _Mmo, F: _Prime | None, nodes: list, width: int) -> list:
     """Convert(leaf seed) of each node (8 leaves each), one AES call for all of them: per node, the
     width elements (ring: the seed's high word for width 1, else LEAF blocks' words; F_p: see above)."""
+    if F is not None and F.words:
+        return _converts_words(b, mmo, F, nodes, width)
     if width == 1:
         if F is None:
             return [[n[1]] for n in nodes]
@@ -151,6 +178,21 @@ def _converts(b, mmo: _Mmo, F: _Prime | None, nodes: list, width: int) -> list:
         mine = words[2 * blocks * k : 2 * blocks * (k + 1)]
         out.append(mine[:width] if F is None else [F.part(mine[2 * e], mine[2 * e + 1]) for e in range(width)])
     return out
+
+
+def _converts_words(b, mmo: _Mmo, F: _Prime, nodes: list, width: int) -> list:
+    """`_converts` over F_p version 2: the seed's words (bits 1..61, 62..122) for width <= 2, else
+    the LEAF blocks' words, each through `F.element`."""
+    if width <= 2:
+        words = [b.or_(b.lshr(n[0], A.const8(1)), b.shl(n[1], A.const8(63))) for n in nodes], \
+                [b.or_(b.lshr(n[0], A.const8(62)), b.shl(n[1], A.const8(2))) for n in nodes]
+        return [[F.element(words[e][k]) for e in range(width)] for k in range(len(nodes))]
+    blocks = (width + 1) // 2
+    regs = []
+    for n in nodes:
+        regs += _blocks(b, mmo, n[0], n[1], [(q, ROLE_LEAF) for q in range(blocks)])
+    words = _words(b, mmo(regs))
+    return [[F.element(w) for w in words[2 * blocks * k : 2 * blocks * k + width]] for k in range(len(nodes))]
 
 
 _LANES = ir.Constant(ir.VectorType(A.I64, 8), list(range(8)))
@@ -198,9 +240,9 @@ def _masked_store(b, vt: ir.VectorType) -> ir.Function:
 
 
 @functools.lru_cache(maxsize=None)
-def grid_step(width: int, has_v: bool, prime: bool, tier: str):
+def grid_step(width: int, has_v: bool, prime: int, tier: str):
     """The intrinsic step(src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask,
-    rk): expands the 16 nodes src[:, i .. i + 15] of one key at `level` into both children, written
+    rk, flags): `prime` 0 (ring), 1 or 2 (F_p key format version); expands the 16 nodes src[:, i .. i + 15] of one key at `level` into both children, written
     in node order (left and right child of node i, then of node i + 1, ...) to dst[:, j .. j + 31].
     With `leaf` (level is the last) the children are leaves, and their shares, (-1)^party (acc +
     Convert(s) + t * CW_{n+1}) masked with `mask` over the ring, canonical over F_p, go straight to
@@ -213,8 +255,8 @@ def grid_step(width: int, has_v: bool, prime: bool, tier: str):
     i64 = types.int64
 
     @intrinsic
-    def step(typingctx, src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk):
-        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, out, i64, i64, i64, types.boolean, i64, types.uint64, rk)
+    def step(typingctx, src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk, flags):
+        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, out, i64, i64, i64, types.boolean, i64, types.uint64, rk, flags)
 
         def codegen(context, b, signature, args):
             aty = signature.args
@@ -222,7 +264,8 @@ def grid_step(width: int, has_v: bool, prime: bool, tier: str):
             i_, j_, level_, leaf_ = args[1], args[3], args[5], args[6]
             origin_, lo_, hi_, reverse_, party_, mask_ = args[8:14]
             mmo = _Mmo(b, A.AesRounds(b, _Ptr(context, b, aty[14], args[14]).data, tier))
-            F = _Prime(b) if prime else None
+            flag_ptr = _Ptr(context, b, aty[15], args[15]).at(_c64(0))
+            F = _Prime(b, prime == 2) if prime else None
             zero, one = A.const8(0), A.const8(1)
 
             def cw(row, col):
@@ -262,15 +305,21 @@ def grid_step(width: int, has_v: bool, prime: bool, tier: str):
                             q = side * width + e  # element q of the VALUE blocks (a block each over F_p, else a word)
                             if F is None:
                                 node.append(b.add(st[3 + e], b.add(mine[4 + q], c)))
+                            elif F.words:
+                                node.append(F.half(b.add(b.add(st[3 + e], F.element(mine[4 + q])), c)))
                             else:
                                 node.append(F.half(b.add(b.add(st[3 + e], F.part(mine[4 + 2 * q], mine[5 + 2 * q])), c)))
                         pair.append(node)
                     kids.append(pair)
+                if F is not None:
+                    F.flag(flag_ptr)  # the children's elements (those of the leaves' Convert: below)
 
                 with b.if_else(leaf_) as (leaves, inner):
                     with leaves:
                         flat = [kids[q][side] for q in range(len(hs)) for side in (0, 1)]
                         convs = _converts(b, mmo, F, flat, width)
+                        if F is not None:
+                            F.flag(flag_ptr)
                         lv = [cw(b.add(level_, _c64(1)), 3 + e) for e in range(width)]  # row bits: CW_{n+1}
                         negate = b.icmp_signed("!=", party_, _c64(0))
                         vals = []  # per (half, side): width vectors

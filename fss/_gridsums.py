@@ -25,7 +25,11 @@ def eval_grid_sums(batch: KeyBatch, start: int, size: int, reverse: bool, tier: 
     if n:
         ring = np.empty((2, size, p.width), np.uint64)
         sketch = (c, tuple(int(o) for o in offs))
-        fast._grid_run(batch, start, size, reverse, tier, threads, ring, sketch, lambda k: (weights.reshape(q, size * c), dots, cols[k], last))
+        if not fast._grid_run(batch, start, size, reverse, tier, threads, ring, sketch,
+                              lambda k: (weights.reshape(q, size * c), dots, cols[k], last)):
+            from . import portable  # a rejected F_p element (`prg.resample`): about 2^-61 an element
+
+            return sums_of(portable.eval_grid(batch, start, size, reverse), weights, offs)
     col = cols[0]
     for other in cols[1:]:
         col = field.add(col, other)

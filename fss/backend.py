@@ -177,13 +177,14 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
     return fast.gen_batch(p, alphas, betas, roots, name)
 
 
-def _self_test_keys(width: int, has_v: bool, prime: bool):
-    """Both parties' keys of a small fixed batch (21 keys, 7 bits) for the grid kernels' self-tests."""
+def _self_test_keys(width: int, has_v: bool, prime: int):
+    """Both parties' keys of a small fixed batch (21 keys, 7 bits) for the grid kernels' self-tests;
+    `prime`: 0 over the ring, else the F_p key format version (`fast.field_code`)."""
     from . import portable
     from .params import KIND_DCF, KIND_DPF
 
     p = TreeParams.make(KIND_DCF if has_v else KIND_DPF, 7, None if prime else 64, width, "le" if has_v else "eq",
-                        False, "p61" if prime else "ring")
+                        False, "p61" if prime else "ring", prime or None)
     n = 21
     alphas = np.arange(n, dtype=np.uint64) * np.uint64(37) % np.uint64(1 << p.bits)
     betas = (np.arange(n * width, dtype=np.uint64).reshape(width, n) * np.uint64(0x9E3779B97F4A7C15)) >> np.uint64(4)
@@ -192,7 +193,7 @@ def _self_test_keys(width: int, has_v: bool, prime: bool):
 
 
 @functools.lru_cache(maxsize=None)
-def _sums_self_test(name: str, width: int, has_v: bool, c: int, offs: tuple) -> bool:
+def _sums_self_test(name: str, width: int, has_v: bool, c: int, offs: tuple, version: int = 2) -> bool:
     """The grid kernel with the row sketch of this shape (`_gridsums`) agrees with `_linear.sums_of` of
     the portable backend's grid values (both parties, a partial range in both orders, weights near p)."""
     from . import portable
@@ -202,7 +203,7 @@ def _sums_self_test(name: str, width: int, has_v: bool, c: int, offs: tuple) -> 
     w = np.arange(len(offs) * 100 * c, dtype=np.uint64).reshape(len(offs), 100, c) * np.uint64(0x9E3779B97F4A7C15)
     w = np.uint64((1 << 61) - 2) - w % np.uint64((1 << 61) - 1 - 7)  # canonical, many near p
     o = np.array(offs, dtype=np.int64)
-    for k in _self_test_keys(width, has_v, True):
+    for k in _self_test_keys(width, has_v, version):
         for start, reverse in ((0, False), (3, True)):
             got = eval_grid_sums(k, start, 100, reverse, name, w, o)
             want = sums_of(portable.eval_grid(k, start, 100, reverse), w, o)
@@ -212,7 +213,7 @@ def _sums_self_test(name: str, width: int, has_v: bool, c: int, offs: tuple) -> 
 
 
 @functools.lru_cache(maxsize=None)
-def _grid_self_test(name: str, width: int, has_v: bool, prime: bool) -> bool:
+def _grid_self_test(name: str, width: int, has_v: bool, prime: int) -> bool:
     """The grid kernel of this width, DCF or DPF and group agrees with the portable backend on a
     small batch (both parties, a partial range in both orders, every level of a 7-bit tree)."""
     from . import fast, portable
@@ -234,7 +235,7 @@ def _grid_for(p: TreeParams) -> str | None:
     name = current()
     if name == "portable" or p.width > fast.MAX_WIDTH:
         return None
-    return name if _trusted(name, "grid kernel", _grid_self_test(name, p.width, p.level_payload, p.prime)) else None
+    return name if _trusted(name, "grid kernel", _grid_self_test(name, p.width, p.level_payload, fast.field_code(p))) else None
 
 
 def _trusted(name: str, what: str, passed: bool) -> bool:
@@ -267,7 +268,7 @@ def eval_grid_sums(batch: KeyBatch, start: int, size: int, reverse: bool, weight
     p = batch.params
     name = _grid_for(p)
     if name is not None and not _trusted(name, "grid kernel's sketch", _sums_self_test(
-            name, p.width, p.level_payload, weights.shape[2], tuple(int(o) for o in offs))):
+            name, p.width, p.level_payload, weights.shape[2], tuple(int(o) for o in offs), p.version)):
         name = None
     if name is None:
         return sums_of(_portable().eval_grid(batch, start, size, reverse), weights, offs)

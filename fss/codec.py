@@ -23,7 +23,7 @@ from __future__ import annotations
 from ._lazy import numpy as _numpy
 
 from .errors import KeyFormatError
-from .params import BATCH_FLAG, BATCH_HEADER_LEN, FORMAT_VERSION, HEADER_LEN, LAMBDA_BYTES, TreeParams
+from .params import BATCH_FLAG, BATCH_HEADER_LEN, HEADER_LEN, LAMBDA_BYTES, TreeParams
 
 np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
@@ -65,8 +65,8 @@ def encode_key(p: TreeParams, party: int, fields: tuple) -> bytes:
 
 def _check_header(p: TreeParams, data: bytes, batch: bool, party: int | None) -> int:
     """Validates a key or batch header against the expected parameters; returns the party."""
-    if data[0] != FORMAT_VERSION:
-        raise KeyFormatError(f"unsupported key format version {data[0]} (expected {FORMAT_VERSION})")
+    if data[0] != p.version:
+        raise KeyFormatError(f"key format version {data[0]}, but {p.describe()} has version {p.version}")
     want_kind = p.kind | (BATCH_FLAG if batch else 0)
     if data[1] != want_kind:
         what = "a key batch" if batch else "a single key"

@@ -24,15 +24,17 @@ class DCF(TreeFunction):
     backend, except in `eval_grid`, whose fused kernel does F_p arithmetic too.
 
     cmp: "lt" (x < alpha, the default and the paper's), "le", "gt", "ge", or "<", "<=", ">", ">=".
+    version: the key format, for group "p61" only: 2 (the default; each element a rejection-sampled
+    61-bit PRG word) or 1 (each a whole PRG block mod p: keys of earlier releases; `fss.prg`).
     Raises `ParameterError` for bits or out_bits outside 1..64, width outside 1..65535, an
-    unknown cmp or group, or group "p61" with out_bits other than 61.
+    unknown cmp or group, group "p61" with out_bits other than 61, or another version.
     """
 
     def __init__(
         self, bits: int, out_bits: int | None = None, width: int = 1, *, cmp: str = "lt", signed: bool = False,
-        group: str = "ring",
+        group: str = "ring", version: int | None = None,
     ):
-        self.params = TreeParams.make(KIND_DCF, bits, out_bits, width, _CMP_ALIASES.get(cmp, cmp), signed, group)
+        self.params = TreeParams.make(KIND_DCF, bits, out_bits, width, _CMP_ALIASES.get(cmp, cmp), signed, group, version)
 
     @property
     def cmp(self) -> str:

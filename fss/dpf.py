@@ -21,10 +21,12 @@ class DPF(TreeFunction):
     """f(x) = beta if x == alpha else 0, over x in [0, 2^bits) (or the signed range with
     `signed=True`), with values in (Z_{2^out_bits})^width, or with `group="p61"` in F_p^width,
     p = 2^61 - 1 (out_bits 61). Raises `ParameterError` for bits or out_bits outside 1..64, width
-    outside 1..65535, an unknown group, or group "p61" with out_bits other than 61."""
+    outside 1..65535, an unknown group, or group "p61" with out_bits other than 61; `version` as
+    for `DCF`."""
 
-    def __init__(self, bits: int, out_bits: int | None = None, width: int = 1, *, signed: bool = False, group: str = "ring"):
-        self.params = TreeParams.make(KIND_DPF, bits, out_bits, width, "eq", signed, group)
+    def __init__(self, bits: int, out_bits: int | None = None, width: int = 1, *, signed: bool = False, group: str = "ring",
+                 version: int | None = None):
+        self.params = TreeParams.make(KIND_DPF, bits, out_bits, width, "eq", signed, group, version)
 
     def eval_full(self, key: Key) -> np.ndarray:
         """This party's shares at every x of the domain, indexed by x mod 2^bits (so for signed

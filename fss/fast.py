@@ -238,20 +238,23 @@ GRID_BLOCK_BITS = 10  # the walk goes subtree by subtree of 2^10 leaves: a level
 
 
 @functools.lru_cache(maxsize=None)
-def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str, sketch: tuple = ()):
+def _grid_kernel(width: int, has_v: bool, prime: int, tier: str, sketch: tuple = ()):
     """Keys k0 .. k1 - 1, one after the other, walk the plan of `grid_plan`, the last level's steps
     writing the leaves' shares straight into `out` (no prange: a parallel
     numba kernel compiles in about three times as long, once per width, group, DCF or DPF and AES
     flavour; `eval_grid` runs one call per thread instead). With `sketch` = (c, offsets), `out` is a ring
-    of two rows and each key's row goes through `_linear.row_sketch` (`_gridsums.eval_grid_sums`)."""
+    of two rows and each key's row goes through `_linear.row_sketch` (`_gridsums.eval_grid_sums`).
+    `prime`: 0 ring, else the F_p key format version (`field_code`). Returns flags[0]: nonzero if an
+    F_p element was rejected (`_grid`), when the caller must take the portable backend instead."""
     blocks = fits(width, has_v, prime, tier)  # nodes in AES-block layout (`_blockgrid`)
-    step = block_step(width, tier) if blocks else grid_step(width, has_v, prime, tier)
+    step = block_step(width, tier, prime) if blocks else grid_step(width, has_v, prime, tier)
     rows = 3 + width
     sums = bool(sketch)
     row_sum = row_sketch(width, *sketch) if sums else no_sketch
 
     @njit(nogil=True)
     def kernel(seeds, cw_seed, cw_t, cw_v, top, subs, cols, top_cap, reverse, k0, k1, party, bits, mask, rk, out, wf, dots, col, last):
+        flags = np.zeros(1, np.uint64)
         split = top.shape[0]  # levels of the first stage: the root down to the subtrees' roots
         sub_cap = 2 * (1 << subs.shape[1]) + 64
         ta, tb = np.empty((rows, top_cap), np.uint64), np.empty((rows, top_cap), np.uint64)
@@ -308,7 +311,7 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str, sketch: tuple 
                 for level in range(first, stop):
                     leaf = level == bits - 1
                     for i in range(0, mm, 16):
-                        step(a, b2 + i, d, 2 * i, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk)
+                        step(a, b2 + i, d, 2 * i, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk, flags)
                     if seg == 0:
                         b2, mm = top[level, 0], top[level, 1]
                     else:
@@ -322,9 +325,15 @@ def _grid_kernel(width: int, has_v: bool, prime: bool, tier: str, sketch: tuple 
                     fold_all(col)
         if sums:
             fold_all(col)
+        return flags[0]
 
     tag = f"-sums{sketch[0]}-{'.'.join(map(str, sketch[1]))}" if sums else ""
-    return _cache.cached(kernel, f"grid-{_tag(width, has_v, tier)}-{'p61' if prime else 'ring'}{tag}")
+    return _cache.cached(kernel, f"grid-{_tag(width, has_v, tier)}-{('ring', 'p61', 'p61w')[prime]}{tag}")
+
+
+def field_code(p: TreeParams) -> int:
+    """The grid kernels' payload flavour: 0 over the ring, else the F_p key format version (1, 2)."""
+    return p.version if p.prime else 0
 
 
 @functools.lru_cache(maxsize=64)
@@ -386,15 +395,16 @@ def _unfit(batch: KeyBatch, tier: str) -> bool:
     """Not a key gen makes or the codec accepts, left to the portable backend: over F_p, a correction >= p
     or, for `_blockgrid` (t in bit 0 of the seeds), bit 0 of a seed correction set."""
     p = batch.params
-    blocks = fits(p.width, p.level_payload, p.prime, tier)
+    blocks = fits(p.width, p.level_payload, field_code(p), tier)
     return p.prime and len(batch) > 0 and (int(batch.cw_v.max()) >= p.modulus or blocks and (batch.cw_seed[:, :, 0] & 1).any())
 
 
-def _grid_run(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, threads: int, out, sketch: tuple, extra) -> None:
+def _grid_run(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, threads: int, out, sketch: tuple, extra) -> bool:
     """The grid kernel (with `sketch`, `_grid_kernel`'s) over all keys, split over `threads` threads:
-    `extra(c)` gives part c's (wf, dots, col, last) arguments."""
+    `extra(c)` gives part c's (wf, dots, col, last) arguments. False if an F_p element was rejected
+    (then `out` and the sums are not the shares: the caller takes the portable backend)."""
     p, n = batch.params, len(batch)
-    kernel = _grid_kernel(p.width, p.level_payload, p.prime, tier, sketch)
+    kernel = _grid_kernel(p.width, p.level_payload, field_code(p), tier, sketch)
     top, subs, cols, top_cap = grid_plan(p.bits, start, size, reverse)
     common = (batch.party, p.bits, np.uint64(p.mask), round_keys())
     cw_v = batch.cw_v.astype(np.uint64, copy=False)  # one kernel for 32- and 64-bit corrections
@@ -404,9 +414,10 @@ def _grid_run(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, 
     outs = [out] + [np.empty_like(out) if sketch else out for _ in range(1, parts)]  # with sums: a ring per thread
     run = lambda c: kernel(*keys, top, subs, cols, top_cap, reverse, bounds[c], bounds[c + 1], *common, outs[c], *extra(c))  # noqa: E731
     futures = [_threads_pool().submit(run, c) for c in range(1, parts)]
-    run(0)
+    flags = run(0)
     for f in futures:
-        f.result()
+        flags |= f.result()
+    return not flags
 
 
 def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, threads: int = 1) -> np.ndarray:
@@ -422,7 +433,10 @@ def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, 
     out = np.empty((n, size, p.width), np.uint64)
     if n:
         none = (np.zeros((0, 0), np.uint64), np.zeros((1, 0), np.uint64), np.zeros(0, np.uint64), np.zeros((1, 0), np.uint64))
-        _grid_run(batch, start, size, reverse, tier, threads, out, (), lambda c: none)
+        if not _grid_run(batch, start, size, reverse, tier, threads, out, (), lambda c: none):
+            from . import portable  # a rejected F_p element (`prg.resample`): about 2^-61 an element
+
+            return portable.eval_grid(batch, start, size, reverse)
     return out
 
 

@@ -10,7 +10,9 @@ from dataclasses import dataclass
 
 from .errors import ParameterError
 
-FORMAT_VERSION = 1
+FORMAT_VERSION = 1  # ring keys, and F_p keys with an element a whole PRG block (the first prime format)
+PACKED_VERSION = 2  # F_p keys with an element a 61-bit PRG word, rejection-sampled (`fss.prg`): the default
+VERSIONS = {"ring": (FORMAT_VERSION,), "p61": (FORMAT_VERSION, PACKED_VERSION)}
 KIND_DCF = 1
 KIND_DPF = 2
 BATCH_FLAG = 0x80
@@ -45,7 +47,10 @@ def check_int(name: str, value: object, lo: int, hi: int) -> int:
 @dataclass(frozen=True)
 class TreeParams:
     """Everything a key depends on. `cmp` is one of lt, le, gt, ge (DCF) or eq (DPF). `prime`:
-    payloads in F_p with p = 2^61 - 1 (out_bits is then 61) instead of Z_{2^out_bits}."""
+    payloads in F_p with p = 2^61 - 1 (out_bits is then 61) instead of Z_{2^out_bits}. `version`: the
+    key format (the header's first byte); it matters only over F_p, where version 1 takes each element
+    from a whole PRG block and version 2 (the default) from a 64-bit word (`fss.prg`, "Prime-field
+    payloads"), so that a width-2 key's grid walk costs 5 blocks a node instead of 8."""
 
     kind: int
     bits: int
@@ -54,13 +59,20 @@ class TreeParams:
     cmp: str
     signed: bool
     prime: bool = False
+    version: int = FORMAT_VERSION
 
     @classmethod
     def make(
-        cls, kind: int, bits: object, out_bits: object, width: object, cmp: str, signed: object, group: str = "ring"
+        cls, kind: int, bits: object, out_bits: object, width: object, cmp: str, signed: object, group: str = "ring",
+        version: object = None,
     ) -> "TreeParams":
         if group not in GROUPS:
             raise ParameterError(f"group must be one of {GROUPS}, got {group!r}")
+        if version is None:
+            version = VERSIONS[group][-1]
+        if not isinstance(version, int) or isinstance(version, bool) or version not in VERSIONS[group]:
+            raise ParameterError(f"a group={group!r} function has key format version {' or '.join(map(str, VERSIONS[group]))}, "
+                                 f"got {version!r}")
         bits = check_int("bits", bits, 1, 64)
         if group == "p61":
             if out_bits is None:
@@ -76,7 +88,7 @@ class TreeParams:
         allowed = ("lt", "le", "gt", "ge") if kind == KIND_DCF else ("eq",)
         if cmp not in allowed:
             raise ParameterError(f"cmp must be one of {allowed}, got {cmp!r}")
-        return cls(kind, bits, out_bits, width, cmp, signed, group == "p61")
+        return cls(kind, bits, out_bits, width, cmp, signed, group == "p61", int(version))
 
     # --- derived quantities -------------------------------------------------------------
     @property
@@ -94,10 +106,26 @@ class TreeParams:
         return PRIME if self.prime else 1 << self.out_bits
 
     @property
+    def block_elements(self) -> bool:
+        """Whether each payload element takes a whole PRG block (F_p keys of version 1)."""
+        return self.prime and self.version == FORMAT_VERSION
+
+    @property
     def words_per_element(self) -> int:
-        """64-bit PRG words per payload element: one (Z_{2^k}), or a whole block (F_p, reduced from
-        128 bits, so within 2^-122 of uniform)."""
-        return 2 if self.prime else 1
+        """64-bit PRG words per payload element: one (Z_{2^k}, and F_p from version 2: 61 bits of a
+        word, rejection-sampled), or a whole block (F_p version 1, reduced from 128 bits)."""
+        return 2 if self.block_elements else 1
+
+    @property
+    def seed_leaf(self) -> bool:
+        """Whether Convert(leaf seed) reads the payload from the seed itself, no LEAF block: width 1
+        (the ring's high word, F_p's 127 bits mod p or low 61 bits), or width 2 over F_p version 2."""
+        return self.width == 1 or (self.prime and not self.block_elements and self.width == 2)
+
+    @property
+    def leaf_blocks(self) -> int:
+        """LEAF blocks that convert one leaf seed into its payload."""
+        return 0 if self.seed_leaf else (self.width if self.block_elements else self.value_blocks)
 
     @property
     def value_blocks(self) -> int:
@@ -184,11 +212,11 @@ class TreeParams:
 
     def header(self, party: int, batch: bool = False) -> bytes:
         kind = self.kind | (BATCH_FLAG if batch else 0)
-        return bytes([FORMAT_VERSION, kind, party, self.bits, self.out_bits, self.flags()]) + self.width.to_bytes(2, "little")
+        return bytes([self.version, kind, party, self.bits, self.out_bits, self.flags()]) + self.width.to_bytes(2, "little")
 
     def describe(self) -> str:
         name = "DCF" if self.kind == KIND_DCF else "DPF"
         sign = ", signed" if self.signed else ""
-        group = ", group=p61" if self.prime else ""
+        group = (", group=p61" + (f", version={self.version}" if self.version != PACKED_VERSION else "")) if self.prime else ""
         return f"{name}(bits={self.bits}, out_bits={self.out_bits}, width={self.width}, cmp={self.cmp}{sign}{group})"
 

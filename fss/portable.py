@@ -7,7 +7,8 @@ internal domain (x xor c, see `TreeParams.input_xor`); payloads are (width, n) u
 
 Prime-field keys (`TreeParams.prime`, F_p with p = 2^61 - 1) walk the tree with the same kernels
 (seeds and control bits: `has_v=False`) and do the payload arithmetic here in numpy with `fss.field`;
-each payload element is a whole PRG block reduced mod p (see `fss.reference`).
+each payload element is a whole PRG block reduced mod p (key format version 1) or a word's low 61
+bits, rejection-sampled (version 2; `fss.prg`, "Prime-field payloads"; see `fss.reference`).
 """
 from __future__ import annotations
 
@@ -19,9 +20,32 @@ from . import _kernels as K
 from . import field as F
 from .keys import GROUP, KeyBatch, from_groups, to_groups
 from .params import TreeParams
-from .prg import EcbPass, ecb_pointers, mmo_blocks
+from .prg import M61, ROLE_LEAF, ROLE_SEED, ROLE_VALUE, EcbPass, ecb_pointers, mmo_blocks, resample, source
 
 _NOT1 = ~np.uint64(1)
+_M61 = np.uint64(M61)
+
+
+def _elements(words: np.ndarray, lo: np.ndarray, hi: np.ndarray, role: int, index: object) -> np.ndarray:
+    """F_p elements of 64-bit PRG words (key format version 2, `prg.element`): the low 61 bits, and
+    where those are p (probability 2^-61 each) `prg.resample` of the expanded seed (lo, hi) at
+    source (role, index); lo, hi and index broadcast against words."""
+    x = words & _M61
+    bad = np.nonzero(x == _M61)
+    if bad[0].size:
+        lo, hi, index = (np.broadcast_to(a, x.shape) for a in (lo, hi, np.asarray(index, np.int64)))
+        for at in zip(*bad):
+            x[at] = resample(int(lo[at]) | int(hi[at]) << 64, source(role, int(index[at])))
+    return x
+
+
+def _seed_words(s: np.ndarray, width: int) -> np.ndarray:
+    """Leaf seeds (2, n) -> payloads (width, n) for width 1, 2 over F_p version 2: word e of each
+    seed shifted right by one bit (`prg.seed_word`), rejection-sampled."""
+    w0 = (s[0] >> np.uint64(1)) | (s[1] << np.uint64(63))
+    w1 = (s[0] >> np.uint64(62)) | (s[1] << np.uint64(2))
+    words = np.stack([w0, w1][:width])
+    return _elements(words, s[0], s[1], ROLE_SEED, np.arange(width)[:, None])
 
 
 def _level_bits(values: np.ndarray, p: TreeParams, level: int) -> np.ndarray:
@@ -40,11 +64,17 @@ def _mmo(fill, *args, shape) -> np.ndarray:
 def convert(p: TreeParams, s: np.ndarray) -> np.ndarray:
     """Leaf seeds (2, n) -> payloads (width, n): the high word for width 1, else LEAF blocks."""
     n = s.shape[1]
-    if p.prime:
+    if p.block_elements:
         if p.width == 1:  # the seed without its control bit (127 bits), mod p
             return F.reduce128((s[0] >> np.uint64(1)) | (s[1] << np.uint64(63)), s[1] >> np.uint64(1))[None, :]
         out = _mmo(K.fill_leaf, s, shape=(n, p.width))  # LEAF block e for element e
         return np.ascontiguousarray(F.reduce128(out[..., 0], out[..., 1]).T)
+    if p.prime and p.seed_leaf:
+        return _seed_words(s, p.width)
+    if p.prime:
+        out = _mmo(K.fill_leaf, s, shape=(n, p.value_blocks))
+        words = np.ascontiguousarray(out.reshape(n, 2 * p.value_blocks)[:, : p.width].T)
+        return _elements(words, s[0], s[1], ROLE_LEAF, np.arange(p.width)[:, None])
     if p.width == 1:
         return s[1:2].copy()
     out = _mmo(K.fill_leaf, s, shape=(n, p.value_blocks))
@@ -85,7 +115,7 @@ def _gen_logical(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np
         level_v = cw_v[i] if p.level_payload else cw_v[0]
         a_bits = _level_bits(alphas, p, i)
         if p.prime and p.level_payload:
-            _gen_payload_prime(p, out, t[1], v_alpha, a_bits, below, level_v)  # before t changes
+            _gen_payload_prime(p, out, s, t[1], v_alpha, a_bits, below, level_v)  # before s and t change
         K.gen_level(out, s, t, v_alpha, a_bits, below, cw_seed[i], cw_t[i], level_v, p.level_payload and not p.prime)
     if p.prime:
         c = F.add(F.sub(F.sub(convert(p, s[1]), convert(p, s[0])), v_alpha), equal)
@@ -96,12 +126,21 @@ def _gen_logical(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np
     return cw_seed, cw_t, cw_v
 
 
-def _gen_payload_prime(p, out, t1, v_alpha, a_bits, below, cw_out) -> None:
+def _values(p: TreeParams, out: np.ndarray, s: np.ndarray) -> np.ndarray:
+    """Both children's payload elements over F_p from the blocks `fill_expand` gave for seeds s (2, m):
+    out (m, expand_blocks, 2) -> (m, 2 width), element side*width + e."""
+    m = out.shape[0]
+    if p.block_elements:  # VALUE block side*width + e, reduced mod p
+        return F.reduce128(out[:, 2:, 0], out[:, 2:, 1])
+    return _elements(out[:, 2:, :].reshape(m, 2 * p.width), s[0][:, None], s[1][:, None], ROLE_VALUE, np.arange(2 * p.width))
+
+
+def _gen_payload_prime(p, out, s, t1, v_alpha, a_bits, below, cw_out) -> None:
     """One level's payload correction over F_p (BCG+21 Fig. 1, step 4; as `_kernels.gen_level`):
-    writes cw_out (width, n) and advances v_alpha in place. out (2, n, 2 + 2*width, 2): both parties'
-    blocks, VALUE block side*width + e at position 2 + side*width + e."""
+    writes cw_out (width, n) and advances v_alpha in place. out (2, n, expand_blocks, 2): both parties'
+    blocks of their seeds s (2, 2, n)."""
     n, w = a_bits.shape[0], p.width
-    vals = F.reduce128(out[:, :, 2:, 0], out[:, :, 2:, 1]).reshape(2, n, 2, w).transpose(0, 2, 3, 1)  # (b, side, e, k)
+    vals = np.stack([_values(p, out[b], s[b]) for b in (0, 1)]).reshape(2, n, 2, w).transpose(0, 2, 3, 1)  # (b, side, e, k)
     keep = a_bits.astype(bool)
     v_keep = np.where(keep, vals[:, 1], vals[:, 0])
     v_lose = np.where(keep, vals[:, 0], vals[:, 1])
@@ -118,13 +157,20 @@ def _eval_batch_prime(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
     t = np.full(n, batch.party, np.uint8)
     acc = np.zeros((p.width, n), np.uint64)
     cw_v = from_groups(batch.cw_v, n).astype(np.uint64)  # (v_levels, width, n)
+    words = p.width * p.words_per_element
     for i in range(p.bits):
         d = _level_bits(xs, p, i)
-        out = _mmo(K.fill_eval, s, d, 2 * p.width, shape=(n, p.eval_blocks))  # VALUE blocks d*width + e
-        t_old = t.astype(bool)
+        out = _mmo(K.fill_eval, s, d, words, shape=(n, p.eval_blocks))  # child d's payload: word d*words on
+        t_old, s_old = t.astype(bool), s.copy()
         K.eval_level(out, s, t, acc, batch.cw_seed[:, i], batch.cw_t[:, i], batch.cw_v[:, 0], d, False)
         if p.level_payload:
-            v = F.reduce128(out[:, 1:, 0], out[:, 1:, 1]).T
+            if p.block_elements:
+                v = F.reduce128(out[:, 1:, 0], out[:, 1:, 1]).T
+            else:  # child d's elements start at word (d * width) mod 2 of its first block
+                at = (d.astype(np.int64) * p.width) % 2
+                flat = out[:, 1:, :].reshape(n, -1)
+                v = flat[np.arange(n)[None, :], at[None, :] + np.arange(p.width)[:, None]]
+                v = _elements(v, s_old[0], s_old[1], ROLE_VALUE, d.astype(np.int64) * p.width + np.arange(p.width)[:, None])
             acc = F.add(acc, F.add(v, np.where(t_old, cw_v[i], np.uint64(0))))
     return _finish_prime(acc, convert(p, s), t, cw_v[-1], batch.party)
 
@@ -259,15 +305,16 @@ def _grid_keys(p: TreeParams, party: int, seeds, cw_seed, cw_t, cw_v, start: int
         out = _mmo(K.fill_expand, s.reshape(2, n * m), shape=(n * m, nb)).reshape(n, m, nb, 2)
         tm = np.uint64(0) - t.astype(np.uint64)  # all ones where t
         kid_s, kid_t, kid_acc = [], [], []
+        if p.prime and p.level_payload:  # both children's elements (`_values`)
+            vals = _values(p, out.reshape(n * m, nb, 2), s.reshape(2, n * m)).reshape(n, m, 2 * w)
         for side in (0, 1):
             lo, hi = out[:, :, side, 0], out[:, :, side, 1]
             kid_s.append(np.stack([(lo & _NOT1) ^ (cw_seed[i, 0][:, None] & tm), hi ^ (cw_seed[i, 1][:, None] & tm)]))
             kid_t.append((lo & np.uint64(1)).astype(np.uint8) ^ (((cw_t[i] >> np.uint8(side)) & np.uint8(1))[:, None] & t))
             if not p.level_payload:
                 kid_acc.append(acc)
-            elif p.prime:  # VALUE block side*width + e, reduced mod p
-                v = F.reduce128(out[:, :, 2 + side * w : 2 + (side + 1) * w, 0], out[:, :, 2 + side * w : 2 + (side + 1) * w, 1])
-                v = np.moveaxis(v, 2, 0)
+            elif p.prime:  # child side's elements side*width + e of both (`_values`)
+                v = np.moveaxis(vals[:, :, side * w : (side + 1) * w], 2, 0)
                 kid_acc.append(F.add(acc, F.add(v, cw_v[i][:, :, None] & tm)))
             else:  # word side*width + e of the VALUE blocks, two words a block
                 words = out[:, :, 2:, :].reshape(n, m, -1)[:, :, side * w : (side + 1) * w]

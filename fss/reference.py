@@ -9,15 +9,17 @@ per-level payload) works on internal inputs x' = x xor c in [0, 2^bits) and comp
 `TreeParams.input_xor` gives c and which of beta_below, beta_equal are beta or zero.
 
 The payload group is Z_{2^out_bits} or, with `TreeParams.prime`, F_p (p = 2^61 - 1): the walk is the
-same, arithmetic is mod `TreeParams.modulus`, and each F_p element is a whole PRG block mod p (VALUE
-block d*width + e for child d's element e; at the leaf (s >> 1) mod p for width 1, else LEAF block e).
+same, arithmetic is mod `TreeParams.modulus`. An F_p element of key format version 1 is a whole PRG
+block mod p (VALUE block d*width + e for child d's element e; at the leaf (s >> 1) mod p for width 1,
+else LEAF block e); of version 2, a word's low 61 bits, rejection-sampled (`prg.element`), at the
+ring's positions, and at a leaf of width 1 or 2 the seed's own words (`prg.seed_word`).
 """
 from __future__ import annotations
 
 from dataclasses import dataclass
 
 from .params import HEADER_LEN, TreeParams
-from .prg import ROLE_LEAF, ROLE_LEFT, ROLE_RIGHT, ROLE_VALUE, expand_one
+from .prg import ROLE_LEAF, ROLE_LEFT, ROLE_RIGHT, ROLE_SEED, ROLE_VALUE, element, expand_one, seed_word, source
 
 _LO = (1 << 64) - 1
 
@@ -41,23 +43,28 @@ def _expand(p: TreeParams, s: int, side: int) -> tuple[int, int, list[int]]:
     """Child `side` (0 left, 1 right) of seed s: (seed with bit 0 cleared, control bit, payload)."""
     b0 = expand_one(s, ROLE_RIGHT if side else ROLE_LEFT, 0)
     v = []
-    if p.level_payload and p.prime:
+    if p.level_payload and p.block_elements:
         v = [expand_one(s, ROLE_VALUE, side * p.width + e) % p.modulus for e in range(p.width)]
     elif p.level_payload:
         for e in range(p.width):
             word = side * p.width + e  # both children's words, packed densely into VALUE blocks
             block = expand_one(s, ROLE_VALUE, word // 2)
-            v.append((block >> (64 * (word % 2))) & _LO & p.mask)
+            w = (block >> (64 * (word % 2))) & _LO
+            v.append(element(w, s, source(ROLE_VALUE, word)) if p.prime else w & p.mask)
     return b0 & ~1, b0 & 1, v
 
 
 def convert(p: TreeParams, s: int) -> list[int]:
     """Leaf seed -> payload vector: the seed's high word for width 1, else LEAF-role blocks (F_p: the
     seed without its control bit, or whole LEAF blocks, mod p)."""
-    if p.prime:
+    if p.block_elements:
         if p.width == 1:
             return [(s >> 1) % p.modulus]
         return [expand_one(s, ROLE_LEAF, e) % p.modulus for e in range(p.width)]
+    if p.prime and p.seed_leaf:
+        return [element(seed_word(s, e), s, source(ROLE_SEED, e)) for e in range(p.width)]
+    if p.prime:
+        return [element((expand_one(s, ROLE_LEAF, e // 2) >> (64 * (e % 2))) & _LO, s, source(ROLE_LEAF, e)) for e in range(p.width)]
     if p.width == 1:
         return [(s >> 64) & p.mask]
     out = []

@@ -14,8 +14,10 @@ from urllib.parse import urlsplit
 import numpy as np
 
 from fss import DCF
+from fss.params import PACKED_VERSION as KEY_FORMAT
 
 from ..errors import ParameterError
+
 from ..release.adaptive import MIN_ADAPTIVE_GRID, PLAN_VERSION, SHARE_RULE, AdaptiveMechanism
 from ..release.policy import auto_mechanism, curve_budget
 from ..release.calibration import group_scales
@@ -104,7 +106,14 @@ class TaskConfig:
     payload can be and the grid has at most MAX_VERIFIED_GRID points; True allows grids of up to
     MAX_CLUSTER_VERIFIED_GRID, which servers without a Dask cluster refuse. A config without the field
     (written before verification existed) is unverified, and an unverified task's JSON leaves the
-    field out, so its fingerprint is what it was."""
+    field out, so its fingerprint is what it was.
+
+    key_format: the F_p key format a verified task's keys are made and parsed with (`fss.DCF`'s
+    `version`): 2, a rejection-sampled 61-bit word an element, for new tasks; 1, a whole AES block an
+    element, for configs without the field (written before version 2), so that reports stored by an
+    earlier release still parse and evaluate (on the portable backend). Pinned per task: a server
+    parses only its task's format and refuses the other with a 400. An unverified task has ring keys:
+    1, left out of the JSON."""
 
     grid: dict
     epsilon: float | None
@@ -124,6 +133,7 @@ class TaskConfig:
     fine_bins: bool = True
     adaptive_plan: int = PLAN_VERSION
     adaptive_shares: int = SHARE_RULE
+    key_format: int = KEY_FORMAT
     task_id: str = field(default_factory=lambda: secrets.token_hex(16))
     format: str = FORMAT
 
@@ -175,6 +185,10 @@ class TaskConfig:
                                      f"{MAX_CLUSTER_VERIFIED_GRID} points, on servers with a Dask cluster "
                                      f"(this grid has {size}); use verify=false")
             self.check()  # raises for a payload that cannot be verified
+            if isinstance(self.key_format, bool) or self.key_format not in (1, KEY_FORMAT):
+                raise ParameterError(f"key_format must be 1 or {KEY_FORMAT}, got {self.key_format!r:.40}")
+        else:
+            object.__setattr__(self, "key_format", 1)  # ring keys: one format
         if self.payload == "calibration":
             self.group_scales()  # the group sums' noise scales are in range
 
@@ -299,7 +313,7 @@ class TaskConfig:
         <= t_i (beta = 1, or (label, 1 - label)). The shape of what the servers release (a verified
         task's keys carry more: `key_dcf`)."""
         if self.verify:
-            return DCF(self.make_grid().bits, width=self.width, cmp="ge", group="p61")
+            return DCF(self.make_grid().bits, width=self.width, cmp="ge", group="p61", version=self.key_format)
         return DCF(self.make_grid().bits, OUT_BITS, self.width, cmp="ge")
 
     @_derived
@@ -307,7 +321,7 @@ class TaskConfig:
         """The DCF the clients' keys are made with: `dcf`, except that a verified task's keys also carry
         kappa * beta, the report check's MAC (`protocols.check.maths.Check.key_width`)."""
         if self.verify:
-            return DCF(self.make_grid().bits, width=self.check().key_width, cmp="ge", group="p61")
+            return DCF(self.make_grid().bits, width=self.check().key_width, cmp="ge", group="p61", version=self.key_format)
         return self.dcf()
 
     @_derived
@@ -336,6 +350,8 @@ class TaskConfig:
             del d["adaptive_plan"]  # and from before the plan's version 2
         if self.adaptive_shares == 1:
             del d["adaptive_shares"]  # and from before the shares' rule 2
+        if self.key_format == 1:
+            del d["key_format"]  # and from before F_p key format 2 (and every unverified task)
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @classmethod
@@ -348,6 +364,7 @@ class TaskConfig:
             d.setdefault("fine_bins", False)  # and from before round one's fine bins: its 32 bins
             d.setdefault("adaptive_plan", 1)  # and from before the plan's version 2
             d.setdefault("adaptive_shares", 1)  # and from before the shares' rule 2
+            d.setdefault("key_format", 1)  # and from before F_p key format 2
             return cls(**d)
         except ParameterError:
             raise

@@ -18,13 +18,14 @@ from helpers import CMPS
 pytestmark = pytest.mark.usefixtures("each_backend")
 
 P = F.P
-DOC = json.loads((Path(__file__).parents[1] / "vectors" / "fss_prime_v1.json").read_text())
+VECTORS = Path(__file__).parents[1] / "vectors"
+DOCS = {v: json.loads((VECTORS / f"fss_prime_v{v}.json").read_text()) for v in (1, 2)}  # key format versions
 
 
-def make(kind, bits, width=1, signed=False):
+def make(kind, bits, width=1, signed=False, version=None):
     if kind == "eq":
-        return DPF(bits, width=width, signed=signed, group="p61")
-    return DCF(bits, width=width, cmp=kind, signed=signed, group="p61")
+        return DPF(bits, width=width, signed=signed, group="p61", version=version)
+    return DCF(bits, width=width, cmp=kind, signed=signed, group="p61", version=version)
 
 
 def truth(kind, alphas, xs, betas):
@@ -40,9 +41,9 @@ def rows(fn, shares):
 @pytest.mark.parametrize("kind", CMPS + ("eq",))
 @pytest.mark.parametrize("signed", [False, True])
 @pytest.mark.parametrize("bits", [1, 2, 3, 5])
-@pytest.mark.parametrize("width", [1, 3])
-def test_every_alpha_every_x(kind, signed, bits, width):
-    fn = make(kind, bits, width, signed)
+@pytest.mark.parametrize("width, version", [(1, 2), (2, 2), (3, 2), (1, 1), (3, 1)])
+def test_every_alpha_every_x(kind, signed, bits, width, version):
+    fn = make(kind, bits, width, signed, version)
     lo, hi = fn.params.domain_range()
     dom = np.arange(lo, hi + 1, dtype=np.int64)
     rng = np.random.default_rng(bits * 10 + width)  # payload choice only
@@ -94,11 +95,11 @@ def test_dpf_eval_full_every_alpha(signed, bits, width):
 
 @settings(max_examples=25)
 @given(
-    kind=st.sampled_from(CMPS + ("eq",)), bits=st.integers(1, 64), width=st.integers(1, 3), signed=st.booleans(),
-    data=st.data(), rnd=st.binary(min_size=32, max_size=32),
+    kind=st.sampled_from(CMPS + ("eq",)), bits=st.integers(1, 64), width=st.integers(1, 4), signed=st.booleans(),
+    version=st.sampled_from([1, 2]), data=st.data(), rnd=st.binary(min_size=32, max_size=32),
 )
-def test_agrees_with_the_reference(kind, bits, width, signed, data, rnd):
-    fn = make(kind, bits, width, signed)
+def test_agrees_with_the_reference(kind, bits, width, signed, version, data, rnd):
+    fn = make(kind, bits, width, signed, version)
     p = fn.params
     lo, hi = p.domain_range()
     alpha = data.draw(st.integers(lo, hi))
@@ -124,7 +125,96 @@ def test_codec_round_trip():
         assert fn.batch_from_keys(singles, batch.party).to_bytes() == batch.to_bytes()
         assert fn.key_from_bytes(singles[5]) == batch[5]
     header = k0[0].to_bytes()[:8]
-    assert header[4] == 61 and header[5] & 0x10 and header[0] == 1
+    assert header[4] == 61 and header[5] & 0x10 and header[0] == 2  # key format version 2, the default
+    old = DCF(9, width=2, cmp="ge", group="p61", version=1)
+    o0, _ = old.gen_batch(np.arange(3), 1)
+    assert o0[0].to_bytes()[0] == 1 and old.batch_from_bytes(o0.to_bytes(), 0).to_bytes() == o0.to_bytes()
+    with pytest.raises(KeyFormatError, match="version 1, but .*has version 2"):
+        fn.key_from_bytes(o0[0].to_bytes())  # one task, one format: a server parses only its own
+    with pytest.raises(KeyFormatError, match="version 2, but .*has version 1"):
+        old.batch_from_bytes(k0.to_bytes())
+
+
+def test_versions_are_validated_and_differ_only_over_the_prime_field():
+    assert DCF(5, group="p61").params.version == 2 and DCF(5).params.version == 1
+    assert DCF(5, group="p61", version=1).params != DCF(5, group="p61").params
+    for bad in (0, 3, True, "2", 2.0):
+        with pytest.raises(ParameterError, match="key format version"):
+            DCF(5, group="p61", version=bad)
+    with pytest.raises(ParameterError, match="version 1, got 2"):
+        DPF(5, version=2)  # the ring has one format
+    assert "version=1" in DCF(5, group="p61", version=1).params.describe()
+    v1, v2 = DCF(10, width=2, group="p61", version=1).params, DCF(10, width=2, group="p61").params
+    assert (v1.expand_blocks, v1.leaf_blocks, v2.expand_blocks, v2.leaf_blocks) == (6, 2, 4, 0)
+    assert DCF(10, width=3, group="p61").params.leaf_blocks == 2 and DCF(10, width=3, group="p61", version=1).params.leaf_blocks == 3
+
+
+def test_elements_are_exactly_uniform_by_rejection():
+    """A word's low 61 bits are the element unless they are p (all ones): then `prg.resample` of the
+    expanded seed at that word's source, the same in the reference, the portable backend's numpy
+    and whatever `_elements` is handed."""
+    from fss import portable, prg
+
+    seed = 0x0123456789ABCDEF_FEDCBA9876543210
+    words = np.array([[P, 5, P | (7 << 61)], [0, (1 << 64) - 1, P - 1]], np.uint64)
+    got = portable._elements(words.copy(), np.uint64(seed & (2**64 - 1)), np.uint64(seed >> 64), prg.ROLE_VALUE, np.arange(3))
+    want = [[prg.element(int(w), seed, prg.source(prg.ROLE_VALUE, j)) for j, w in enumerate(row)] for row in words]
+    assert got.tolist() == want
+    assert want[0][1] == 5 and want[1][0] == 0 and want[1][2] == P - 1
+    assert want[0][0] == prg.resample(seed, prg.source(prg.ROLE_VALUE, 0)) < P
+    assert want[0][2] == prg.resample(seed, prg.source(prg.ROLE_VALUE, 2)) < P
+    assert want[0][0] != want[0][2]  # a source per word: distinct draws
+
+
+def _rejecting_key(fn, word: int):
+    """A key (of the party whose control bit is 1 above alpha's leaf) whose leaf seed on alpha's path
+    has its word `word` all ones in the element's 61 bits: a last seed correction chosen for it (the
+    key is no longer half of a DCF pair, but every implementation must still give it the same shares)."""
+    p, alpha = fn.params, 11
+    r = R.gen(p, alpha, [3] * p.width, 0x1234 << 70 | 99, 0x5678 << 70 | 77)
+    a = alpha ^ p.input_xor
+    for key in r:
+        s, t = key.seed, key.party
+        for i in range(p.bits - 1):
+            d = (a >> (p.bits - 1 - i)) & 1
+            s_next, t_next, _ = R._expand(p, s, d)
+            s, t = (s_next ^ key.cw_seed[i], t_next ^ key.cw_t[i][d]) if t else (s_next, t_next)
+        if t:
+            raw = R._expand(p, s, a & 1)[0]
+            target = raw | (P << (1 + 61 * word))
+            key.cw_seed[-1] = raw ^ target
+            assert R.convert(p, target)[word] < P and (prg_word(target, word) & P) == P
+            return fn.key_from_bytes(R.encode(p, key)), key
+    raise AssertionError("no party has t = 1 above alpha's leaf")
+
+
+def prg_word(seed: int, e: int) -> int:
+    from fss import prg
+
+    return prg.seed_word(seed, e)
+
+
+@pytest.mark.parametrize("width, word", [(1, 0), (2, 0), (2, 1)])
+def test_a_rejected_leaf_element_is_resampled_on_every_backend(width, word):
+    """Leaf elements are the only ones a test can force to p (through a seed correction): the
+    reference resamples them, and every backend's eval, eval_grid and eval_grid_sums agree with it
+    (a grid kernel flags the rejection and hands the batch to the portable backend)."""
+    fn = DCF(5, width=width, cmp="lt", group="p61")
+    key, ref = _rejecting_key(fn, word)
+    xs = list(range(32))
+    want = [R.eval(fn.params, ref, x) for x in xs]
+    got = [list(np.atleast_1d(fn.eval(key, x))) for x in xs]
+    assert got == want
+    batch = fn.batch_from_keys([key.to_bytes()] * 20, ref.party)  # a group and more: the kernels' lanes
+    grid = fn.eval_grid(batch, 32).reshape(20, 32, width)
+    assert all(g.tolist() == want for g in grid)
+    if width == 2:
+        w = (np.arange(3 * 32, dtype=np.uint64).reshape(3, 32, 1) * np.uint64(0x9E3779B97F4A7C15)) % np.uint64(P)
+        dots, col, last = backend.eval_grid_sums(batch, 0, 32, False, w, np.array([0, 0, 1]))
+        from fss._linear import sums_of
+
+        for a, b in zip((dots, col, last), sums_of(np.asarray(want, np.uint64)[None].repeat(20, 0), w, np.array([0, 0, 1]))):
+            np.testing.assert_array_equal(a, b)
 
 
 def test_strict_decoding_refuses_unreduced_corrections():
@@ -156,10 +246,14 @@ def test_groups_never_mix():
         prime.eval(r0, 1)
     with pytest.raises(KeyMismatchError):
         ring.eval_sum(prime.gen_batch([1, 2])[0], [0])
+    with pytest.raises(KeyFormatError, match="version 2"):
+        ring61.key_from_bytes(k0.to_bytes())  # same layout and out_bits, but the version byte and flags differ
     with pytest.raises(KeyFormatError, match="parameters"):
-        ring61.key_from_bytes(k0.to_bytes())  # same layout and out_bits, but the flags differ
-    with pytest.raises(KeyFormatError, match="parameters"):
+        ring61.key_from_bytes(DCF(5, group="p61", version=1).gen(3)[0].to_bytes())  # the flags differ
+    with pytest.raises(KeyFormatError, match="version 1"):
         prime.key_from_bytes(r0.to_bytes())
+    with pytest.raises(KeyFormatError, match="parameters"):
+        DCF(5, group="p61", version=1).key_from_bytes(r0.to_bytes())
     with pytest.raises(KeyMismatchError, match="cannot mix"):
         KeyBatch.concatenate([prime.gen_batch([1])[0], ring61.gen_batch([1])[0]])
     assert DPF(4, group="p61").params != DPF(4, 61).params
@@ -196,12 +290,18 @@ def test_prime_keys_take_the_portable_backend(each_backend):
 
 
 def _function(v):
+    version = v.get("version", 1)  # fss_prime_v1.json predates the field
     if v["function"] == "DPF":
-        return DPF(v["bits"], v["out_bits"], v["width"], signed=v["signed"], group=v["group"])
-    return DCF(v["bits"], v["out_bits"], v["width"], cmp=v["cmp"], signed=v["signed"], group=v["group"])
+        return DPF(v["bits"], v["out_bits"], v["width"], signed=v["signed"], group=v["group"], version=version)
+    return DCF(v["bits"], v["out_bits"], v["width"], cmp=v["cmp"], signed=v["signed"], group=v["group"], version=version)
 
 
-@pytest.mark.parametrize("v", DOC["vectors"], ids=[f"{v['function']}-{v['bits']}-{v['width']}-{v['alpha']}" for v in DOC["vectors"]])
+ALL_VECTORS = [v for doc in DOCS.values() for v in doc["vectors"]]
+BAD_KEYS = [v for doc in DOCS.values() for v in doc["bad_keys"]]
+
+
+@pytest.mark.parametrize("v", ALL_VECTORS,
+                         ids=[f"v{v.get('version', 1)}-{v['function']}-{v['bits']}-{v['width']}-{v['alpha']}" for v in ALL_VECTORS])
 def test_known_answers(v):
     fn = _function(v)
     rnd = bytes.fromhex(v["randomness"])
@@ -214,13 +314,16 @@ def test_known_answers(v):
         assert [(a + b) % P for a, b in zip(s0, s1)] == val
 
 
-@pytest.mark.parametrize("v", DOC["bad_keys"], ids=[v["why"] for v in DOC["bad_keys"]])
+@pytest.mark.parametrize("v", BAD_KEYS, ids=[f"v{v.get('version', 1)}-{v['why']}" for v in BAD_KEYS])
 def test_bad_key_vectors(v):
     with pytest.raises(KeyFormatError, match=v["match"]):
         _function(v).key_from_bytes(bytes.fromhex(v["key"]))
 
 
-def test_vectors_cover_the_cases():
+@pytest.mark.parametrize("version", [1, 2])
+def test_vectors_cover_the_cases(version):
+    DOC = DOCS[version]
+    assert {v.get("version", 1) for v in DOC["vectors"] + DOC["bad_keys"]} == {version}
     assert DOC["prime"] == P and {v["group"] for v in DOC["vectors"]} == {"p61"}
     assert {v["cmp"] for v in DOC["vectors"]} == {"lt", "le", "gt", "ge", "eq"}
     assert any(v["bits"] == 64 and v["signed"] and v["alpha"] == -(1 << 63) for v in DOC["vectors"])

@@ -23,11 +23,11 @@ def betas_for(payload: str) -> np.ndarray:
     return np.stack([np.ones(5, np.int64), labels, np.array([0, 5, 65536, 300, 7])], axis=1)
 
 
-def two_servers(payload: str):
-    """Both servers' round one of five honest reports, and their extras."""
+def two_servers(payload: str, version: int = 2):
+    """Both servers' round one of five honest reports (keys of F_p key format `version`), and their extras."""
     check = V.Check(payload, SIZE, mac=True)
     key_betas, x0, x1 = check.client_report(betas_for(payload))
-    dcf = DCF(BITS, width=check.key_width, cmp="ge", group="p61")
+    dcf = DCF(BITS, width=check.key_width, cmp="ge", group="p61", version=version)
     k0, k1 = dcf.gen_batch(ALPHAS, key_betas)
     ch = check.challenges(b"k" * 32, b"mac test")
     ys = [np.ascontiguousarray(dcf.eval_grid(k, SIZE).reshape(5, SIZE, check.key_width)) for k in (k0, k1)]
@@ -52,6 +52,20 @@ def test_an_honest_opening_passes_and_any_shift_of_any_element_fails(payload, co
     ok = V.mac_ok(*sigmas(check, states, extras, moved))
     assert not ok[row] and ok.sum() == 4
     assert check.verdicts(moved, v, ok)[row] == V.MAC
+
+
+@pytest.mark.parametrize("payload", V.CHECKED)
+def test_keys_of_the_first_prime_format_pass_and_fail_as_the_default_ones(payload):
+    """A task made before key format 2 keeps version 1 (`TaskConfig.key_format`): its honest reports
+    pass the whole check and a shifted opening fails it, as with version 2's keys."""
+    for version in (1, 2):
+        check, states, extras, opened, _ = two_servers(payload, version)
+        ok = V.mac_ok(*sigmas(check, states, extras, opened))
+        v = F.add(check.round_two(0, states[0], opened, extras[0]), check.round_two(1, states[1], opened, extras[1]))
+        assert ok.all() and (check.verdicts(opened, v, ok) == V.OK).all(), version
+        moved = opened.copy()
+        moved[2, 0] = F.add(moved[2, 0:1], np.array([1], np.uint64))[0]
+        assert V.mac_ok(*sigmas(check, states, extras, moved)).tolist() == [True, True, False, True, True], version
 
 
 def test_the_mac_tags_are_kappa_times_the_values_on_the_grid():

@@ -1,6 +1,7 @@
 """A task config pins how its release is made: a server (or an analyst) that loads a config later
 must derive the same mechanism, or an answer given before an upgrade and one given after would be two
-releases of one budget. Here: the add/remove tree's root share (issue 14) and round one's fine bins (issue 25)."""
+releases of one budget. Here: the add/remove tree's root share (issue 14), round one's fine bins (issue 25)
+and a verified task's F_p key format (issue 22)."""
 from __future__ import annotations
 
 import json
@@ -48,6 +49,44 @@ def test_the_share_applies_to_add_remove_tree_count_tasks_only(change):
 def test_a_bad_root_share_is_refused(share):
     with pytest.raises(ParameterError, match="root_share"):
         TaskConfig(relation="add-remove", root_share=share, **BASE)
+
+
+# --- the F_p key format of a verified task (issue 22) ------------------------------------------------
+def test_a_new_verified_task_pins_key_format_2_and_an_old_one_keeps_1():
+    """New verified tasks make and parse keys of format 2 (an element a rejection-sampled word); a
+    config written before the field keeps format 1, its JSON and fingerprint, so that reports stored by
+    an earlier release still parse; an unverified task has ring keys, one format, and no field."""
+    new = TaskConfig(relation="substitution", **{**BASE, "verify": True})
+    assert new.key_format == 2 and json.loads(new.to_json())["key_format"] == 2
+    assert new.key_dcf().params.version == new.dcf().params.version == 2
+    assert TaskConfig.from_json(new.to_json()) == new
+    old_json = new.to_json().replace(',"key_format":2', "")
+    assert "key_format" not in old_json
+    old = TaskConfig.from_json(old_json)
+    assert old.key_format == 1 and old.to_json() == old_json and old.fingerprint != new.fingerprint
+    assert old.key_dcf().params.version == 1 and old.key_dcf().params.describe().endswith("version=1)")
+    plain = TaskConfig(relation="substitution", **BASE)
+    assert plain.key_format == 1 and "key_format" not in plain.to_json() and not plain.dcf().params.prime
+
+
+@pytest.mark.parametrize("fmt", [0, 3, True, "2", 2.5])
+def test_a_bad_key_format_is_refused(fmt):
+    with pytest.raises(ParameterError, match="key_format"):
+        TaskConfig(relation="substitution", key_format=fmt, **{**BASE, "verify": True})
+
+
+def test_a_server_parses_only_its_task_s_key_format():
+    """A report whose keys have the other format is a malformed report (KeyFormatError, a 400 on the
+    servers), never evaluated with the wrong element derivation."""
+    from fss import KeyFormatError
+
+    new = TaskConfig(relation="substitution", **{**BASE, "verify": True})
+    old = TaskConfig.from_json(new.to_json().replace(',"key_format":2', ""))
+    for made, parsed in ((new, old), (old, new)):
+        key = made.key_dcf().gen(3, [1] * made.check().key_width)[0].to_bytes()
+        with pytest.raises(KeyFormatError, match="key format version"):
+            parsed.key_dcf().key_from_bytes(key)
+        assert made.key_dcf().key_from_bytes(key).to_bytes() == key
 
 
 # --- two distinct servers (issue 20) ---------------------------------------------------------------
