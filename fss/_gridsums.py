@@ -25,12 +25,17 @@ def eval_grid_sums(batch: KeyBatch, start: int, size: int, reverse: bool, tier: 
     if n:
         ring = np.empty((2, size, p.width), np.uint64)
         sketch = (c, tuple(int(o) for o in offs))
-        if not fast._grid_run(batch, start, size, reverse, tier, threads, ring, sketch,
-                              lambda k: (weights.reshape(q, size * c), dots, cols[k], last)):
-            from . import portable  # a rejected F_p element (`prg.resample`): about 2^-61 an element
-
-            return sums_of(portable.eval_grid(batch, start, size, reverse), weights, offs)
+        rejected = fast._grid_run(batch, start, size, reverse, tier, threads, ring, sketch,
+                                  lambda k: (weights.reshape(q, size * c), dots, cols[k], last))
+    else:
+        rejected = np.zeros(0, np.int64)
     col = cols[0]
     for other in cols[1:]:
         col = field.add(col, other)
+    if rejected.size:  # keys the kernel left out (a rejected F_p element, `prg.resample`): on the portable backend
+        from . import portable
+
+        d, more, tail = sums_of(portable.eval_grid(batch.select(rejected), start, size, reverse), weights, offs)
+        dots[rejected], last[rejected] = d, tail
+        col = field.add(col, more.reshape(-1))
     return dots, col.reshape(size, c), last

@@ -244,8 +244,9 @@ def _grid_kernel(width: int, has_v: bool, prime: int, tier: str, sketch: tuple =
     numba kernel compiles in about three times as long, once per width, group, DCF or DPF and AES
     flavour; `eval_grid` runs one call per thread instead). With `sketch` = (c, offsets), `out` is a ring
     of two rows and each key's row goes through `_linear.row_sketch` (`_gridsums.eval_grid_sums`).
-    `prime`: 0 ring, else the F_p key format version (`field_code`). Returns flags[0]: nonzero if an
-    F_p element was rejected (`_grid`), when the caller must take the portable backend instead."""
+    `prime`: 0 ring, else the F_p key format version (`field_code`). Returns the keys whose walk met a
+    rejected F_p element (`_grid`; their rows, and with `sketch` their sums, are left out): the caller
+    evaluates those on the portable backend, the others stand."""
     blocks = fits(width, has_v, prime, tier)  # nodes in AES-block layout (`_blockgrid`)
     step = block_step(width, tier, prime) if blocks else grid_step(width, has_v, prime, tier)
     rows = 3 + width
@@ -255,6 +256,8 @@ def _grid_kernel(width: int, has_v: bool, prime: int, tier: str, sketch: tuple =
     @njit(nogil=True)
     def kernel(seeds, cw_seed, cw_t, cw_v, top, subs, cols, top_cap, reverse, k0, k1, party, bits, mask, rk, out, wf, dots, col, last):
         flags = np.zeros(1, np.uint64)
+        rejected = np.empty(max(0, k1 - k0), np.int64)
+        n_rejected = 0
         split = top.shape[0]  # levels of the first stage: the root down to the subtrees' roots
         sub_cap = 2 * (1 << subs.shape[1]) + 64
         ta, tb = np.empty((rows, top_cap), np.uint64), np.empty((rows, top_cap), np.uint64)
@@ -319,13 +322,17 @@ def _grid_kernel(width: int, has_v: bool, prime: int, tier: str, sketch: tuple =
                     a, d = d, a
                 if seg == 0:
                     top_nodes, top_base = a, b2
-            if sums:  # the key's row, still in cache, reduced to its sketch (`_linear`)
+            if flags[0]:  # a rejected element: the portable backend resamples it (about 2^-61 an element)
+                flags[0] = 0
+                rejected[n_rejected] = k
+                n_rejected += 1
+            elif sums:  # the key's row, still in cache, reduced to its sketch (`_linear`)
                 row_sum(out[slot].reshape(size * width), wf, dots[k], col, last[k])
-                if (k - k0) % 4 == 3:
-                    fold_all(col)
+            if sums and (k - k0) % 4 == 3:
+                fold_all(col)
         if sums:
             fold_all(col)
-        return flags[0]
+        return rejected[:n_rejected]
 
     tag = f"-sums{sketch[0]}-{'.'.join(map(str, sketch[1]))}" if sums else ""
     return _cache.cached(kernel, f"grid-{_tag(width, has_v, tier)}-{('ring', 'p61', 'p61w')[prime]}{tag}")
@@ -399,10 +406,11 @@ def _unfit(batch: KeyBatch, tier: str) -> bool:
     return p.prime and len(batch) > 0 and (int(batch.cw_v.max()) >= p.modulus or blocks and (batch.cw_seed[:, :, 0] & 1).any())
 
 
-def _grid_run(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, threads: int, out, sketch: tuple, extra) -> bool:
+def _grid_run(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, threads: int, out, sketch: tuple, extra) -> np.ndarray:
     """The grid kernel (with `sketch`, `_grid_kernel`'s) over all keys, split over `threads` threads:
-    `extra(c)` gives part c's (wf, dots, col, last) arguments. False if an F_p element was rejected
-    (then `out` and the sums are not the shares: the caller takes the portable backend)."""
+    `extra(c)` gives part c's (wf, dots, col, last) arguments. Returns the keys whose walk met a
+    rejected F_p element: their rows of `out` and their sums are not computed, and the caller evaluates
+    them on the portable backend (so a crafted key costs its own walk there, not its batch's)."""
     p, n = batch.params, len(batch)
     kernel = _grid_kernel(p.width, p.level_payload, field_code(p), tier, sketch)
     top, subs, cols, top_cap = grid_plan(p.bits, start, size, reverse)
@@ -414,10 +422,8 @@ def _grid_run(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, 
     outs = [out] + [np.empty_like(out) if sketch else out for _ in range(1, parts)]  # with sums: a ring per thread
     run = lambda c: kernel(*keys, top, subs, cols, top_cap, reverse, bounds[c], bounds[c + 1], *common, outs[c], *extra(c))  # noqa: E731
     futures = [_threads_pool().submit(run, c) for c in range(1, parts)]
-    flags = run(0)
-    for f in futures:
-        flags |= f.result()
-    return not flags
+    rejected = [run(0)] + [f.result() for f in futures]
+    return np.concatenate(rejected)
 
 
 def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, threads: int = 1) -> np.ndarray:
@@ -433,10 +439,11 @@ def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, 
     out = np.empty((n, size, p.width), np.uint64)
     if n:
         none = (np.zeros((0, 0), np.uint64), np.zeros((1, 0), np.uint64), np.zeros(0, np.uint64), np.zeros((1, 0), np.uint64))
-        if not _grid_run(batch, start, size, reverse, tier, threads, out, (), lambda c: none):
-            from . import portable  # a rejected F_p element (`prg.resample`): about 2^-61 an element
+        rejected = _grid_run(batch, start, size, reverse, tier, threads, out, (), lambda c: none)
+        if rejected.size:  # keys that met a rejected F_p element (`prg.resample`): about 2^-61 an element
+            from . import portable
 
-            return portable.eval_grid(batch, start, size, reverse)
+            out[rejected] = portable.eval_grid(batch.select(rejected), start, size, reverse)
     return out
 
 

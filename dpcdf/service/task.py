@@ -185,7 +185,7 @@ class TaskConfig:
                                      f"{MAX_CLUSTER_VERIFIED_GRID} points, on servers with a Dask cluster "
                                      f"(this grid has {size}); use verify=false")
             self.check()  # raises for a payload that cannot be verified
-            if isinstance(self.key_format, bool) or self.key_format not in (1, KEY_FORMAT):
+            if type(self.key_format) is not int or self.key_format not in (1, KEY_FORMAT):
                 raise ParameterError(f"key_format must be 1 or {KEY_FORMAT}, got {self.key_format!r:.40}")
         else:
             object.__setattr__(self, "key_format", 1)  # ring keys: one format

@@ -69,7 +69,7 @@ def test_a_new_verified_task_pins_key_format_2_and_an_old_one_keeps_1():
     assert plain.key_format == 1 and "key_format" not in plain.to_json() and not plain.dcf().params.prime
 
 
-@pytest.mark.parametrize("fmt", [0, 3, True, "2", 2.5])
+@pytest.mark.parametrize("fmt", [0, 3, True, "2", 2.5, 2.0, 1.0])
 def test_a_bad_key_format_is_refused(fmt):
     with pytest.raises(ParameterError, match="key_format"):
         TaskConfig(relation="substitution", key_format=fmt, **{**BASE, "verify": True})
