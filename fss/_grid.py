@@ -16,9 +16,9 @@ with Convert(s) = s >> 1 (the 127-bit seed) for width 1, else LEAF block e: key 
 (`prime` = 1). Version 2 (`prime` = 2) reads element x = word & p of the ring's word instead of
 part(block) (and at a leaf of width <= 2 the seed's own words, `prg.seed_word`); an x equal to p is
 rejected by `fss.prg` and resampled, which this kernel does not do: it sets flags[0] instead, and
-`fast` then hands the whole batch to the portable backend (probability about 2^-61 an element). Every step is exact mod
+`fast` then hands that key to the portable backend (probability about 2^-61 an element). Every step is exact mod
 p for corrections below p (all keys gen makes and the codec accepts), so the shares equal
-`portable`'s (canonical F_p arithmetic on whole blocks, `fss.field`) bit for bit; `fast.eval_grid`
+`portable`'s (canonical F_p arithmetic, `fss.field`) bit for bit; `fast.eval_grid`
 sends batches with unreduced corrections to the portable backend.
 
 Nodes live in struct-of-arrays buffers (3 + width, capacity) uint64: rows seed lo, seed hi, t (0 or

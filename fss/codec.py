@@ -2,7 +2,7 @@
 
 Single key (all integers little-endian, bit fields least significant bit first):
 
-    header   8 bytes   version (1) | kind (1 DCF, 2 DPF) | party | bits | out_bits |
+    header   8 bytes   version (1; 2 for F_p keys of format 2) | kind (1 DCF, 2 DPF) | party | bits | out_bits |
                        flags (cmp code in bits 0-2: lt le gt ge eq = 0..4; bit 3 signed;
                        bit 4 payloads in F_p, p = 2^61 - 1, with out_bits = 61) | width u16
     seed     16        party's root seed
@@ -12,7 +12,9 @@ Single key (all integers little-endian, bit fields least significant bit first):
                        each element out_bits wide
     padding bits at the end of cw_t and cw_v are zero; F_p payload corrections are below p.
 Bit 4 of the flags came with the prime field; keys without it are byte-identical to the first
-release, whose decoders refuse keys with it (any unexpected flag is a parameter mismatch).
+release, whose decoders refuse keys with it (any unexpected flag is a parameter mismatch). Version 2
+came with F_p key format 2 (elements rejection-sampled from 61-bit words, `fss.prg`): the layout is the
+same, and a function parses only keys of its own version (`TreeParams.version`).
 
 Batch: the same header with kind | 0x80, a u64 key count, then the bodies (everything after the
 header) of the keys in order. Decoding refuses anything else with `KeyFormatError`: wrong length,

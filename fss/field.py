@@ -4,11 +4,10 @@ Why this prime
     - Reduction is two shifts and an add: 2^61 = 1 (mod p), so x = x_lo + 2^61 x_hi = x_lo + x_hi.
       A 128-bit value (a whole AES block) reduces with one more fold, and a product of two field
       elements (122 bits) is computed exactly from 31-bit halves in uint64, without 128-bit integers.
-    - A whole 128-bit PRG block reduced mod p is within statistical distance
-      c (p - c) / (2^128 p) < c / 2^128 = 2^-122 of uniform, with c = 2^128 mod p = 2^6 (and a 127-bit
-      seed: c = 2^127 mod p = 2^5, distance < 2^-122). A 64-bit word would be off by up to
-      8 / 2^64 = 2^-61 per element, which adds up over levels and keys; so every field element of a
-      key's payload takes a whole block (see `fss.prg`, "Prime-field payloads").
+    - A word's low 61 bits are exactly uniform on [0, p] minus p itself, so key format 2 takes an
+      element from a 64-bit PRG word by rejection (`fss.prg`, "Prime-field payloads"): exactly
+      uniform, where a word mod p would be 2^-61 off per element. Format 1 reduced a whole 128-bit
+      block mod p: within c (p - c) / (2^128 p) < c / 2^128 = 2^-122 of uniform, c = 2^128 mod p = 2^6.
     - 2/p ~ 2^-60: the soundness error of the report check of docs/verification.md, per report.
     - Elements fit in 61 bits, so sums of up to 8 of them fit in a uint64 before reducing.
 

@@ -139,8 +139,8 @@ class TreeFunction:
         lo = -2^(bits-1)), size in 1 .. 2^bits: uint64 array (n, size) for width 1, else (n, size, width),
         in the payload group (mod 2^out_bits, or canonical in [0, p) for group "p61"). Entry [k, j]
         equals `eval_batch` of key k at point lo + j, but each key walks its tree once for all points:
-        about 2 * size node children, i.e. 2 + width (ring) or 2 + 2 width (p61) AES blocks per internal
-        node, plus the leaf conversion for width > 1. Raises `ParameterError` for a bad size and
+        about 2 * size node children, i.e. 2 + width AES blocks per internal node (2 + 2 width for
+        p61 keys of format 1), plus the leaf conversion for width > 1 (> 2 for p61 keys of format 2). Raises `ParameterError` for a bad size and
         `KeyMismatchError` for keys of another function."""
         batch = self._check_keys(keys, KeyBatch)
         p = self.params
