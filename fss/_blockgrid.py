@@ -31,6 +31,7 @@ from numba.extending import intrinsic
 
 from . import _aes as A
 from ._fused import _c64, _Ptr
+from ._grid import Rejections
 from .params import PRIME
 from .prg import ROLE_LEAF, ROLE_LEFT, ROLE_VALUE
 
@@ -54,38 +55,20 @@ def _mask(*q) -> ir.Constant:
     return ir.Constant(ir.VectorType(A.I32, len(q)), list(q))
 
 
-class _Ops:
-    """F_p steps and block loads and stores on <4 x i64> (two blocks)."""
+class _Ops(Rejections):
+    """F_p steps and block loads and stores on <4 x i64> (two blocks); key format 2's words through
+    `element` (`_grid.Rejections`)."""
 
     def __init__(self, b: ir.IRBuilder):
         self.b = b
         self.p = _c4(PRIME)
-        self.rejected = None
-
-    def elements(self, y):
-        """Key format version 2: y & p, word by word; notes in `rejected` where a word is p (`_grid._Prime.element`)."""
-        b = self.b
-        x = b.and_(y, self.p)
-        hit = b.icmp_unsigned("==", x, self.p)
-        self.rejected = hit if self.rejected is None else b.or_(self.rejected, hit)
-        return x
 
     def seed_words(self, kids):
         """Version 2, width 2: [left | right] leaf blocks -> their elements [l0, l1, r0, r1] from the
         seeds' own words (bits 1..61, 62..122; bit 0, t, drops out)."""
         b = self.b
         lo, hi = b.shuffle_vector(kids, kids, _mask(0, 0, 2, 2)), b.shuffle_vector(kids, kids, _mask(1, 1, 3, 3))
-        return self.elements(b.or_(b.lshr(lo, _c4(1, 62)), b.shl(hi, _c4(63, 2))))
-
-    def flag(self, ptr) -> None:
-        """flags[0] |= 1 if an element since the last call was rejected."""
-        if self.rejected is None:
-            return
-        b = self.b
-        bits = b.zext(b.bitcast(self.rejected, ir.IntType(4)), A.I64)
-        with b.if_then(b.icmp_unsigned("!=", bits, _c64(0)), likely=False):
-            b.store(b.or_(b.load(ptr), _c64(1)), ptr)
-        self.rejected = None
+        return self.element(b.or_(b.lshr(lo, _c4(1, 62)), b.shl(hi, _c4(63, 2))))
 
     def half(self, x):
         b = self.b
@@ -198,7 +181,7 @@ def block_step(width: int, tier: str, version: int = 1):
 
             def payload(y, m):
                 """Elements 2m, 2m + 1 of both children, [left | right], from the AES outputs y of their blocks."""
-                return ops.elements(y[m]) if words else ops.parts(y[2 * m], y[2 * m + 1])
+                return ops.element(y[m]) if words else ops.parts(y[2 * m], y[2 * m + 1])
             flip = A.splat(b, b.sub(_c64(0), party_), V4)
             sacc, dacc = b.mul(_c64(3), S.n), b.mul(_c64(3), D.n)
 

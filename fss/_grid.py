@@ -68,17 +68,15 @@ def _aos(width: int, reverse: bool) -> ir.Constant:
     return ir.Constant(ir.VectorType(A.I32, 8 * width), order)
 
 
-class _Prime:
-    """F_p arithmetic on <8 x i64> vectors, reduced lazily (see the module docstring)."""
+class Rejections:
+    """Key format 2's elements in a kernel: word & p, with the lanes where that is p (rejected: `prg.resample`
+    would draw again) noted, and flagged once per call. For vector helpers with a builder `b` and p
+    splatted in `p` (`_Prime` here, `_blockgrid._Ops`)."""
 
-    def __init__(self, b: ir.IRBuilder, words: bool = False):
-        self.b = b
-        self.p = A.const8(PRIME)
-        self.words = words  # key format version 2: elements are words & p (`element`)
-        self.rejected = None  # <8 x i1>: some element of some lane was p (version 2)
+    rejected = None  # <lanes x i1>: some element of the lane was p since the last `flag`
 
     def element(self, word):
-        """word & p, in [0, p]; notes in `rejected` where it is p (then `prg.resample` would apply)."""
+        """word & p, in [0, p]; notes in `rejected` where it is p."""
         b = self.b
         x = b.and_(word, self.p)
         hit = b.icmp_unsigned("==", x, self.p)
@@ -86,14 +84,23 @@ class _Prime:
         return x
 
     def flag(self, ptr) -> None:
-        """flags[0] |= 1 if any element since the last call was rejected (one scalar store at most)."""
+        """flags[0] |= 1 if an element since the last call was rejected (one scalar store at most)."""
         if self.rejected is None:
             return
         b = self.b
-        bits = b.zext(b.bitcast(self.rejected, ir.IntType(8)), A.I64)
+        bits = b.zext(b.bitcast(self.rejected, ir.IntType(self.rejected.type.count)), A.I64)
         with b.if_then(b.icmp_unsigned("!=", bits, _c64(0)), likely=False):
             b.store(b.or_(b.load(ptr), _c64(1)), ptr)
         self.rejected = None
+
+
+class _Prime(Rejections):
+    """F_p arithmetic on <8 x i64> vectors, reduced lazily (see the module docstring)."""
+
+    def __init__(self, b: ir.IRBuilder, words: bool = False):
+        self.b = b
+        self.p = A.const8(PRIME)
+        self.words = words  # key format version 2: elements are words & p (`element`)
 
     def half(self, x):
         """x mod p, in [0, 2^61 + 8) for any uint64 x."""

@@ -244,9 +244,11 @@ def _grid_kernel(width: int, has_v: bool, prime: int, tier: str, sketch: tuple =
     numba kernel compiles in about three times as long, once per width, group, DCF or DPF and AES
     flavour; `eval_grid` runs one call per thread instead). With `sketch` = (c, offsets), `out` is a ring
     of two rows and each key's row goes through `_linear.row_sketch` (`_gridsums.eval_grid_sums`).
-    `prime`: 0 ring, else the F_p key format version (`field_code`). Returns the keys whose walk met a
-    rejected F_p element (`_grid`; their rows, and with `sketch` their sums, are left out): the caller
-    evaluates those on the portable backend, the others stand."""
+    `prime`: 0 ring, else the F_p key format version (`field_code`). Writes the keys whose walk met a
+    rejected F_p element (`_grid`; their rows, and with `sketch` their sums, are left out) to
+    `rejected` and returns how many (an int: an array returned from a kernel loaded from the disk cache
+    needs numba's runtime set up for boxing, which `_cache` skips): the caller evaluates those on the
+    portable backend, the others stand."""
     blocks = fits(width, has_v, prime, tier)  # nodes in AES-block layout (`_blockgrid`)
     step = block_step(width, tier, prime) if blocks else grid_step(width, has_v, prime, tier)
     rows = 3 + width
@@ -254,9 +256,9 @@ def _grid_kernel(width: int, has_v: bool, prime: int, tier: str, sketch: tuple =
     row_sum = row_sketch(width, *sketch) if sums else no_sketch
 
     @njit(nogil=True)
-    def kernel(seeds, cw_seed, cw_t, cw_v, top, subs, cols, top_cap, reverse, k0, k1, party, bits, mask, rk, out, wf, dots, col, last):
+    def kernel(seeds, cw_seed, cw_t, cw_v, top, subs, cols, top_cap, reverse, k0, k1, party, bits, mask, rk, out, wf, dots, col, last,
+               rejected):
         flags = np.zeros(1, np.uint64)
-        rejected = np.empty(max(0, k1 - k0), np.int64)
         n_rejected = 0
         split = top.shape[0]  # levels of the first stage: the root down to the subtrees' roots
         sub_cap = 2 * (1 << subs.shape[1]) + 64
@@ -332,7 +334,7 @@ def _grid_kernel(width: int, has_v: bool, prime: int, tier: str, sketch: tuple =
                 fold_all(col)
         if sums:
             fold_all(col)
-        return rejected[:n_rejected]
+        return n_rejected
 
     tag = f"-sums{sketch[0]}-{'.'.join(map(str, sketch[1]))}" if sums else ""
     return _cache.cached(kernel, f"grid-{_tag(width, has_v, tier)}-{('ring', 'p61', 'p61w')[prime]}{tag}")
@@ -420,10 +422,12 @@ def _grid_run(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, 
     parts = max(1, min(threads, n // GROUP))
     bounds = [n * c // parts for c in range(parts + 1)]
     outs = [out] + [np.empty_like(out) if sketch else out for _ in range(1, parts)]  # with sums: a ring per thread
-    run = lambda c: kernel(*keys, top, subs, cols, top_cap, reverse, bounds[c], bounds[c + 1], *common, outs[c], *extra(c))  # noqa: E731
+    rejected = [np.empty(bounds[c + 1] - bounds[c], np.int64) for c in range(parts)]
+    run = lambda c: kernel(*keys, top, subs, cols, top_cap, reverse, bounds[c], bounds[c + 1], *common, outs[c], *extra(c),  # noqa: E731
+                           rejected[c])
     futures = [_threads_pool().submit(run, c) for c in range(1, parts)]
-    rejected = [run(0)] + [f.result() for f in futures]
-    return np.concatenate(rejected)
+    counts = [run(0)] + [f.result() for f in futures]
+    return np.concatenate([r[:m] for r, m in zip(rejected, counts)])
 
 
 def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, threads: int = 1) -> np.ndarray:
