@@ -44,11 +44,40 @@ def _bodies(p: TreeParams, fields: tuple, lo: int, hi: int) -> np.ndarray:
     tbits = np.stack([ct & 1, (ct >> 1) & 1], axis=-1).reshape(m, 2 * p.bits)
     tbytes = np.packbits(tbits, axis=1, bitorder="little")
     vals = np.ascontiguousarray(cw_v[:, :, lo:hi].transpose(2, 0, 1)).reshape(m, -1).astype("<u8")
-    vbytes = vals.view(np.uint8).reshape(m, -1)
-    if p.out_bits != 64:
-        vb = np.unpackbits(vbytes, axis=1, bitorder="little").reshape(m, -1, 64)[:, :, : p.out_bits]
-        vbytes = np.packbits(vb.reshape(m, -1), axis=1, bitorder="little")
+    vbytes = vals.view(np.uint8).reshape(m, -1) if p.out_bits == 64 else _pack(vals, p.out_bits, p.v_bytes)
     return np.concatenate([seeds, cws, tbytes, vbytes], axis=1)
+
+
+def _pack(vals: np.ndarray, bits: int, nbytes: int) -> np.ndarray:
+    """(m, count) values -> (m, nbytes) bytes: the low `bits` of each, one after the other, least
+    significant bit first (the payload corrections' layout). A loop over the count (a key's
+    corrections, not its keys): value k's bits k b .. k b + b - 1 go to word k b / 64 and, where they
+    cross it, the next; the values' bits are disjoint, so adding is or-ing."""
+    m, count = vals.shape
+    words = np.zeros((m, (count * bits + 63) // 64 + 1), np.uint64)
+    v = vals & np.uint64((1 << bits) - 1)
+    for k in range(count):
+        w, s = divmod(k * bits, 64)
+        words[:, w] |= v[:, k] << np.uint64(s)
+        if s + bits > 64:
+            words[:, w + 1] |= v[:, k] >> np.uint64(64 - s)
+    return words.astype("<u8", copy=False).view(np.uint8)[:, :nbytes]
+
+
+def _unpack(raw: np.ndarray, bits: int, count: int) -> np.ndarray:
+    """The inverse of `_pack`: (m, nbytes) bytes -> (m, count) values of `bits` bits."""
+    m = raw.shape[0]
+    buf = np.zeros((m, 8 * ((count * bits + 63) // 64 + 1)), np.uint8)
+    buf[:, : raw.shape[1]] = raw
+    words = buf.view("<u8").astype(np.uint64, copy=False)
+    out = np.empty((m, count), np.uint64)
+    for k in range(count):
+        w, s = divmod(k * bits, 64)
+        v = words[:, w] >> np.uint64(s)
+        if s + bits > 64:
+            v = v | (words[:, w + 1] << np.uint64(64 - s))
+        out[:, k] = v
+    return out & np.uint64((1 << bits) - 1)
 
 
 def encode_batch(p: TreeParams, party: int, fields: tuple) -> bytes:
@@ -108,12 +137,10 @@ def _parse_bodies(p: TreeParams, body: np.ndarray, out: dict[str, np.ndarray], l
     if p.out_bits == 64:
         vals = vraw.copy().view("<u8").reshape(m, count)
     else:
-        vbits = np.unpackbits(vraw, axis=1, bitorder="little")
-        if np.any(vbits[:, count * p.out_bits :]):
+        tail = (count * p.out_bits) % 8
+        if tail and np.any(vraw[:, -1] >> np.uint8(tail)):
             raise KeyFormatError("nonzero padding after the payload corrections")
-        vb = np.zeros((m, count, 64), dtype=np.uint8)
-        vb[:, :, : p.out_bits] = vbits[:, : count * p.out_bits].reshape(m, count, p.out_bits)
-        vals = np.packbits(vb.reshape(m, -1), axis=1, bitorder="little").view("<u8").reshape(m, count)
+        vals = _unpack(vraw, p.out_bits, count)
     if p.prime and np.any(vals >= np.uint64(p.modulus)):
         raise KeyFormatError("a payload correction is not reduced mod p = 2^61 - 1")
     out["cw_v"][:, :, lo : lo + m] = vals.reshape(m, p.v_levels, p.width).transpose(1, 2, 0)

@@ -149,3 +149,21 @@ def test_batch_from_single_keys_matches_the_batch_and_refuses_others():
     bad[8 + 16] |= 1  # a reserved bit: caught by the batch decode
     with pytest.raises(KeyFormatError, match="reserved bit"):
         fn.batch_from_keys([keys[0], bytes(bad)], 0)
+
+
+@given(bits=st.integers(1, 63), count=st.integers(1, 140), data=st.data())
+def test_payload_bit_packing_equals_the_bit_by_bit_layout(bits, count, data):
+    """`codec._pack` (shifts into words) writes the payload corrections' bits exactly as the layout
+    says (value k's bit j at bit k * bits + j, least significant first), here built bit by bit with
+    numpy's unpackbits; `_unpack` reads them back."""
+    from fss import codec
+
+    rows = data.draw(st.integers(1, 4))
+    vals = np.array(data.draw(st.lists(st.integers(0, 2**64 - 1), min_size=rows * count, max_size=rows * count)),
+                    np.uint64).reshape(rows, count)
+    nbytes = (count * bits + 7) // 8
+    bitwise = np.unpackbits(vals.astype("<u8").view(np.uint8).reshape(rows, -1), axis=1, bitorder="little")
+    want = np.packbits(bitwise.reshape(rows, count, 64)[:, :, :bits].reshape(rows, -1), axis=1, bitorder="little")
+    got = codec._pack(vals, bits, nbytes)
+    assert got.shape == (rows, nbytes) and np.array_equal(got, want)
+    np.testing.assert_array_equal(codec._unpack(got, bits, count), vals & np.uint64((1 << bits) - 1))
