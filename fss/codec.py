@@ -48,19 +48,29 @@ def _bodies(p: TreeParams, fields: tuple, lo: int, hi: int) -> np.ndarray:
     return np.concatenate([seeds, cws, tbytes, vbytes], axis=1)
 
 
+_LOOP_COUNT = 1024  # corrections per key up to which `_pack` loops over them (else one scatter over all)
+
+
 def _pack(vals: np.ndarray, bits: int, nbytes: int) -> np.ndarray:
     """(m, count) values -> (m, nbytes) bytes: the low `bits` of each, one after the other, least
-    significant bit first (the payload corrections' layout). A loop over the count (a key's
-    corrections, not its keys): value k's bits k b .. k b + b - 1 go to word k b / 64 and, where they
-    cross it, the next; the values' bits are disjoint, so adding is or-ing."""
+    significant bit first (the payload corrections' layout): value k's bits k b .. k b + b - 1 go to
+    word k b / 64 and, where they cross it, the next; the values' bits are disjoint, so adding is
+    or-ing. A loop over a key's corrections with the keys as the vector (0.55 us a key of 68, against
+    4 us with a byte per bit), or for very wide keys one scatter-add over all of them."""
     m, count = vals.shape
     words = np.zeros((m, (count * bits + 63) // 64 + 1), np.uint64)
     v = vals & np.uint64((1 << bits) - 1)
-    for k in range(count):
-        w, s = divmod(k * bits, 64)
-        words[:, w] |= v[:, k] << np.uint64(s)
-        if s + bits > 64:
-            words[:, w + 1] |= v[:, k] >> np.uint64(64 - s)
+    if count <= _LOOP_COUNT:
+        for k in range(count):
+            w, s = divmod(k * bits, 64)
+            words[:, w] |= v[:, k] << np.uint64(s)
+            if s + bits > 64:
+                words[:, w + 1] |= v[:, k] >> np.uint64(64 - s)
+    else:
+        w, s = np.divmod(np.arange(count, dtype=np.uint64) * np.uint64(bits), np.uint64(64))
+        np.add.at(words, (slice(None), w.astype(np.int64)), v << s)
+        spill = s + np.uint64(bits) > np.uint64(64)
+        np.add.at(words, (slice(None), w[spill].astype(np.int64) + 1), v[:, spill] >> (np.uint64(64) - s[spill]))
     return words.astype("<u8", copy=False).view(np.uint8)[:, :nbytes]
 
 
@@ -70,13 +80,11 @@ def _unpack(raw: np.ndarray, bits: int, count: int) -> np.ndarray:
     buf = np.zeros((m, 8 * ((count * bits + 63) // 64 + 1)), np.uint8)
     buf[:, : raw.shape[1]] = raw
     words = buf.view("<u8").astype(np.uint64, copy=False)
-    out = np.empty((m, count), np.uint64)
-    for k in range(count):
-        w, s = divmod(k * bits, 64)
-        v = words[:, w] >> np.uint64(s)
-        if s + bits > 64:
-            v = v | (words[:, w + 1] << np.uint64(64 - s))
-        out[:, k] = v
+    w, s = np.divmod(np.arange(count, dtype=np.uint64) * np.uint64(bits), np.uint64(64))
+    w = w.astype(np.int64)
+    out = words[:, w] >> s
+    spill = s + np.uint64(bits) > np.uint64(64)
+    out[:, spill] |= words[:, w[spill] + 1] << (np.uint64(64) - s[spill])
     return out & np.uint64((1 << bits) - 1)
 
 
