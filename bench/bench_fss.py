@@ -146,9 +146,15 @@ def gen_blocks(p: TreeParams) -> int:
     return 2 * (p.bits * p.expand_blocks + (0 if p.width == 1 else p.value_blocks))
 
 
+def walk_blocks(p: TreeParams, size: int) -> int:
+    """AES blocks of one key's eval_grid walk over a full grid of size = 2^bits points: the internal
+    nodes' expansions and the leaves' LEAF blocks (`fss.portable.eval_grid`)."""
+    return (size - 1) * p.expand_blocks + size * p.leaf_blocks
+
+
 def grid_blocks(p: TreeParams, size: int) -> float:
     """AES blocks per point of eval_grid over a full grid of size = 2^bits points."""
-    return ((size - 1) * p.expand_blocks + size * p.leaf_blocks) / size
+    return walk_blocks(p, size) / size
 
 
 class SketchWork:

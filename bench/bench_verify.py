@@ -71,7 +71,7 @@ import numpy as np
 
 from fss import backend
 
-from bench_fss import best_of, ecb_blocks_per_s, peak_blocks_per_s  # one AES bound and one timer for every bench (run from bench/)
+from bench_fss import best_of, ecb_blocks_per_s, peak_blocks_per_s, walk_blocks  # one AES bound and one timer for every bench (run from bench/)
 
 from dpcdf.service.protocols.check import round_one
 from dpcdf.service.protocols.reconciliation import maths as reconcile
@@ -155,8 +155,7 @@ def client_section(batch: int, repeats: int, tmp: str) -> None:
 # --- 2. server verification throughput -----------------------------------------------------------
 def grid_blocks(cfg: TaskConfig) -> int:
     """AES blocks of one key's walk over the whole grid (`fss.portable.eval_grid`)."""
-    p, size = cfg.key_dcf().params, cfg.make_grid().size
-    return (size - 1) * p.expand_blocks + size * p.leaf_blocks
+    return walk_blocks(cfg.key_dcf().params, cfg.make_grid().size)
 
 
 def server_section(repeats: int) -> float:

@@ -167,15 +167,19 @@ def _both_tweaks(width: int, has_v: bool, prime: int) -> list:
 
 def _converts(b, mmo: _Mmo, F: _Prime | None, nodes: list, width: int) -> list:
     """Convert(leaf seed) of each node (8 leaves each), one AES call for all of them: per node, the
-    width elements (ring: the seed's high word for width 1, else LEAF blocks' words; F_p: see above)."""
-    if F is not None and F.words:
-        return _converts_words(b, mmo, F, nodes, width)
+    width elements. Ring: the seed's high word for width 1, else LEAF blocks' words; F_p version 1:
+    see above; version 2: the seed's words (bits 1..61, 62..122) for width <= 2, else the LEAF blocks'
+    words as the ring's, each through `F.element`."""
+    one = A.const8(1)
+    if F is not None and F.words and width <= 2:
+        words = [b.or_(b.lshr(n[0], one), b.shl(n[1], A.const8(63))) for n in nodes], \
+                [b.or_(b.lshr(n[0], A.const8(62)), b.shl(n[1], A.const8(2))) for n in nodes]
+        return [[F.element(words[e][k]) for e in range(width)] for k in range(len(nodes))]
     if width == 1:
         if F is None:
             return [[n[1]] for n in nodes]
-        one = A.const8(1)
         return [[F.part(b.or_(b.lshr(n[0], one), b.shl(n[1], A.const8(63))), b.lshr(n[1], one))] for n in nodes]
-    blocks = width if F is not None else (width + 1) // 2
+    blocks = width if F is not None and not F.words else (width + 1) // 2
     regs = []
     for n in nodes:
         regs += _blocks(b, mmo, n[0], n[1], [(q, ROLE_LEAF) for q in range(blocks)])
@@ -183,23 +187,13 @@ def _converts(b, mmo: _Mmo, F: _Prime | None, nodes: list, width: int) -> list:
     out = []
     for k in range(len(nodes)):
         mine = words[2 * blocks * k : 2 * blocks * (k + 1)]
-        out.append(mine[:width] if F is None else [F.part(mine[2 * e], mine[2 * e + 1]) for e in range(width)])
+        if F is None:
+            out.append(mine[:width])
+        elif F.words:
+            out.append([F.element(w) for w in mine[:width]])
+        else:
+            out.append([F.part(mine[2 * e], mine[2 * e + 1]) for e in range(width)])
     return out
-
-
-def _converts_words(b, mmo: _Mmo, F: _Prime, nodes: list, width: int) -> list:
-    """`_converts` over F_p version 2: the seed's words (bits 1..61, 62..122) for width <= 2, else
-    the LEAF blocks' words, each through `F.element`."""
-    if width <= 2:
-        words = [b.or_(b.lshr(n[0], A.const8(1)), b.shl(n[1], A.const8(63))) for n in nodes], \
-                [b.or_(b.lshr(n[0], A.const8(62)), b.shl(n[1], A.const8(2))) for n in nodes]
-        return [[F.element(words[e][k]) for e in range(width)] for k in range(len(nodes))]
-    blocks = (width + 1) // 2
-    regs = []
-    for n in nodes:
-        regs += _blocks(b, mmo, n[0], n[1], [(q, ROLE_LEAF) for q in range(blocks)])
-    words = _words(b, mmo(regs))
-    return [[F.element(w) for w in words[2 * blocks * k : 2 * blocks * k + width]] for k in range(len(nodes))]
 
 
 _LANES = ir.Constant(ir.VectorType(A.I64, 8), list(range(8)))

@@ -22,13 +22,12 @@ def eval_grid_sums(batch: KeyBatch, start: int, size: int, reverse: bool, tier: 
     q, c = weights.shape[0], weights.shape[2]
     dots, last = np.zeros((n, q), np.uint64), np.zeros((n, p.width), np.uint64)
     cols = [np.zeros(size * c, np.uint64) for _ in range(max(1, min(threads, n // fast.GROUP)))]
+    rejected = np.zeros(0, np.int64)
     if n:
         ring = np.empty((2, size, p.width), np.uint64)
         sketch = (c, tuple(int(o) for o in offs))
         rejected = fast._grid_run(batch, start, size, reverse, tier, threads, ring, sketch,
                                   lambda k: (weights.reshape(q, size * c), dots, cols[k], last))
-    else:
-        rejected = np.zeros(0, np.int64)
     col = cols[0]
     for other in cols[1:]:
         col = field.add(col, other)

@@ -50,7 +50,8 @@ class TreeParams:
     payloads in F_p with p = 2^61 - 1 (out_bits is then 61) instead of Z_{2^out_bits}. `version`: the
     key format (the header's first byte); it matters only over F_p, where version 1 takes each element
     from a whole PRG block and version 2 (the default) from a 64-bit word (`fss.prg`, "Prime-field
-    payloads"), so that a width-2 key's grid walk costs 5 blocks a node instead of 8."""
+    payloads"), so that a width-2 key's grid walk costs 4 blocks a node and none at the leaves
+    instead of 6 and 2."""
 
     kind: int
     bits: int

@@ -11,6 +11,7 @@ from hypothesis import strategies as st
 
 from fss import DCF, DPF, KeyBatch, KeyFormatError, KeyMismatchError, ParameterError, backend
 from fss import field as F
+from fss import prg
 from fss import reference as R
 
 from helpers import CMPS
@@ -153,7 +154,7 @@ def test_elements_are_exactly_uniform_by_rejection():
     """A word's low 61 bits are the element unless they are p (all ones): then `prg.resample` of the
     expanded seed at that word's source, the same in the reference, the portable backend's numpy
     and whatever `_elements` is handed."""
-    from fss import portable, prg
+    from fss import portable
 
     seed = 0x0123456789ABCDEF_FEDCBA9876543210
     words = np.array([[P, 5, P | (7 << 61)], [0, (1 << 64) - 1, P - 1]], np.uint64)
@@ -183,15 +184,9 @@ def _rejecting_key(fn, word: int):
             raw = R._expand(p, s, a & 1)[0]
             target = raw | (P << (1 + 61 * word))
             key.cw_seed[-1] = raw ^ target
-            assert R.convert(p, target)[word] < P and (prg_word(target, word) & P) == P
+            assert R.convert(p, target)[word] < P and (prg.seed_word(target, word) & P) == P
             return fn.key_from_bytes(R.encode(p, key)), key
     raise AssertionError("no party has t = 1 above alpha's leaf")
-
-
-def prg_word(seed: int, e: int) -> int:
-    from fss import prg
-
-    return prg.seed_word(seed, e)
 
 
 @pytest.mark.parametrize("width, word", [(1, 0), (2, 0), (2, 1)])
