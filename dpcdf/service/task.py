@@ -17,7 +17,6 @@ from fss import DCF
 from fss.params import PACKED_VERSION as KEY_FORMAT
 
 from ..errors import ParameterError
-
 from ..release.adaptive import MIN_ADAPTIVE_GRID, PLAN_VERSION, SHARE_RULE, AdaptiveMechanism
 from ..release.policy import auto_mechanism, curve_budget
 from ..release.calibration import group_scales
