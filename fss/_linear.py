@@ -135,3 +135,167 @@ def sums_of(y, weights, offs):
             fold_all(col)
     fold_all(col)
     return dots, col.reshape(size, c), last
+
+
+# --- the same sketch in vector lanes: 32 x 32 -> 64-bit products (vpmuludq), no 128-bit carries ------------
+# A 64 x 64 -> 128-bit product and its add/adc pair took about 3.8 cycles on AMD Zen 4 (one dot over a row in
+# cache, not from a table), so the three dots of round one's check cost more than half the grid walk. In
+# lanes: y = y0 + 2^31 y1 and w = w0 + 2^31 w1 (y0, w0 < 2^31; y1, w1 < 2^30, as y, w < 2^61), so with
+# 2^62 = 2 (mod p)  y w = (y0 w0 + 2 y1 w1) + 2^31 (y0 w1 + y1 w0), four products below 2^62 that a lane
+# adds in 64 bits (L: two steps, M: four, before a fold).
+LANE_STEPS = 8  # vectors per unrolled chunk of the lane loop (L folds every 2, M every 4, both at the end)
+_M31, _M32 = (1 << 31) - 1, (1 << 32) - 1
+
+
+def lanes_for(tier: str) -> int:
+    """Words per vector of the lane sketch on a tier: 8 with AVX-512, else 4 (LLVM splits a wider
+    vector into the CPU's own)."""
+    return 8 if tier == "vaes" else 4
+
+
+@functools.lru_cache(maxsize=None)
+def lane_streams(width: int, c: int, offs: tuple, lanes: int) -> tuple | None:
+    """Which dot each word of a row feeds, packed into as few weight streams as possible: a tuple of
+    streams, each a tuple over the row's columns e < width of a dot index or -1 (dots on disjoint
+    columns share a stream: round one's z of the values and z of the tags). None where a lane does
+    not always hold the same column (width not dividing lanes): the scalar sketch runs there."""
+    if lanes % width or not offs:
+        return None
+    streams: list[list[int]] = []
+    for j, o in enumerate(offs):
+        cols_j = range(o, o + c)
+        for s in streams:
+            if all(s[e] < 0 for e in cols_j):
+                for e in cols_j:
+                    s[e] = j
+                break
+        else:
+            s = [-1] * width
+            for e in cols_j:
+                s[e] = j
+            streams.append(s)
+    return tuple(tuple(s) for s in streams)
+
+
+def lane_weights(weights: np.ndarray, offs, width: int, streams: tuple) -> np.ndarray:
+    """weights (q, size, c) canonical -> the streams' weights over a whole row, flat (S * size * width,),
+    each word w split as w0 | w1 << 32 (w0 = w & (2^31 - 1), w1 = w >> 31); 0 where no dot reads."""
+    q, size, c = weights.shape
+    out = np.zeros((len(streams), size, width), np.uint64)
+    for t, s in enumerate(streams):
+        for e, j in enumerate(s):
+            if j >= 0:
+                out[t, :, e] = weights[j, :, e - int(offs[j])]
+    w = out.reshape(-1)
+    return (w & np.uint64(_M31)) | ((w >> np.uint64(31)) << np.uint64(32))
+
+
+@functools.lru_cache(maxsize=None)
+def _lane_chunks(streams: tuple, width: int, lanes: int, q: int):
+    """The intrinsic chunks(row, ws, col, dots, n_chunks): over the first n_chunks * LANE_STEPS * lanes
+    words of the row, col += row (lane-wise, unreduced) and dots[j] = the canonical dot of dot j's
+    words (overwritten), the lanes of every stream reduced and added at the end."""
+    V = ir.VectorType(_I64, lanes)
+    S = len(streams)
+
+    def vc(x):
+        return ir.Constant(V, [x] * lanes)
+
+    @intrinsic
+    def chunks(typingctx, row, ws, col, dots, n_chunks):
+        sig = types.void(row, ws, col, dots, types.int64)
+
+        def codegen(context, b, signature, args):
+            from numba.core import cgutils
+
+            rowp, wsp, colp, dotp = (context.make_array(signature.args[q_])(context, b, args[q_]).data for q_ in range(4))
+            stride = b.udiv(b.extract_value(context.make_array(signature.args[1])(context, b, args[1]).shape, 0), ir.Constant(_I64, S))
+            p = vc(int(_P))
+
+            def at(ptr, i):
+                return b.bitcast(b.gep(ptr, [i]), V.as_pointer())
+
+            def fold_v(x):
+                return b.add(b.and_(x, p), b.lshr(x, vc(61)))
+
+            def canon_v(x):  # x < 2^62 -> canonical
+                x = fold_v(x)
+                return b.select(b.icmp_unsigned(">=", x, p), b.sub(x, p), x)
+
+            keep = [(cgutils.alloca_once_value(b, vc(0)), cgutils.alloca_once_value(b, vc(0))) for _ in range(S)]
+            with cgutils.for_range(b, args[4]) as loop:
+                base = b.mul(loop.index, ir.Constant(_I64, LANE_STEPS * lanes))
+                acc = [[b.load(rl), b.load(rm)] for rl, rm in keep]
+                lm = [[vc(0), vc(0)] for _ in range(S)]
+                for s in range(LANE_STEPS):
+                    off = b.add(base, ir.Constant(_I64, s * lanes))
+                    y = b.load(at(rowp, off), align=8)
+                    b.store(b.add(b.load(at(colp, off), align=8), y), at(colp, off), align=8)
+                    y0 = b.and_(y, vc(_M31))
+                    y1 = b.and_(b.lshr(y, vc(31)), vc(_M32))
+                    y1d = b.and_(b.lshr(y, vc(30)), vc(_M32 ^ 1))  # 2 y1
+                    for t in range(S):
+                        w = b.load(at(wsp, b.add(off, b.mul(stride, ir.Constant(_I64, t)))), align=8)
+                        w0, w1 = b.and_(w, vc(_M32)), b.lshr(w, vc(32))
+                        lm[t][0] = b.add(lm[t][0], b.add(b.mul(y0, w0), b.mul(y1d, w1)))
+                        lm[t][1] = b.add(lm[t][1], b.add(b.mul(y0, w1), b.mul(y1, w0)))
+                        if s % 2 == 1:
+                            acc[t][0], lm[t][0] = b.add(acc[t][0], fold_v(lm[t][0])), vc(0)
+                        if s % 4 == 3:
+                            acc[t][1], lm[t][1] = b.add(acc[t][1], fold_v(lm[t][1])), vc(0)
+                for t, (rl, rm) in enumerate(keep):
+                    b.store(fold_v(acc[t][0]), rl)
+                    b.store(fold_v(acc[t][1]), rm)
+            sums = [ir.Constant(_I64, 0)] * q
+            for t, (rl, rm) in enumerate(keep):
+                m = canon_v(b.load(rm))  # times 2^31 mod p: a 61-bit rotation by 31
+                rot = b.or_(b.and_(b.shl(m, vc(31)), p), b.lshr(m, vc(30)))
+                v = canon_v(b.add(canon_v(b.load(rl)), rot))
+                for lane in range(lanes):
+                    j = streams[t][lane % width]
+                    if j >= 0:
+                        sums[j] = b.add(sums[j], b.extract_element(v, ir.Constant(ir.IntType(32), lane)))
+            for j in range(q):  # at most 8 canonical values: below 2^64
+                x = sums[j]
+                pp = ir.Constant(_I64, int(_P))
+                x = b.add(b.and_(x, pp), b.lshr(x, ir.Constant(_I64, 61)))
+                x = b.select(b.icmp_unsigned(">=", x, pp), b.sub(x, pp), x)
+                b.store(x, b.gep(dotp, [ir.Constant(_I64, j)]))
+            return context.get_dummy_value()
+
+        return sig, codegen
+
+    return chunks
+
+
+@functools.lru_cache(maxsize=None)
+def lane_sketch(width: int, c: int, offs: tuple, lanes: int):
+    """`row_sketch`'s contract with wf the streams' split weights (`lane_weights`) and col the whole row's
+    column sums (size * width; the caller keeps the first c of each point): the chunks in lanes, the
+    rest of the row (fewer than LANE_STEPS * lanes words) with 128-bit products."""
+    streams = lane_streams(width, c, offs, lanes)
+    q = len(offs)
+    chunks = _lane_chunks(streams, width, lanes, q)
+    owner = np.array(streams, np.int64)
+    u = np.uint64
+    per, w_, m32 = LANE_STEPS * lanes, u(width), u(_M32)
+
+    @njit(inline="always")
+    def sketch(row, wf, dots, col, last):
+        n = row.shape[0]
+        done = n // per
+        chunks(row, wf, col, dots, done)
+        stride = wf.shape[0] // owner.shape[0]
+        for x in range(done * per, n):
+            col[x] += row[x]
+            e = x % width
+            for t in range(owner.shape[0]):
+                j = owner[t, e]
+                if j >= 0:
+                    w = wf[t * stride + x]
+                    lo, hi = mac(u(0), u(0), row[x], (w & m32) + ((w >> u(32)) << u(31)))
+                    dots[j] = fold(dots[j] + fold128(lo, hi))
+        for e in range(w_):
+            last[e] = row[n - width + e]
+
+    return sketch

@@ -29,7 +29,7 @@ from ._eval import eval_group
 from ._fused import gen_group, trie_steps
 from ._blockgrid import block_step, fits
 from ._grid import grid_step
-from ._linear import fold_all, no_sketch, row_sketch
+from ._linear import fold_all, lane_sketch, no_sketch, row_sketch
 from .keys import GROUP, KeyBatch, groups, payload_dtype, to_groups
 from .params import TreeParams
 
@@ -242,8 +242,9 @@ def _grid_kernel(width: int, has_v: bool, prime: int, tier: str, sketch: tuple =
     """Keys k0 .. k1 - 1, one after the other, walk the plan of `grid_plan`, the last level's steps
     writing the leaves' shares straight into `out` (no prange: a parallel
     numba kernel compiles in about three times as long, once per width, group, DCF or DPF and AES
-    flavour; `eval_grid` runs one call per thread instead). With `sketch` = (c, offsets), `out` is a ring
-    of two rows and each key's row goes through `_linear.row_sketch` (`_gridsums.eval_grid_sums`).
+    flavour; `eval_grid` runs one call per thread instead). With `sketch` = (c, offsets, lanes), `out` is a
+    ring of two rows and each key's row goes through `_linear.lane_sketch` (or with lanes 0 `row_sketch`;
+    `_gridsums.eval_grid_sums`).
     `prime`: 0 ring, else the F_p key format version (`field_code`). Writes the keys whose walk met a
     rejected F_p element (`_grid`; their rows, and with `sketch` their sums, are left out) to
     `rejected` and returns how many (an int: an array returned from a kernel loaded from the disk cache
@@ -253,7 +254,7 @@ def _grid_kernel(width: int, has_v: bool, prime: int, tier: str, sketch: tuple =
     step = block_step(width, tier, prime) if blocks else grid_step(width, has_v, prime, tier)
     rows = 3 + width
     sums = bool(sketch)
-    row_sum = row_sketch(width, *sketch) if sums else no_sketch
+    row_sum = no_sketch if not sums else lane_sketch(width, *sketch) if sketch[2] else row_sketch(width, *sketch[:2])
 
     @njit(nogil=True)
     def kernel(seeds, cw_seed, cw_t, cw_v, top, subs, cols, top_cap, reverse, k0, k1, party, bits, mask, rk, out, wf, dots, col, last,
@@ -336,7 +337,7 @@ def _grid_kernel(width: int, has_v: bool, prime: int, tier: str, sketch: tuple =
             fold_all(col)
         return n_rejected
 
-    tag = f"-sums{sketch[0]}-{'.'.join(map(str, sketch[1]))}" if sums else ""
+    tag = f"-sums{sketch[0]}-{'.'.join(map(str, sketch[1]))}-l{sketch[2]}" if sums else ""
     return _cache.cached(kernel, f"grid-{_tag(width, has_v, tier)}-{('ring', 'p61', 'p61w')[prime]}{tag}")
 
 

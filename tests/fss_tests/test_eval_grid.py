@@ -202,6 +202,37 @@ def test_eval_grid_sums_equals_the_sums_of_eval_grid(width, c, offsets, tiers):
         fn.eval_grid_sums(keys, size, w[:1], [width])
 
 
+@pytest.mark.parametrize("width, c, offsets", [(2, 1, (0, 0, 1)), (4, 2, (0, 0, 2)), (1, 1, (0,))])
+def test_the_lane_sketch_holds_at_its_bounds(width, c, offsets):
+    """`_linear.lane_sketch` (the check's sums in 32 x 32-bit lanes, folded every 2 and 4 vectors)
+    against Python integers where every product is largest (values and weights p - 1, so a missed
+    fold overflows) and on random rows, with 4 and 8 lanes and rows that leave a tail of every length."""
+    from numba import njit
+
+    from fss._linear import lane_sketch, lane_streams, lane_weights
+
+    rng = np.random.default_rng(width)
+    for lanes in (4, 8):
+        sketch = lane_sketch(width, c, offsets, lanes)
+
+        @njit
+        def run(rows, wf, dots, col, last):
+            for k in range(rows.shape[0]):
+                sketch(rows[k], wf, dots[k], col, last[k])
+
+        for size in (1, 31, 64, 200):
+            rows = rng.integers(0, P, (3, size * width)).astype(np.uint64)
+            rows[0] = P - 1
+            w = rng.integers(0, P, (len(offsets), size, c)).astype(np.uint64)
+            w[:, : size // 2] = P - 1
+            dots, col, last = np.zeros((3, len(offsets)), np.uint64), np.zeros(size * width, np.uint64), np.zeros((3, width), np.uint64)
+            run(rows, lane_weights(w, offsets, width, lane_streams(width, c, offsets, lanes)), dots, col, last)
+            y = rows.reshape(3, size, width).astype(object)
+            want = [[int((w[j].astype(object) * y[k, :, o:o + c]).sum() % P) for j, o in enumerate(offsets)] for k in range(3)]
+            assert dots.tolist() == want, (lanes, size)
+            assert col.tolist() == y.sum(axis=0).reshape(-1).tolist() and np.array_equal(last, rows[:, -width:]), (lanes, size)
+
+
 def test_eval_grid_sums_refuses_bad_arguments_and_folds_wide_rows():
     """Every bad weight or offset is a ParameterError before any kernel runs (an offset near 2^63 wrapped
     past an int64 range check and read before the row; floats were truncated), and the portable path's
