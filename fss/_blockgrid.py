@@ -126,8 +126,8 @@ def block_step(width: int, tier: str, version: int = 1):
     half_w = width // 2
 
     @intrinsic
-    def step(typingctx, src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk, flags):
-        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, out, i64, i64, i64, types.boolean, i64, types.uint64, rk, flags)
+    def step(typingctx, src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk, flags, live):
+        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, out, i64, i64, i64, types.boolean, i64, types.uint64, rk, flags, i64)
 
         def codegen(context, b, signature, args):
             aty = signature.args
@@ -247,8 +247,10 @@ def block_step(width: int, tier: str, version: int = 1):
                             for m in range(half_w):
                                 ops.store_pair(D.at(b.add(dacc, b.add(b.mul(c, w), _c64(2 * m)))), accs[m], width)
 
-            for first in range(0, 16, NODES):
-                batch(first)
+            batch(0)
+            for first in range(NODES, 16, NODES):  # past the level's last node (the top levels): skipped
+                with b.if_then(b.icmp_signed(">", args[16], _c64(first))):
+                    batch(first)
             return context.get_dummy_value()
 
         return sig, codegen

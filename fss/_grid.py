@@ -256,8 +256,8 @@ def grid_step(width: int, has_v: bool, prime: int, tier: str):
     i64 = types.int64
 
     @intrinsic
-    def step(typingctx, src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk, flags):
-        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, out, i64, i64, i64, types.boolean, i64, types.uint64, rk, flags)
+    def step(typingctx, src, i, dst, j, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk, flags, live):
+        sig = types.void(src, i64, dst, i64, kcw, i64, types.boolean, out, i64, i64, i64, types.boolean, i64, types.uint64, rk, flags, i64)
 
         def codegen(context, b, signature, args):
             aty = signature.args

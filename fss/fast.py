@@ -317,7 +317,7 @@ def _grid_kernel(width: int, has_v: bool, prime: int, tier: str, sketch: tuple =
                 for level in range(first, stop):
                     leaf = level == bits - 1
                     for i in range(0, mm, 16):
-                        step(a, b2 + i, d, 2 * i, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk, flags)
+                        step(a, b2 + i, d, 2 * i, kcw, level, leaf, out, origin, lo, hi, reverse, party, mask, rk, flags, mm - i)
                     if seg == 0:
                         b2, mm = top[level, 0], top[level, 1]
                     else:
