@@ -347,9 +347,14 @@ def grid_step(width: int, has_v: bool, prime: int, tier: str):
                                 put(r, h, kids[q][0][r], kids[q][1][r])
 
             # 32 vector registers (AVX-512, NEON): both halves at once; 16 (AVX2): one half after the other,
-            # so that one half's blocks and state fit in the registers (the AES rounds stay in flight).
-            for hs in ([list(range(HALVES))] if mmo.aes.regs32 else [[h] for h in range(HALVES)]):
-                halves(hs)
+            # so that one half's blocks and state fit in the registers (the AES rounds stay in flight), the
+            # second only if the level has a node there (`live`: the top levels have 1 to 8).
+            if mmo.aes.regs32:
+                halves(list(range(HALVES)))
+            else:
+                halves([0])
+                with b.if_then(b.icmp_signed(">", args[16], _c64(8))):
+                    halves([1])
             return context.get_dummy_value()
 
         return sig, codegen
