@@ -1,14 +1,16 @@
 """Linear sketches of one key's grid values over F_p (p = 2^61 - 1), for `_gridsums.eval_grid_sums` (the
-grid kernel of `fast` runs `row_sketch` on each key's row while it is in cache) and for the other backends
-(`sums_of`, on a whole `eval_grid` output). Both give canonical residues of the same sums mod p, so
-the results are equal bit for bit.
+grid kernel of `fast` reduces each key's row while it is in cache: `lane_sketch` in vector lanes, or
+`row_sketch` where a lane would not always hold the same column of the row) and for the other backends
+(`sums_of`, on a whole `eval_grid` output). All give canonical residues of the same sums mod p, so
+the results are equal bit for bit; every value and weight must be canonical (below p < 2^61).
 
 Per key, with its row y (size, width) of canonical values, weights W (q, size, c) below p and column
 offsets o (q,):  dots[j] = sum_i sum_{e < c} W[j, i, e] y[i, o_j + e]  (mod p, canonical); the column
-sums add y[:, :c] into `col` (size * c; below p after each fold, at most 4 keys between folds, so below
-5p); `last` is y[size - 1]. A product of two elements is below 2^122, so a 128-bit accumulator (`mac`: one
-64 x 64 -> 128-bit multiply and an add/adc pair on x86-64) takes FOLD_EVERY = 32 of them before it is
-folded into a field element.
+sums add y[:, :c] (`row_sketch`: into `col` of size * c entries) or the whole row (`lane_sketch`: size *
+width entries, the caller keeps the first c of each point), below p after each fold, at most 4 keys
+between folds, so below 5p; `last` is y[size - 1]. A product of two elements is below 2^122, so a
+128-bit accumulator (`mac`: one 64 x 64 -> 128-bit multiply and an add/adc pair on x86-64) takes
+FOLD_EVERY = 32 of them before it is folded into a field element.
 """
 from __future__ import annotations
 
