@@ -28,6 +28,19 @@ def floor(runs: int, level: float = LEVEL) -> float:
     return level - 3 * math.sqrt(level * (1 - level) / runs)
 
 
+def exact_floor(runs: int, level: float = LEVEL, alpha: float = 1e-4) -> float:
+    """The lowest coverage a band of exactly `level` shows in `runs` releases but with probability at most
+    alpha (the binomial's own tail, not a normal approximation): for bands with no slack (an adaptive
+    histogram's, whose coverage is the level itself: 95.2% in 1,000 releases of the flat case below),
+    where `floor`'s 3 sds fail a correct band about once in 250 runs of 100 releases."""
+    tail, k = 0.0, 0
+    while True:
+        term = math.comb(runs, k) * level**k * (1 - level) ** (runs - k)
+        if tail + term > alpha:
+            return k / runs
+        tail, k = tail + term, k + 1
+
+
 def covered(rel, truth, level=LEVEL, target="sample") -> bool:
     lo, hi = rel.confidence_band(level, target)
     return bool(np.all((lo <= truth + 1e-12) & (truth <= hi + 1e-12)))
@@ -77,14 +90,14 @@ def test_adaptive_releases_are_covered_whichever_design_round_one_picks(relation
     """Flat data (a histogram of equal-width bins) under substitution, skewed data (bins at equal mass,
     or the tree) under add/remove."""
     rng = np.random.default_rng(2)
-    grid, runs = Grid.integers(256), 100
+    grid, runs = Grid.integers(256), 400  # a band of 95% fails below 362 of 400 with probability 1e-4; 90% in 59%
     flat = relation == "substitution"
     values = rng.integers(0, 256, 2000) if flat else np.minimum(rng.exponential(10, 2000).astype(np.int64), 255)
     truth = dpcdf.prefix_counts(values, grid) / values.size
     rels = [dpcdf.release_ecdf(values, grid, 1.0, "adaptive", relation) for _ in range(runs)]
     if flat:
         assert all(r.released.plan.design == "bins" for r in rels)
-    assert sum(covered(r, truth) for r in rels) / runs >= floor(runs)
+    assert sum(covered(r, truth) for r in rels) / runs >= exact_floor(runs)
 
 
 def test_an_add_remove_histogram_band_uses_round_twos_count_of_n():
