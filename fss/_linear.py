@@ -19,6 +19,7 @@ import functools
 import numpy as np
 from llvmlite import ir
 from numba import njit, types
+from numba.core import cgutils
 from numba.extending import intrinsic
 
 
@@ -161,7 +162,7 @@ def lane_streams(width: int, c: int, offs: tuple, lanes: int) -> tuple | None:
     streams, each a tuple over the row's columns e < width of a dot index or -1 (dots on disjoint
     columns share a stream: round one's z of the values and z of the tags). None where a lane does
     not always hold the same column (width not dividing lanes): the scalar sketch runs there."""
-    if lanes % width or not offs:
+    if lanes % width:
         return None
     streams: list[list[int]] = []
     for j, o in enumerate(offs):
@@ -208,8 +209,6 @@ def _lane_chunks(streams: tuple, width: int, lanes: int, q: int):
         sig = types.void(row, ws, col, dots, types.int64)
 
         def codegen(context, b, signature, args):
-            from numba.core import cgutils
-
             rowp, wsp, colp, dotp = (context.make_array(signature.args[q_])(context, b, args[q_]).data for q_ in range(4))
             stride = b.udiv(b.extract_value(context.make_array(signature.args[1])(context, b, args[1]).shape, 0), ir.Constant(_I64, S))
             p = vc(int(_P))
@@ -257,9 +256,9 @@ def _lane_chunks(streams: tuple, width: int, lanes: int, q: int):
                     j = streams[t][lane % width]
                     if j >= 0:
                         sums[j] = b.add(sums[j], b.extract_element(v, ir.Constant(ir.IntType(32), lane)))
+            pp = ir.Constant(_I64, int(_P))
             for j in range(q):  # at most 8 canonical values: below 2^64
                 x = sums[j]
-                pp = ir.Constant(_I64, int(_P))
                 x = b.add(b.and_(x, pp), b.lshr(x, ir.Constant(_I64, 61)))
                 x = b.select(b.icmp_unsigned(">=", x, pp), b.sub(x, pp), x)
                 b.store(x, b.gep(dotp, [ir.Constant(_I64, j)]))
