@@ -135,7 +135,9 @@ def describe_cpu() -> str:
 
     f = A.host_features()
     has = [x for x in ("aes", "avx2", "vaes", "avx512f", "neon") if x in f]
-    return f"{cpu_name()} ({A.machine()}, LLVM: {llvm.get_host_cpu_name()}, {', '.join(has) or 'no AES instructions'})"
+    target = os.environ.get("NUMBA_CPU_NAME")  # scripts/older_cpu.py: another CPU's code, run on this one
+    llvm_name = f"{target} code on {llvm.get_host_cpu_name()}" if target else llvm.get_host_cpu_name()
+    return f"{cpu_name()} ({A.machine()}, LLVM: {llvm_name}, {', '.join(has) or 'no AES instructions'})"
 
 
 def eval_blocks(p: TreeParams) -> int:

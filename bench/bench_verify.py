@@ -71,7 +71,7 @@ import numpy as np
 
 from fss import backend
 
-from bench_fss import best_of, ecb_blocks_per_s, peak_blocks_per_s, walk_blocks  # one AES bound and one timer for every bench (run from bench/)
+from bench_fss import best_of, describe_cpu, ecb_blocks_per_s, peak_blocks_per_s, walk_blocks  # one AES bound and one timer for every bench (run from bench/)
 
 from dpcdf.service.protocols.check import round_one
 from dpcdf.service.protocols.reconciliation import maths as reconcile
@@ -489,6 +489,7 @@ def main() -> None:
     args = ap.parse_args()
     sizes = [int(s) for s in args.sizes.split(",") if s.strip()]
     skip = {s.strip() for s in args.skip.split(",") if s.strip()}
+    print(f"CPU: {describe_cpu()}")
     print(f"{numba.config.NUMBA_NUM_THREADS} cores, fss backend {backend.current()}, eval_grid of F_p keys: {grid_backend()}; "
           f"load average at start {os.getloadavg()[0]:.1f}\n")
     with tempfile.TemporaryDirectory(prefix="dpcdf-verify-") as tmp:
