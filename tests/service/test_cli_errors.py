@@ -223,6 +223,11 @@ def test_the_spool_knows_rows_by_content_copies_refused_extensions_send_only_new
     again = _submit(task, "--csv", str(a), "--column", "value")  # the same file again: nothing made, nothing sent
     assert (again["new"], again["already_spooled"], again["reports"]) == (0, 62, 62) and stored() == [62, 62]
 
+    column = one_line_error(run(["submit", "--task", str(task), "--csv", str(a), "--column", "id"]))  # the same people
+    assert "all 62 of the 62 rows of" in column and "another value (--column" in column and "count these people twice" in column
+    assert stored() == [62, 62]
+    assert _submit(task, "--csv", str(a), "--column", "value")["new"] == 0  # the first column again: nothing new
+
     b = tmp_path / "b.csv"
     b.write_bytes(a.read_bytes())  # the same rows under another name
     copy = one_line_error(run(["submit", "--task", str(task), "--csv", str(b), "--column", "value"]))

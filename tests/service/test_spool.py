@@ -79,6 +79,29 @@ def test_admit_knows_rows_by_content_per_source(tmp_path):
     assert spool.admit(contents, "c.csv").new.size == 4  # so is the rest of a CSV row (another person's id)
 
 
+
+def test_a_row_spooled_with_another_value_column_is_the_same_row(tmp_path):
+    spool = Spool.open(tmp_path / "s.spool", FP)
+    rows = [b"1\x1f30\x1f5.0", b"2\x1f41\x1f7.0", b"3\x1f30\x1f7.0"]
+    income, age = np.array([5.0, 7.0, 7.0]), np.array([30.0, 41.0, 30.0])
+    keys = spool.content_digests(rows)
+    d = spool.digests(income, contents=rows)
+    first = spool.admit(d, "p.csv", [2, 3, 4], contents=keys)
+    spool.add(first, [(bytes([i]) * 16, b"r", d[i], i + 2, keys[i]) for i in first.new])
+    other = spool.digests(age, contents=rows)
+    with pytest.raises(DuplicateRows, match=r"all 3 of the 3 rows of p.csv were spooled .* another value .*lines 2-4 equal lines 2-4"):
+        spool.admit(other, "p.csv", [2, 3, 4], contents=keys)  # --column age of the same rows: the same people
+    with pytest.raises(DuplicateRows, match="another value"):
+        spool.admit(other[1:], "q.csv", [3, 4], contents=keys[1:])  # from a copy of the file too
+    labelled = spool.digests(income, labels=np.array([1, 0, 1]), contents=rows)
+    with pytest.raises(DuplicateRows, match="another value"):  # another --label-column: the same rows
+        spool.admit(labelled, "p.csv", [2, 3, 4], contents=keys)
+    assert spool.admit(other, "p.csv", [2, 3, 4], allow_duplicates=True, contents=keys).new.size == 3  # the user's word
+    assert spool.admit(d, "p.csv", contents=keys).spooled == 3  # the first column: nothing new
+    fresh = [b"4\x1f50\x1f9.0"]
+    assert spool.admit(spool.digests([50.0], contents=fresh), "p2.csv", contents=spool.content_digests(fresh)).new.size == 1
+
+
 @settings(max_examples=30)
 @given(n=st.integers(1, 40), made=st.integers(0, 40), acks=st.lists(st.tuples(st.integers(0, 39), st.integers(0, 1), st.booleans()), max_size=60))
 def test_status_counts_rows_by_what_each_server_said(tmp_path_factory, n, made, acks):
@@ -290,3 +313,19 @@ def test_ctrl_c_while_making_or_sending_loses_nothing_and_a_rerun_sends_nothing_
     assert (again["new"], again["already_spooled"], again["complete"], again["pending"]) == (900, 600, 1500, 0)
     for party in (0, 1):  # each report stored once per server, and only the 1,500 made
         assert len(fake.stored[party]) == len(set(fake.stored[party])) == 1500
+
+
+def test_a_spool_written_before_row_contents_opens_and_keeps_its_reports(tmp_path):
+    import sqlite3
+
+    path = tmp_path / "old.spool"
+    spool = Spool.open(path, FP)
+    _fill(spool, 0, 5)
+    spool.close()
+    with sqlite3.connect(path) as db:  # the reports table as an earlier dpcdf made it
+        db.execute("ALTER TABLE reports DROP COLUMN content")
+    spool = Spool.open(path, FP)
+    assert spool.spooled() == 5
+    _fill(spool, 0, 8)  # its rows are still known; new ones are made
+    assert spool.spooled() == 8
+    spool.close()

@@ -229,7 +229,8 @@ def submit(config: TaskConfig, values, batch: int = 1000, progress: bool = False
     store = Spool.open(":memory:" if spool is None else spool, config.fingerprint)
     try:
         digests = store.digests(values, labels, contents)
-        admission = store.admit(digests, source, lines, allow_duplicates)
+        keys = store.content_digests(contents)
+        admission = store.admit(digests, source, lines, allow_duplicates, keys)
         new = admission.new
         if admission.spooled:
             notes.append(f"{admission.spooled} of the {values.size} rows were spooled before from this input: "
@@ -244,7 +245,7 @@ def submit(config: TaskConfig, values, batch: int = 1000, progress: bool = False
             for start in range(0, new.size, batch):
                 idx = new[start : start + batch]
                 made = make_reports(config, values[idx], None if labels is None else labels[idx])
-                store.add(admission, [(r.report_id, r.to_bytes(), digests[i], lines[i]) for r, i in zip(made, idx)])
+                store.add(admission, [(r.report_id, r.to_bytes(), digests[i], lines[i], keys and keys[i]) for r, i in zip(made, idx)])
                 uploads.more(len(made))  # committed first: a report is sent only once it is in the spool
             uploads.finish()
         status = store.status()

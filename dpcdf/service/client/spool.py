@@ -18,6 +18,9 @@ kept in the spool, of the value, the label and the CSV row's fields) and its lin
 - an input from a known source that neither holds all the rows spooled from it nor lies within them
   (the file changed) is a new version of that source: its rows are checked against every other source, the old
   version's included.
+- a CSV row spooled before with another value (another --column or --label-column of the same row:
+  the same person) is refused with `DuplicateRows` too: a task counts each row once. Each report also
+  keeps a digest of its row's content alone for this.
 
 The spool is SQLite (WAL, synchronous=FULL: a committed row survives a power cut). Reports are written
 in whole transactions, so a spool interrupted while reports were being made resumes with the rows
@@ -48,12 +51,13 @@ from ...errors import DpcdfError
 from ..files import create_private
 
 VERSION = "2"
+ANOTHER_COLUMN = " with another value column"  # how `DuplicateRows.rows` names a row spooled with another value
 SCHEMA = """
 CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS sources (id INTEGER PRIMARY KEY, name TEXT NOT NULL, version INTEGER NOT NULL,
                                     UNIQUE (name, version));
 CREATE TABLE IF NOT EXISTS reports (row INTEGER PRIMARY KEY, report_id BLOB NOT NULL UNIQUE, body BLOB NOT NULL,
-                                    digest BLOB NOT NULL, source INTEGER NOT NULL, line INTEGER NOT NULL);
+                                    digest BLOB NOT NULL, source INTEGER NOT NULL, line INTEGER NOT NULL, content BLOB);
 CREATE TABLE IF NOT EXISTS acks (row INTEGER NOT NULL, party INTEGER NOT NULL CHECK (party IN (0, 1)),
                                  rejected TEXT, PRIMARY KEY (row, party));
 """
@@ -120,6 +124,17 @@ def row_digests(salt: bytes, values: np.ndarray, labels: np.ndarray | None = Non
     return out
 
 
+def content_digests(salt: bytes, contents: Sequence[bytes]) -> list[bytes]:
+    """One digest per row of its content alone (a CSV row's fields, whichever column holds the value)."""
+    base = hashlib.sha256(b"dpcdf/spool-content/v1" + salt)
+    out = []
+    for c in contents:
+        h = base.copy()
+        h.update(c)
+        out.append(h.digest()[:16])
+    return out
+
+
 def _locked(method):
     """The method runs holding the spool's mutex."""
     @functools.wraps(method)
@@ -171,6 +186,8 @@ class Spool:
             raise SpoolMismatch(f"spool {path} was written by an older dpcdf (one input per spool); finish its "
                                 "upload with that version, or choose another --spool")
         db.executescript(SCHEMA)
+        if "content" not in {r[1] for r in db.execute("PRAGMA table_info(reports)")}:  # a spool of an earlier dpcdf
+            db.execute("ALTER TABLE reports ADD COLUMN content BLOB")
         with self._transaction():
             meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
             if not meta:
@@ -197,12 +214,17 @@ class Spool:
         return row_digests(self.salt, np.asarray(values, dtype=np.float64).reshape(-1),
                            None if labels is None else np.asarray(labels).reshape(-1), contents)
 
+    def content_digests(self, contents: Sequence[bytes] | None) -> list[bytes] | None:
+        """The rows' content digests under this spool's salt (`content_digests`), None without contents."""
+        return None if contents is None else content_digests(self.salt, contents)
+
     @_locked
     def admit(self, digests: Sequence[bytes], source: str, lines: Sequence[int] | None = None,
-              allow_duplicates: bool = False) -> Admission:
-        """Matches an input (its rows' digests, in order, and their line numbers in `source`) against
-        the spool; see the module's docstring. Raises `DuplicateRows` for rows spooled from another
-        source, unless `allow_duplicates`. Registers the source (or its new version)."""
+              allow_duplicates: bool = False, contents: Sequence[bytes] | None = None) -> Admission:
+        """Matches an input (its rows' digests, in order, and their line numbers in `source`; `contents`
+        their content digests, if rows have content) against the spool; see the module's docstring.
+        Raises `DuplicateRows` for rows spooled from another source, or with another value, unless
+        `allow_duplicates`. Registers the source (or its new version)."""
         lines = list(range(1, len(digests) + 1)) if lines is None else list(lines)
         names = {sid: (name, version) for sid, name, version in self.db.execute("SELECT id, name, version FROM sources")}
         held: dict[bytes, list[tuple[int, int]]] = defaultdict(list)  # digest -> [(source id, line)] in row order
@@ -244,6 +266,15 @@ class Spool:
                 new.append(i)
             else:
                 new.append(i)
+        if contents is not None and new:  # a row spooled before with another value: another column of it
+            seen: dict[bytes, deque] = defaultdict(deque)
+            for content, sid, line in self.db.execute("SELECT content, source, line FROM reports WHERE content IS NOT NULL ORDER BY row"):
+                seen[bytes(content)].append((sid, line))
+            matched = {line for line, *_ in duplicates}
+            for i in new:
+                if lines[i] not in matched and seen.get(contents[i]):
+                    sid, line = seen[contents[i]].popleft()
+                    duplicates.append((lines[i], shown(names[sid][0]) + ANOTHER_COLUMN, line))
         if duplicates and not allow_duplicates:
             raise DuplicateRows(_duplicates_message(source, duplicates, len(digests)), duplicates)
         return Admission(source, chosen, len(digests), np.array(new, dtype=np.int64), spooled, duplicates, new_version)
@@ -254,15 +285,15 @@ class Spool:
         return self.db.execute("SELECT COUNT(*) FROM reports").fetchone()[0]
 
     @_locked
-    def add(self, admission: Admission, reports: list[tuple[bytes, bytes, bytes, int]]) -> None:
-        """Commits (report id, report bytes, row digest, line) for rows of the admitted source, in one
-        transaction."""
+    def add(self, admission: Admission, reports: list[tuple]) -> None:
+        """Commits (report id, report bytes, row digest, line[, content digest]) for rows of the admitted
+        source, in one transaction."""
         try:
             with self._transaction():  # rows numbered 0, 1, ... in the order they were made
                 first = self.db.execute("SELECT COALESCE(MAX(row), -1) + 1 FROM reports").fetchone()[0]
-                self.db.executemany("INSERT INTO reports VALUES (?, ?, ?, ?, ?, ?)",
-                                    ((first + k, rid, body, digest, admission.source_id, int(line))
-                                     for k, (rid, body, digest, line) in enumerate(reports)))
+                self.db.executemany("INSERT INTO reports VALUES (?, ?, ?, ?, ?, ?, ?)",
+                                    ((first + k, r[0], r[1], r[2], admission.source_id, int(r[3]), r[4] if len(r) > 4 else None)
+                                     for k, r in enumerate(reports)))
         except sqlite3.IntegrityError:  # a report id twice: 2^-128 by chance; only a bug or another writer
             raise SpoolBusy(f"{self.path}: a report id was spooled twice (another process writing?)") from None
 
@@ -334,6 +365,11 @@ def _duplicates_message(source: str, duplicates: list[tuple[int, str, int]], row
     parts = [f"lines {ranges([a for a, _ in pairs])} equal lines {ranges([b for _, b in pairs])} of {other}"
              for other, pairs in by_source.items()]
     every = "all " if len(duplicates) == rows else ""
+    if all(other.endswith(ANOTHER_COLUMN) for other in by_source):  # the same rows, another --column
+        return (f"{every}{len(duplicates)} of the {rows} rows of {shown(source)} were spooled for this task before with "
+                f"another value (--column or --label-column): {'; '.join(parts)}. A task counts each row once: "
+                "sending them would count these people twice. Nothing was sent. To release another column, make a "
+                "task for it; rows that only look alike (other people's) go with --allow-duplicates")
     return (f"{every}{len(duplicates)} of the {rows} rows of {shown(source)} are already in the spool for this task from another "
             f"input ({'; '.join(parts)}): sending them would count them twice. Nothing was sent. If these rows are "
             "other people's (equal values), run the same command with --allow-duplicates; if the input repeats "
