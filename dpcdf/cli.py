@@ -93,13 +93,36 @@ def cmd_task(args) -> None:
 
     privacy = "pure" if args.rho is None else "zcdp"
     mechanism = args.mechanism or TaskConfig.default_mechanism(grid_spec, args.relation, privacy, args.epsilon, args.payload)
-    config, token = create_task(args.servers, grid_spec, args.epsilon, mechanism, args.relation, _min_batch(args),
-                                args.kem, payload=args.payload, admin_tokens=admin,
-                                verify=False if args.unverified else (True if args.verified else None), rho=args.rho)
-    Path(args.out).write_text(config.to_json())
-    write_secret(args.out + ".token", token.encode())
+    out = _reserve_out(args.out)  # before the servers register anything: an earlier task's files are never replaced
+    try:
+        config, token = create_task(args.servers, grid_spec, args.epsilon, mechanism, args.relation, _min_batch(args),
+                                    args.kem, payload=args.payload, admin_tokens=admin,
+                                    verify=False if args.unverified else (True if args.verified else None), rho=args.rho)
+        write_secret(args.out + ".token", token.encode())
+    except BaseException:
+        out.unlink(missing_ok=True)
+        raise
+    out.write_text(config.to_json())
     print(f"task {config.task_id} on both servers ({mechanism} mechanism, payload {args.payload}); "
           f"config {args.out}, analyst token {args.out}.token")
+
+
+def _reserve_out(out: str) -> Path:
+    """Creates the task file `out` empty (an empty one left by an interrupted run is reused), so that an
+    existing task's config and token are never replaced and an unwritable place fails before the
+    servers register the task."""
+    path, token = Path(out), Path(out + ".token")
+    for f in (path, token):
+        if f.is_dir():
+            raise CliError(f"--out: {f} is a directory")
+        if f.exists() and f.stat().st_size > 0:
+            raise CliError(f"--out: {f} already exists (an earlier task's {'analyst token' if f == token else 'config'}; "
+                           "replacing it would lose that task): give another --out, or remove the files of a task you no longer want")
+    try:
+        os.close(os.open(path, os.O_WRONLY | os.O_CREAT, 0o644))
+    except OSError as exc:
+        raise CliError(f"--out: cannot write {out} ({exc.strerror}); nothing was registered") from None
+    return path
 
 
 def cmd_submit(args) -> None:

@@ -194,6 +194,36 @@ def test_ctrl_c_during_submit_says_how_to_resume_and_resuming_counts_each_value_
         assert http("GET", f"{url}/tasks/{config.task_id}", token=token)["reports"] == n
 
 
+def test_task_never_replaces_an_earlier_tasks_files_and_registers_nothing_it_cannot_write(servers, tmp_path):
+    from dpcdf.service.client import admin
+    from helpers import OPERATOR
+
+    procs, _ = servers
+    pair = urls(procs["exact"])
+    make = ["task", "--servers", *pair, "--grid", "uniform:0:100:8", "--epsilon", "1", "--min-batch", "5"]
+
+    def registered() -> list[int]:
+        return [len(admin.tasks(u, OPERATOR)["tasks"]) for u in pair]
+
+    first = run([*make, "--out", str(tmp_path / "task.json")])
+    assert first.returncode == 0, first.stderr
+    config, token = (tmp_path / "task.json").read_text(), (tmp_path / "task.json.token").read_text()
+    before = registered()
+    again = one_line_error(run([*make, "--out", str(tmp_path / "task.json")]))  # the same command run twice
+    assert "task.json already exists" in again and "another --out" in again
+    nowhere = one_line_error(run([*make, "--out", str(tmp_path / "missing" / "t.json")]))
+    assert "cannot write" in nowhere and "nothing was registered" in nowhere
+    (tmp_path / "lone.json.token").write_text("a token of a task whose config was moved")
+    lone = one_line_error(run([*make, "--out", str(tmp_path / "lone.json")]))
+    assert "lone.json.token already exists" in lone and not (tmp_path / "lone.json").exists()
+    assert registered() == before  # none of the three reached the servers
+    assert (tmp_path / "task.json").read_text() == config and (tmp_path / "task.json.token").read_text() == token
+    (tmp_path / "left.json").write_text("")  # an empty file an interrupted run left: taken
+    assert run([*make, "--out", str(tmp_path / "left.json")]).returncode == 0
+    assert json.loads((tmp_path / "left.json").read_text())["task_id"] != json.loads(config)["task_id"]
+    assert registered() == [k + 1 for k in before]
+
+
 def _submit(task: Path, *args: str) -> dict:
     res = run(["submit", "--task", str(task), *args])
     assert res.returncode == 0, res.stderr
