@@ -61,11 +61,18 @@ def place(servers, tmp_path_factory):
 
 
 def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, servers):
+    from dpcdf.service.processes import free_port
+    from dpcdf.service.server.state import Server
+
     d = str(place)
     task = f"{d}/task.json"
     busy = servers[0]["exact"][0][1].rsplit(":", 1)[1]  # a test server listens there
+    served = str(servers[0]["exact"][0][2])  # and serves this data directory
+    Server(0, place / "srv0").store.close()  # server 0's directory, not served now
     cases = [
         (["serve", "--party", "0", "--port", busy, "--data", f"{d}/srv"], f"cannot listen on 127.0.0.1:{busy}"),
+        (["serve", "--party", "0", "--port", str(free_port()), "--data", served], "is served by another dpcdf server already"),
+        (["serve", "--party", "1", "--port", str(free_port()), "--data", f"{d}/srv0"], "holds server 0's keys and store"),
         ([], "required: COMMAND"),
         (["frobnicate"], "invalid choice"),
         (["serve", "--party", "2", "--port", "1", "--data", d], "--party"),

@@ -22,6 +22,7 @@ from . import metrics
 from .housekeeping import SWEEP_EVERY, Retention
 from .routers import admin, health, queries, reports, tasks
 from .routers import metrics as metrics_router
+from .ownership import hold
 from .state import Server
 
 TESTING_ENV = "DPCDF_TESTING"
@@ -110,6 +111,8 @@ def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: 
     if log_format not in ("text", "json"):
         raise DpcdfError(f"log_format must be text or json, got {log_format!r}")
     _check_listen(host, port)
+    private_dir(data_dir)
+    lock = hold(Path(data_dir))  # noqa: F841 (held until this process ends: one server per data directory)
     app = create_app(party, data_dir, noise, admin_token_file=admin_token_file, dask=dask, retention=retention,
                      sweep_every=sweep_every)
     if admin_token_file is not None:

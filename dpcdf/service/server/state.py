@@ -35,6 +35,7 @@ from .aggregate import Evaluator, Histogram
 from .checker import Checker
 from .context import BudgetSpent, NotClosed, TaskContext, TooFewReports, pair_key  # noqa: F401 (pair_key: its old home)
 from .context import CloseRefused, PeerFailed, TaskNotFound
+from .ownership import claim_party
 from .errors import HttpError
 
 CLOSED = "collection is closed: the analyst has closed the task"
@@ -346,6 +347,7 @@ class Server:
         self.admin_hash = token_hash(operator_token(data, admin_token_file))
         self.store = Store(data / "server.sqlite")
         self.keys = ServerKeys(data)
+        claim_party(data, party, (r[0] for r in self.store.db.execute("SELECT config FROM tasks")), self.keys.public_hex("x25519"))
         # evaluation on a Dask cluster ("tcp://host:8786" or "local:N"), else in-process; the noise stays here
         self.evaluator = None
         if dask is not None:
