@@ -329,3 +329,30 @@ def test_a_spool_written_before_row_contents_opens_and_keeps_its_reports(tmp_pat
     _fill(spool, 0, 8)  # its rows are still known; new ones are made
     assert spool.spooled() == 8
     spool.close()
+
+
+def test_ctrl_c_just_after_a_commit_is_an_interruption_and_the_rows_stay(tmp_path):
+    """A KeyboardInterrupt raised as the COMMIT returns (the new-user review hit it in 6 of 30 Ctrl-Cs)
+    reached ROLLBACK with no transaction open: "unexpected error (OperationalError ...)"."""
+    class InterruptAfterCommit:
+        def __init__(self, db):
+            self.db, self.armed = db, False
+
+        def execute(self, sql, *args):
+            out = self.db.execute(sql, *args)
+            if self.armed and sql == "COMMIT":
+                self.armed = False
+                raise KeyboardInterrupt
+            return out
+
+        def __getattr__(self, name):
+            return getattr(self.db, name)
+
+    spool = Spool.open(tmp_path / "s.spool", FP)
+    spool.db = InterruptAfterCommit(spool.db)
+    _fill(spool, 0, 3)
+    spool.db.armed = True
+    with pytest.raises(KeyboardInterrupt):
+        _fill(spool, 3, 6)
+    assert spool.spooled() == 6  # committed before the interrupt
+    spool.close()

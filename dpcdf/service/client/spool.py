@@ -205,8 +205,9 @@ class Spool:
         try:
             yield
             self.db.execute("COMMIT")
-        except BaseException:
-            self.db.execute("ROLLBACK")
+        except BaseException:  # Ctrl-C may land just after the COMMIT: then there is nothing to roll back
+            if self.db.in_transaction:
+                self.db.execute("ROLLBACK")
             raise
 
     def digests(self, values, labels=None, contents: Sequence[bytes] | None = None) -> list[bytes]:
