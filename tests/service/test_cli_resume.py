@@ -61,6 +61,9 @@ def test_kill_a_server_during_submit_then_rerun_the_same_command(tmp_path, victi
         out, err = upload.communicate(timeout=300)
         assert 600 <= at_kill < N, "the kill came after the upload ended: the test proved nothing"
         assert upload.returncode != 0 and "run the same command again" in err, err
+        # which server failed, as it happened and at the end (before: a silent wait of --retry-for seconds)
+        assert f"note: server {victim}: " in err and "retrying for 2 s (--retry-for)" in err, err
+        assert f"(server {victim} did not answer for 2 s: " in err.splitlines()[-1], err
         pending = json.loads(out.strip().splitlines()[-1])
         assert pending["pending"] > 0 and pending["rows"] == N
 

@@ -260,7 +260,8 @@ def submit(config: TaskConfig, values, batch: int = 1000, progress: bool = False
     if refusals:  # why the first refused report was refused (by which server)
         summary["first_refusal"] = f"server {refusals[0][1]}: {refusals[0][2]}"
     if status.pending:
-        raise UploadIncomplete(f"{status.pending} of {status.rows} reports are not yet acknowledged by both servers; "
+        why = "".join(f" (server {party} did not answer for {retry_for:g} s: {error})" for party, error in sorted(uploads.failing.items()))
+        raise UploadIncomplete(f"{status.pending} of {status.rows} reports are not yet acknowledged by both servers{why}; "
                                + (f"run the same command again to send them (spool {spool})" if spool else
                                   "call submit again with a spool file to make uploads resumable"), status,
                                {k: v for k, v in summary.items() if k != "notes"})
@@ -283,6 +284,8 @@ class _Uploads:
         self.made, self.made_all, self.stopped, self.error = 0, False, False, None
         self.acked = {party: store.acknowledged(party) for party in (0, 1)}
         self.total, self.shown = store.spooled(), -1
+        self.failing: dict[int, str] = {}  # party -> its last error, while its requests fail
+        self.printing = threading.Lock()  # the progress line and the notes of both threads
         self.threads = [threading.Thread(target=self._run, args=(party,), name=f"dpcdf-upload-{party}", daemon=True)
                         for party in (0, 1)]
 
@@ -331,9 +334,20 @@ class _Uploads:
         with self.changed:
             done, total = min(self.acked.values()), self.total
         if self.progress and done != self.shown:
-            self.shown = done
-            bar = "#" * (30 * done // max(total, 1))
-            print(f"\r[{bar:<30}] {done}/{total} reports on both servers", end="", file=sys.stderr, flush=True)
+            with self.printing:
+                self.shown = done
+                bar = "#" * (30 * done // max(total, 1))
+                print(f"\r[{bar:<30}] {done}/{total} reports on both servers", end="", file=sys.stderr, flush=True)
+
+    def _note(self, party: int, error: ServerError, first: bool) -> None:
+        """Server `party`'s request failed and is retried: said once per outage (on the command line)."""
+        with self.changed:
+            self.failing[party] = str(error)
+        if self.progress and first:
+            with self.printing:
+                print(("\n" if self.shown >= 0 else "") + f"note: server {party}: {error}; retrying for "
+                      f"{self.retry_for:g} s (--retry-for)", file=sys.stderr, flush=True)
+                self.shown = -1
 
     def _run(self, party: int) -> None:
         try:
@@ -373,6 +387,7 @@ class _Uploads:
             except ServerError as exc:
                 if not exc.retryable:
                     raise
+                self._note(party, exc, tries == 0)
                 pause = min(5.0, 0.2 * 2 ** tries)
                 if waited + pause > self.retry_for:
                     return  # give up on this server for now; its reports stay pending
@@ -382,6 +397,8 @@ class _Uploads:
                 waited, tries = waited + pause, tries + 1
                 continue
             waited, tries = 0.0, 0
+            with self.changed:
+                self.failing.pop(party, None)
             refused = {rows[r["index"]][0]: str(r["error"]) for r in res["rejected"]}
             with store.mutex:
                 if self.stopped:
