@@ -69,10 +69,18 @@ def read_number(text: str, where: str) -> float:
     return v
 
 
+def _is_number(text: str) -> bool:
+    try:
+        float(text)
+    except ValueError:
+        return False
+    return True
+
+
 def read_csv(path: str, column: str | None, label_column: str | None = None):
     """(values, labels or None, row contents, line numbers) from a CSV with a header row. The value
     column must be named when the file has more than one column; every cell must be a finite number."""
-    text = read_text(path, "input")
+    text = read_text(path, "input").removeprefix("\ufeff")  # the byte-order mark spreadsheet exports begin with
     rows = list(csv.reader(text.splitlines()))
     if not rows:
         raise CliError(f"{path} is empty: it needs a header row naming its columns, then one row per value")
@@ -81,6 +89,9 @@ def read_csv(path: str, column: str | None, label_column: str | None = None):
         if len(header) != 1:
             raise CliError(f"{path} has {len(header)} columns ({', '.join(header)}): name the values' column "
                            "with --column")
+        if _is_number(header[0]):  # no header: its first value would be taken for one, and lost
+            raise CliError(f"{path} line 1 holds {header[0]!r}, a value, where the header naming the column belongs: "
+                           "add a header line (e.g. 'value'), or name the column with --column if it is called that")
         column = header[0]
     cols = {}
     for name, flag in ((column, "--column"), (label_column, "--label-column")):
@@ -88,6 +99,10 @@ def read_csv(path: str, column: str | None, label_column: str | None = None):
             continue
         if name not in header:
             raise CliError(f"{path} has no column {name!r} ({flag}); its columns: {', '.join(header)}")
+        if header.count(name) > 1:
+            at = [str(i + 1) for i, h in enumerate(header) if h == name]
+            raise CliError(f"{path} has {len(at)} columns named {name!r} (columns {', '.join(at)}; {flag}): rename "
+                           "all but one, so that it is clear which holds the values")
         cols[flag] = header.index(name)
     values, labels, contents, lines = [], [], [], []
     for line, row in enumerate(rows[1:], start=2):

@@ -55,6 +55,8 @@ def place(servers, tmp_path_factory):
     (d / "empty.csv").write_text("")
     (d / "wide.csv").write_text("value\n10\n250\n-3\n50\n")
     (d / "labelled.csv").write_text("value,label\n10,1\n20,0\n")
+    (d / "noheader.csv").write_text("12.5\n40\n")
+    (d / "twice.csv").write_text("income,income\n12.5,40\n")
     (d / "bad.token").write_text("not-the-token-of-this-task-0123456789")
     (d / "notjson.json").write_text("{ this is not a task")
     return d
@@ -95,6 +97,8 @@ def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, server
         (["submit", "--task", task, "--csv", f"{d}/people.csv", "--column", "incme"], "no column 'incme'"),
         (["submit", "--task", task, "--csv", f"{d}/text.csv"], "line 3, column income: 'abc' is not a number"),
         (["submit", "--task", task, "--csv", f"{d}/empty.csv"], "is empty"),
+        (["submit", "--task", task, "--csv", f"{d}/noheader.csv"], "line 1 holds '12.5', a value, where the header"),
+        (["submit", "--task", task, "--csv", f"{d}/twice.csv", "--column", "income"], "2 columns named 'income' (columns 1, 2"),
         (["submit", "--task", task], "give the values"),
         (["submit", "--task", task, "--values", "1", "--csv", f"{d}/people.csv"], "not both"),
         (["submit", "--task", task, "--values", "12", "x"], "'x' is not a number"),
@@ -377,3 +381,12 @@ def test_serve_logs_the_servers_own_events_in_its_format():
     lines = [json.loads(ln) for ln in subprocess.run([sys.executable, "-c", code, "json"], capture_output=True,
                                                      text=True, check=True).stderr.splitlines()]
     assert [(ln["level"], ln["party"]) for ln in lines] == [("info", 1), ("warning", 1)], lines
+
+
+def test_a_csv_from_a_spreadsheet_with_a_byte_order_mark_reads_as_any_other(tmp_path):
+    from dpcdf.cli_inputs import read_csv
+
+    (tmp_path / "excel.csv").write_bytes("\ufeffincome,age\r\n12.5,30\r\n40,41\r\n".encode())
+    (tmp_path / "plain.csv").write_bytes("income,age\r\n12.5,30\r\n40,41\r\n".encode())
+    assert read_csv(str(tmp_path / "excel.csv"), "income") == read_csv(str(tmp_path / "plain.csv"), "income")
+    assert read_csv(str(tmp_path / "excel.csv"), "income")[0] == [12.5, 40.0]
