@@ -210,8 +210,9 @@ def cmd_query(args) -> None:
                            f"{want}); this task's payload is {config.payload}")
     elif config.payload == "label":
         raise CliError("this is a label task: it releases a ROC curve; ask with dpcdf query --roc")
-    if not analyst.closed_on_servers():
-        print("note: this first query closes the collection on both servers: later uploads to this task are refused "
+    if not analyst.closed_on_servers():  # closed first, and said once done (a refused close leaves it open)
+        analyst.close()
+        print("note: this first query closed the collection on both servers: later uploads to this task are refused "
               "(dpcdf close does only that)", file=sys.stderr)
     if args.roc:
         roc = analyst.roc()

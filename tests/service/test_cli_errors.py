@@ -122,6 +122,8 @@ def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, server
     for (args, expected), res in zip(cases, results):
         line = one_line_error(res)
         assert expected in line, (args, line)
+    early = run(["query", "--task", task, "--quantiles", "0.5"])  # no report yet: the close is refused
+    assert "queries need at least 5" in one_line_error(early) and "note:" not in early.stderr, early.stderr
     # nothing of the above reached the servers: the task has no report and is still open
     config, token = TaskConfig.from_json((place / "task.json").read_text()), (place / "task.json.token").read_text()
     assert http("GET", f"{config.servers[0]}/tasks/{config.task_id}", token=token) == {
@@ -137,7 +139,7 @@ def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, server
     assert "adaptive mechanism" in bisect and "without --bisect" in bisect
     assert not http("GET", f"{config.servers[0]}/tasks/{config.task_id}", token=token)["closed"]
     queried = run(["query", "--task", str(place / "task.json"), "--quantiles", "0.5"])
-    assert queried.returncode == 0 and "first query closes the collection" in queried.stderr, queried.stderr
+    assert queried.returncode == 0 and "first query closed the collection" in queried.stderr, queried.stderr
     late = one_line_error(run(["submit", "--task", str(place / "task.json"), "--values", "1", "2"]))
     assert "409" in late and "closed" in late
 
