@@ -197,6 +197,9 @@ def cmd_close(args) -> None:
 
 
 def cmd_query(args) -> None:
+    for t in args.ecdf:
+        if not math.isfinite(t):
+            raise CliError(f"--ecdf: {t} is not a finite number")
     analyst = _analyst(args)
     config, mech = analyst.config, analyst.mechanism
     if args.bisect and not mech.answers_prefixes:
@@ -257,6 +260,10 @@ def cmd_demo(args) -> None:
                        f"query on fewer reports), got {args.clients}")
     if not (math.isfinite(args.epsilon) and args.epsilon > 0):
         raise CliError(f"--epsilon must be a positive number, got {args.epsilon}")
+    if args.plot:  # before minutes of demo, not after
+        where = Path(args.plot).resolve().parent
+        if not where.is_dir() or not os.access(where, os.W_OK):
+            raise CliError(f"--plot: cannot write {args.plot} ({where} is not a writable directory)")
     sys.stdout.reconfigure(line_buffering=True)  # progress as it happens, also through a pipe
     run_demo(args.clients, args.epsilon, args.mechanism, args.plot, warm=not args.no_warm_up)
 
@@ -374,7 +381,7 @@ def build_parser() -> Parser:
                        help="calibration tasks: the DP Hosmer-Lemeshow test over GROUPS groups (default 10)")
 
     d = sub.add_parser("demo", help="two real servers on loopback, simulated clients, an analyst, a table and a plot")
-    d.add_argument("--clients", type=int, default=3000, help="simulated clients (at least 100, the task's minimum batch)")
+    d.add_argument("--clients", type=int, default=3000, help="simulated clients (at least 10; the task's minimum batch is the smaller of 100 and this)")
     d.add_argument("--epsilon", type=float, default=1.0, help="the privacy budget")
     d.add_argument("--mechanism", default="adaptive", choices=["adaptive", "tree", "path"], help="the task's mechanism")
     d.add_argument("--plot", default="dpcdf_demo.png", help="where to write the plot (matplotlib)")

@@ -49,8 +49,9 @@ def scale_fraction(sensitivity: int, epsilon: float) -> Fraction:
     rational of denominator <= 2^20 (the private direction: the noise gets no smaller). Epsilon must
     be at least 1e-6 (below that the noise would dwarf any count anyway)."""
     check_epsilon(epsilon)
-    if epsilon < MIN_EPSILON:
-        raise ParameterError(f"epsilon must be at least {MIN_EPSILON}, got {epsilon!r}")
+    if epsilon < MIN_EPSILON:  # often a mechanism's share of the budget: say what to change
+        raise ParameterError(f"epsilon too small: a noise's share of the budget would be {epsilon:.3g}, below the least "
+                             f"of {MIN_EPSILON:g} (the noise would dwarf any count); use a larger epsilon")
     eps = Fraction(epsilon).limit_denominator(_MAX_DEN)
     if eps > Fraction(epsilon):
         eps = Fraction(math.floor(Fraction(epsilon) * _MAX_DEN), _MAX_DEN)

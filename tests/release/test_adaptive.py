@@ -668,7 +668,7 @@ def test_planning_memory_is_linear_in_the_grid_with_a_small_constant():
 def test_auto_does_not_refuse_an_epsilon_the_tree_takes():
     """BUG (low): "auto" picks the adaptive mechanism on >= 256 points, whose round one spends 0.15 eps;
     below eps ~ 6.7e-6 that is under the noise's MIN_EPSILON of 1e-6, so release_ecdf refuses
-    ('epsilon must be at least 1e-06, got 7.5e-07' for the 5e-6 the caller gave) what the tree, the
+    ('epsilon too small: a noise's share of the budget would be 7.5e-07' for the 5e-6 the caller gave) what the tree, the
     previous default, releases; `dpcdf task` (default adaptive) refuses such tasks the same way."""
     vals = np.random.default_rng(0).uniform(0, 1, 500)  # the simulated data only
     grid = Grid.uniform(0, 1, 8)

@@ -9,11 +9,12 @@ import pytest
 from cryptography.hazmat.primitives import serialization
 from cryptography.hazmat.primitives.asymmetric import x25519
 
+from dpcdf.service.client import make_reports
 from dpcdf.service.server import create_app
 from dpcdf.service.server.metrics import Metrics, reason
 from dpcdf.service.task import TaskConfig, token_hash
-from dpcdf.service.wire import FOREIGN
-from helpers import GRID, OPERATOR
+from dpcdf.service.wire import FOREIGN, encode_batch
+from helpers import GRID, OPERATOR, values
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*httpx2")
@@ -92,6 +93,9 @@ def test_a_deleted_task_answers_its_analyst_410_and_others_as_unknown(app):
     assert (wrong.status_code, wrong.text) == (unknown.status_code, unknown.text) == (401, wrong.text)
     assert client.post(f"/admin/tasks/{task_id}/close", headers=AUTH).status_code == 410
     config = client.app.state.server.store.task(task_id)[0]
+    late = client.post(f"/tasks/{task_id}/reports/batch", content=encode_batch(
+        [r.to_bytes() for r in make_reports(TaskConfig.from_json(config), values(3, 1))]))
+    assert late.status_code == 409 and "deleted by this server's operator" in late.json()["error"], late.text  # not "the analyst closed it"
     again = client.post("/tasks", content=config, headers=JSON | AUTH)  # its id stays taken, on no fresh seed
     assert again.status_code == 409 and "register a new task" in again.json()["error"]
     assert client.get("/admin/tasks", headers=AUTH).json()["tasks"][0]["state"] == "deleted"

@@ -84,6 +84,8 @@ def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, server
         (["task", "--servers", "http://127.0.0.1:9", "http://127.0.0.1:9", "--grid", "uniform:0:100:99", "--epsilon", "1"],
          "BITS must be in 1..24"),
         (["task", "--servers", "a", "b", "--grid", "uniform:0:100:8", "--epsilon", "1"], "is not a server URL"),
+        (["task", "--servers", *reversed(urls(servers[0]["exact"])), "--grid", "uniform:0:100:8", "--epsilon", "1",
+          "--out", f"{d}/swapped.json"], "it names this server as server 0: list the servers in party order"),
         (["task", "--servers", "http://127.0.0.1:9", "http://127.0.0.1:9", "--grid", "uniform:0:100:8", "--epsilon", "-1"],
          "--epsilon must be a positive number"),
         (["task", "--servers", "http://127.0.0.1:9", "http://127.0.0.1:9", "--grid", "uniform:0:100:8", "--epsilon", "1",
@@ -113,6 +115,8 @@ def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, server
         (["close", "--task", task, "--token-file", f"{d}/missing.token"], "missing.token: no such file"),
         (["query", "--task", task, "--token-file", f"{d}/bad.token"], "it is not the token of task"),
         (["query", "--task", task, "--roc"], "--roc needs a label task"),
+        (["query", "--task", task, "--ecdf", "nan"], "--ecdf: nan is not a finite number"),
+        (["demo", "--plot", f"{d}/missing/x.png"], "--plot: cannot write"),
         (["query", "--task", task, "--postprocess", "wiggly"], "invalid choice"),
         (["demo", "--clients", "5"], "--clients must be at least 10"),
         (["warm-up", "--fast"], "unrecognized arguments: --fast"),
@@ -141,7 +145,7 @@ def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, server
     queried = run(["query", "--task", str(place / "task.json"), "--quantiles", "0.5"])
     assert queried.returncode == 0 and "first query closed the collection" in queried.stderr, queried.stderr
     late = one_line_error(run(["submit", "--task", str(place / "task.json"), "--values", "1", "2"]))
-    assert "409" in late and "closed" in late
+    assert "409" in late and "closed" in late and "again" not in late, late  # a re-run cannot help: not offered
 
 
 def test_help_documents_every_option_with_its_default():

@@ -144,7 +144,7 @@ def test_batch_codec_and_its_errors():
         ({"task_id": "../x"}, "task_id must be"),
         ({"token_hash": 5}, "strings"),
         ({"epsilon": 1e13}, "out of range"),
-        ({"payload": "calibration", "split": 1e-9}, "epsilon must be at least"),
+        ({"payload": "calibration", "split": 1e-9}, "epsilon too small"),
     ],
 )
 def test_task_configs_that_cannot_work_are_refused_when_made(change, message):

@@ -41,6 +41,15 @@ from .errors import HttpError
 CLOSED = "collection is closed: the analyst has closed the task"
 
 
+def closed_because(srv: "Server", task_id: str) -> str:
+    """Why a task takes no more reports: CLOSED, or its key shares deleted by the operator or expired."""
+    gone = retention.gone(srv.store, task_id)
+    if gone is None:
+        return CLOSED
+    why = "deleted by this server's operator" if gone == "deleted" else "expired (this server's retention)"
+    return f"collection is closed: the task was {why}; its key shares are deleted and it takes no more reports"
+
+
 class TaskState:
     """A task's context (`TaskContext`: config, party, store, pair key, channel, aggregator), the
     cache of key shares loaded from the store, and the locks of its close and queries."""
@@ -436,7 +445,7 @@ class Server:
         try:
             added = self.store.add_many(task_id, items) if batch else sum(self.store.add_reports(task_id, items))
         except CollectionClosed:
-            raise HttpError(409, CLOSED) from None
+            raise HttpError(409, closed_because(self, task_id)) from None
         if added and st.config.verify:
             self.checker.wake(task_id)
         return added

@@ -28,7 +28,7 @@ from ..deps import RawBody, ServerDep
 from ..errors import HttpError, TaskNotFound
 from ..limits import client_address
 from ..models import Accepted, BatchAccepted, Error, Rejected, errors
-from ..state import CLOSED, Server, TaskState
+from ..state import CLOSED, Server, TaskState, closed_because
 
 router = APIRouter(prefix="/tasks/{task_id}/reports", tags=["reports"])
 
@@ -140,7 +140,7 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
     if not candidates:
         return [], sorted(rejected, key=lambda r: r.index)
     if not st.collecting():  # Restored (409) first if restored unfinished from a backup
-        raise HttpError(409, CLOSED)
+        raise HttpError(409, closed_because(srv, st.config.task_id))
     opener = Opener(srv.keys.private(kem), fp, party, kem)
     opened, allowance = [], 0
     for k, (i, rid, capsule, ct, version) in enumerate(candidates):

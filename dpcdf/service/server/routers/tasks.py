@@ -37,7 +37,10 @@ def register(request: Request, srv: ServerDep, _: OperatorDep, raw: RawBody) -> 
     except DpcdfError as exc:
         raise HttpError(400, str(exc)) from None
     if config.hpke_keys[party] != srv.keys.public_hex(config.kem):
-        raise HttpError(400, f"the task does not name this server's {config.kem} HPKE key as server {party}'s")
+        swapped = config.hpke_keys[1 - party] == srv.keys.public_hex(config.kem)
+        raise HttpError(400, f"the task does not name this server's {config.kem} HPKE key as server {party}'s"
+                        + (f" (it names this server as server {1 - party}: list the servers in party order, server 0's "
+                           "URL first)" if swapped else ""))
     try:  # the other server's key: clients seal to it, and the servers' shared key comes from it
         public_key(config.kem, config.hpke_keys[1 - party])
         pair_key(config, party, srv.keys)
