@@ -99,6 +99,8 @@ def warm_up(progress: bool = True, verified: bool = True, out=None, jobs: int | 
             with lock:
                 now = sorted((k, time.perf_counter() - t0) for k, t0 in running.items())
             for k, took in now:
+                if took < 1:  # just started: said by its own line
+                    continue
                 say(f"warm-up {k}/{len(todo)}: still compiling {todo[k - 1][2]} ({took:.0f} s; once per machine)")
 
     ticker = threading.Thread(target=tick, daemon=True)

@@ -3,6 +3,7 @@ the same data directory, and the same command run again. Every value must count 
 import csv
 import json
 import os
+import re
 import signal
 import subprocess
 import sys
@@ -61,6 +62,7 @@ def test_kill_a_server_during_submit_then_rerun_the_same_command(tmp_path, victi
         out, err = upload.communicate(timeout=300)
         assert 600 <= at_kill < N, "the kill came after the upload ended: the test proved nothing"
         assert upload.returncode != 0 and "run the same command again" in err, err
+        assert set(re.findall(r"\d+/(\d+) reports on both servers", err)) == {str(N)}, err  # the whole input's total throughout
         # which server failed, as it happened and at the end (before: a silent wait of --retry-for seconds)
         assert f"note: server {victim}: " in err and "retrying for 2 s (--retry-for)" in err, err
         assert f"(server {victim} did not answer for 2 s: " in err.splitlines()[-1], err

@@ -241,7 +241,7 @@ def submit(config: TaskConfig, values, batch: int = 1000, progress: bool = False
         if admission.new_version and source != "--values":
             notes.append(f"{shown(source)} changed since it was spooled (rows spooled from it are missing): its rows are "
                          "treated as a new input")
-        with _Uploads(config, store, batch, progress, retry_for) as uploads:  # both servers at once, as rows are made
+        with _Uploads(config, store, batch, progress, retry_for, new.size) as uploads:  # both servers at once, as rows are made
             for start in range(0, new.size, batch):
                 idx = new[start : start + batch]
                 made = make_reports(config, values[idx], None if labels is None else labels[idx])
@@ -278,12 +278,12 @@ class _Uploads:
     spool closes: a request under way is abandoned and its answer not recorded (a re-run sends those
     reports again, and the server answers "duplicate", which acknowledges them)."""
 
-    def __init__(self, config: TaskConfig, store: Spool, batch: int, progress: bool, retry_for: float):
+    def __init__(self, config: TaskConfig, store: Spool, batch: int, progress: bool, retry_for: float, coming: int = 0):
         self.config, self.store, self.batch, self.progress, self.retry_for = config, store, batch, progress, retry_for
         self.changed = threading.Condition()  # guards the fields below; never held while the spool is used
         self.made, self.made_all, self.stopped, self.error = 0, False, False, None
         self.acked = {party: store.acknowledged(party) for party in (0, 1)}
-        self.total, self.shown = store.spooled(), -1
+        self.total, self.shown = store.spooled() + coming, -1  # with the `coming` reports still to be made
         self.failing: dict[int, str] = {}  # party -> its last error, while its requests fail
         self.printing = threading.Lock()  # the progress line and the notes of both threads
         self.threads = [threading.Thread(target=self._run, args=(party,), name=f"dpcdf-upload-{party}", daemon=True)
@@ -304,10 +304,9 @@ class _Uploads:
             print(file=sys.stderr)
 
     def more(self, count: int) -> None:
-        """`count` new reports are committed to the spool."""
+        """`count` new reports are committed to the spool (counted in the total from the start)."""
         with self.changed:
             self.made += 1
-            self.total += count
             self.changed.notify_all()
             self._raise()
         self._show()
