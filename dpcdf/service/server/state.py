@@ -43,11 +43,8 @@ CLOSED = "collection is closed: the analyst has closed the task"
 
 def closed_because(srv: "Server", task_id: str) -> str:
     """Why a task takes no more reports: CLOSED, or its key shares deleted by the operator or expired."""
-    gone = retention.gone(srv.store, task_id)
-    if gone is None:
-        return CLOSED
-    why = "deleted by this server's operator" if gone == "deleted" else "expired (this server's retention)"
-    return f"collection is closed: the task was {why}; its key shares are deleted and it takes no more reports"
+    why = {"deleted": "deleted by this server's operator", "expired": "expired (this server's retention)"}.get(retention.gone(srv.store, task_id))
+    return CLOSED if why is None else f"collection is closed: the task was {why}; its key shares are deleted and it takes no more reports"
 
 
 class TaskState:
