@@ -4,6 +4,7 @@ mode, never chmod-ed after the fact (no moment readable by others); a server's f
 (`private_dir`), and its data directory narrowed to 0700 at start if it was wider."""
 from __future__ import annotations
 
+import fcntl
 import os
 from pathlib import Path
 
@@ -49,3 +50,15 @@ def fsync_dir(path: str | Path) -> None:
         os.fsync(fd)
     finally:
         os.close(fd)
+
+
+def exclusive_lock(path: str | Path) -> int | None:
+    """An exclusive, non-blocking flock on `path` (made 0600 if missing): its descriptor, held until
+    closed (the kernel releases it when the process dies, however), or None if another process holds it."""
+    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
+    try:
+        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
+    except BlockingIOError:
+        os.close(fd)
+        return None
+    return fd

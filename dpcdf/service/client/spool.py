@@ -32,7 +32,6 @@ method holding `Spool.mutex`.
 """
 from __future__ import annotations
 
-import fcntl
 import functools
 import hashlib
 import os
@@ -48,7 +47,7 @@ from typing import Iterator, Sequence
 import numpy as np
 
 from ...errors import DpcdfError
-from ..files import create_private
+from ..files import create_private, exclusive_lock
 
 VERSION = "2"
 ANOTHER_COLUMN = " with another value column"  # how `DuplicateRows.rows` names a row spooled with another value
@@ -379,11 +378,8 @@ def _duplicates_message(source: str, duplicates: list[tuple[int, str, int]], row
 
 def _exclusive(path: str) -> int:
     """An exclusive, non-blocking flock on `path` (held until its descriptor is closed)."""
-    fd = os.open(path, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    fd = exclusive_lock(path)
+    if fd is None:
         raise SpoolBusy(f"spool {path[:-5]} is in use by another upload to this task; wait for it to end, or "
-                        "give this one its own --spool") from None
+                        "give this one its own --spool")
     return fd

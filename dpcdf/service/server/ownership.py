@@ -9,13 +9,11 @@ refused at the start instead, in one line.
 """
 from __future__ import annotations
 
-import fcntl
 import json
-import os
 from pathlib import Path
 
 from ...errors import DpcdfError
-from ..files import write_secret
+from ..files import exclusive_lock, write_secret
 
 PARTY_FILE = "party"  # "0" or "1", written at the first start
 LOCK_FILE = "serve.lock"  # flock'd by the serving process
@@ -45,11 +43,8 @@ def claim_party(data: Path, party: int, task_configs, public_key: str) -> None:
 def hold(data: Path) -> int:
     """An exclusive lock on `data` for this process's life (the descriptor is returned and kept open);
     a DpcdfError if another process serves it."""
-    fd = os.open(data / LOCK_FILE, os.O_RDWR | os.O_CREAT, 0o600)
-    try:
-        fcntl.flock(fd, fcntl.LOCK_EX | fcntl.LOCK_NB)
-    except BlockingIOError:
-        os.close(fd)
+    fd = exclusive_lock(data / LOCK_FILE)
+    if fd is None:
         raise DpcdfError(f"{data} is served by another dpcdf server already: each server needs a --data of its own "
-                         "(stop the other one first to restart it)") from None
+                         "(stop the other one first to restart it)")
     return fd
