@@ -200,6 +200,9 @@ def cmd_query(args) -> None:
     for t in args.ecdf:
         if not math.isfinite(t):
             raise CliError(f"--ecdf: {t} is not a finite number")
+    for p_ in args.quantiles:  # before anything closes (nan fails the comparison too)
+        if not 0 <= p_ <= 1:
+            raise CliError(f"--quantiles: a level is a number in [0, 1], got {p_}")
     analyst = _analyst(args)
     config, mech = analyst.config, analyst.mechanism
     if args.bisect and not mech.answers_prefixes:

@@ -70,7 +70,9 @@ def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, server
     task = f"{d}/task.json"
     busy = servers[0]["exact"][0][1].rsplit(":", 1)[1]  # a test server listens there
     served = str(servers[0]["exact"][0][2])  # and serves this data directory
-    Server(0, place / "srv0").store.close()  # server 0's directory, not served now
+    own = Server(0, place / "srv0")  # server 0's directory (a task names its key so), not served now
+    own.store.add_task("0" * 32, json.dumps({"hpke_keys": [own.keys.public_hex("x25519"), "ef" * 32]}), b"fp", b"seed")
+    own.store.close()
     cases = [
         (["serve", "--party", "0", "--port", busy, "--data", f"{d}/srv"], f"cannot listen on 127.0.0.1:{busy}"),
         (["serve", "--party", "0", "--port", str(free_port()), "--data", served], "is served by another dpcdf server already"),
@@ -116,6 +118,7 @@ def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, server
         (["query", "--task", task, "--token-file", f"{d}/bad.token"], "it is not the token of task"),
         (["query", "--task", task, "--roc"], "--roc needs a label task"),
         (["query", "--task", task, "--ecdf", "nan"], "--ecdf: nan is not a finite number"),
+        (["query", "--task", task, "--quantiles", "1.5"], "--quantiles: a level is a number in [0, 1], got 1.5"),
         (["demo", "--plot", f"{d}/missing/x.png"], "--plot: cannot write"),
         (["query", "--task", task, "--postprocess", "wiggly"], "invalid choice"),
         (["demo", "--clients", "5"], "--clients must be at least 10"),

@@ -212,23 +212,18 @@ def test_every_query_type_has_one_handler_and_nothing_else_does():
         answers.handler({"kind": "prefix", "indices": [1]})  # a dict is no query: the server parses first
 
 
-def test_a_data_directory_serves_one_party_and_one_earlier_dpcdf_made_is_known_by_its_tasks(tmp_path):
+def test_a_data_directory_serves_the_party_its_tasks_name_it(tmp_path):
     from dpcdf.errors import DpcdfError
     from dpcdf.service.server.ownership import claim_party
 
     d = tmp_path / "srv"
     d.mkdir()
-    claim_party(d, 1, [], "ab" * 32)  # the first start records its party
-    assert (d / "party").read_text() == "1\n" and (d / "party").stat().st_mode & 0o777 == 0o600
     claim_party(d, 1, [], "ab" * 32)
-    with pytest.raises(DpcdfError, match="holds server 1's keys and store .* start it with --party 1"):
-        claim_party(d, 0, [], "ab" * 32)
-    old = tmp_path / "old"  # no party file: the tasks say which key is whose
-    old.mkdir()
+    claim_party(d, 0, [], "ab" * 32)  # no task yet: either party (a first start with the wrong one is no harm)
     mine, other = "cd" * 32, "ef" * 32
     configs = [json.dumps({"hpke_keys": [other, "00" * 1184 + mine]})]  # server 1's key, in an ML-KEM hybrid's tail
-    with pytest.raises(DpcdfError, match="holds server 1's"):
-        claim_party(old, 0, configs, mine)
-    assert not (old / "party").exists()
-    claim_party(old, 1, configs, mine)
-    assert (old / "party").read_text() == "1\n"
+    with pytest.raises(DpcdfError, match="holds server 1's keys and store .* start it with --party 1"):
+        claim_party(d, 0, configs, mine)
+    claim_party(d, 1, configs, mine)
+    claim_party(d, 0, [json.dumps({"hpke_keys": [other, "12" * 32]})], mine)  # tasks that do not name it: no claim
+    assert list(d.iterdir()) == []  # nothing recorded: the tasks are the record

@@ -322,13 +322,33 @@ def test_a_spool_written_before_row_contents_opens_and_keeps_its_reports(tmp_pat
     spool = Spool.open(path, FP)
     _fill(spool, 0, 5)
     spool.close()
-    with sqlite3.connect(path) as db:  # the reports table as an earlier dpcdf made it
-        db.execute("ALTER TABLE reports DROP COLUMN content")
+    with sqlite3.connect(path) as db:  # the tables as an earlier dpcdf made them
+        db.execute("DROP TABLE contents")
     spool = Spool.open(path, FP)
     assert spool.spooled() == 5
     _fill(spool, 0, 8)  # its rows are still known; new ones are made
     assert spool.spooled() == 8
     spool.close()
+    with sqlite3.connect(path) as db:  # and an earlier dpcdf's insert still fits the reports table
+        db.execute("INSERT INTO reports VALUES (?, ?, ?, ?, ?, ?)", (8, b"i" * 16, b"r", b"d" * 16, 1, 9))
+
+
+def test_a_rerun_or_an_extension_of_a_file_with_equal_rows_is_not_another_column(tmp_path):
+    """One-column CSVs repeat rows (two people with equal values): interrupted after some were spooled,
+    or extended, the same file must be admitted (the review of the column rule refused both)."""
+    spool = Spool.open(tmp_path / "s.spool", FP)
+    rows = [b"10", b"20", b"10", b"30"]
+    vals = np.array([10.0, 20.0, 10.0, 30.0])
+    keys, d = spool.content_digests(rows), spool.digests(vals, contents=rows)
+    first = spool.admit(d, "in.csv", [2, 3, 4, 5], contents=keys)
+    spool.add(first, [(bytes([i]) * 16, b"r", d[i], i + 2, keys[i]) for i in first.new[:2]])  # interrupted after two
+    again = spool.admit(d, "in.csv", [2, 3, 4, 5], contents=keys)
+    assert again.new.tolist() == [2, 3] and again.spooled == 2 and not again.duplicates
+    spool.add(again, [(bytes([10 + i]) * 16, b"r", d[i], i + 2, keys[i]) for i in again.new])
+    longer = rows + [b"10", b"40"]
+    grown = spool.admit(spool.digests(np.append(vals, [10.0, 40.0]), contents=longer), "in.csv", range(2, 8),
+                        contents=spool.content_digests(longer))
+    assert grown.new.tolist() == [4, 5] and grown.spooled == 4 and not grown.duplicates
 
 
 def test_ctrl_c_just_after_a_commit_is_an_interruption_and_the_rows_stay(tmp_path):

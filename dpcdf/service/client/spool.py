@@ -20,7 +20,8 @@ kept in the spool, of the value, the label and the CSV row's fields) and its lin
   version's included.
 - a CSV row spooled before with another value (another --column or --label-column of the same row:
   the same person) is refused with `DuplicateRows` too: a task counts each row once. Each report also
-  keeps a digest of its row's content alone for this.
+  keeps a digest of its row's content alone for this (table `contents`, which a spool of an earlier
+  dpcdf gains empty, and which earlier versions ignore).
 
 The spool is SQLite (WAL, synchronous=FULL: a committed row survives a power cut). Reports are written
 in whole transactions, so a spool interrupted while reports were being made resumes with the rows
@@ -56,7 +57,8 @@ CREATE TABLE IF NOT EXISTS meta (name TEXT PRIMARY KEY, value BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS sources (id INTEGER PRIMARY KEY, name TEXT NOT NULL, version INTEGER NOT NULL,
                                     UNIQUE (name, version));
 CREATE TABLE IF NOT EXISTS reports (row INTEGER PRIMARY KEY, report_id BLOB NOT NULL UNIQUE, body BLOB NOT NULL,
-                                    digest BLOB NOT NULL, source INTEGER NOT NULL, line INTEGER NOT NULL, content BLOB);
+                                    digest BLOB NOT NULL, source INTEGER NOT NULL, line INTEGER NOT NULL);
+CREATE TABLE IF NOT EXISTS contents (row INTEGER PRIMARY KEY, content BLOB NOT NULL);
 CREATE TABLE IF NOT EXISTS acks (row INTEGER NOT NULL, party INTEGER NOT NULL CHECK (party IN (0, 1)),
                                  rejected TEXT, PRIMARY KEY (row, party));
 """
@@ -185,8 +187,6 @@ class Spool:
             raise SpoolMismatch(f"spool {path} was written by an older dpcdf (one input per spool); finish its "
                                 "upload with that version, or choose another --spool")
         db.executescript(SCHEMA)
-        if "content" not in {r[1] for r in db.execute("PRAGMA table_info(reports)")}:  # a spool of an earlier dpcdf
-            db.execute("ALTER TABLE reports ADD COLUMN content BLOB")
         with self._transaction():
             meta = dict(db.execute("SELECT name, value FROM meta").fetchall())
             if not meta:
@@ -267,14 +267,16 @@ class Spool:
             else:
                 new.append(i)
         if contents is not None and new:  # a row spooled before with another value: another column of it
-            seen: dict[bytes, deque] = defaultdict(deque)
-            for content, sid, line in self.db.execute("SELECT content, source, line FROM reports WHERE content IS NOT NULL ORDER BY row"):
-                seen[bytes(content)].append((sid, line))
+            seen: dict[bytes, list] = defaultdict(list)  # content -> [(row digest, source, line)]
+            for content, digest, sid, line in self.db.execute(
+                    "SELECT c.content, r.digest, r.source, r.line FROM contents AS c JOIN reports AS r USING (row) ORDER BY row"):
+                seen[bytes(content)].append((bytes(digest), sid, line))
             matched = {line for line, *_ in duplicates}
-            for i in new:
-                if lines[i] not in matched and seen.get(contents[i]):
-                    sid, line = seen[contents[i]].popleft()
-                    duplicates.append((lines[i], shown(names[sid][0]) + ANOTHER_COLUMN, line))
+            for i in new:  # a report of the same row *and value* was judged above (a repeat, a re-run): not this rule
+                hit = next((e for e in seen.get(contents[i], ()) if e[0] != digests[i]), None)
+                if lines[i] not in matched and hit is not None:
+                    seen[contents[i]].remove(hit)
+                    duplicates.append((lines[i], shown(names[hit[1]][0]) + ANOTHER_COLUMN, hit[2]))
         if duplicates and not allow_duplicates:
             raise DuplicateRows(_duplicates_message(source, duplicates, len(digests)), duplicates)
         return Admission(source, chosen, len(digests), np.array(new, dtype=np.int64), spooled, duplicates, new_version)
@@ -291,9 +293,10 @@ class Spool:
         try:
             with self._transaction():  # rows numbered 0, 1, ... in the order they were made
                 first = self.db.execute("SELECT COALESCE(MAX(row), -1) + 1 FROM reports").fetchone()[0]
-                self.db.executemany("INSERT INTO reports VALUES (?, ?, ?, ?, ?, ?, ?)",
-                                    ((first + k, r[0], r[1], r[2], admission.source_id, int(r[3]), r[4] if len(r) > 4 else None)
-                                     for k, r in enumerate(reports)))
+                self.db.executemany("INSERT INTO reports VALUES (?, ?, ?, ?, ?, ?)",
+                                    ((first + k, r[0], r[1], r[2], admission.source_id, int(r[3])) for k, r in enumerate(reports)))
+                self.db.executemany("INSERT INTO contents VALUES (?, ?)",  # a table of its own: older dpcdf still reads the spool
+                                    ((first + k, r[4]) for k, r in enumerate(reports) if len(r) > 4 and r[4] is not None))
         except sqlite3.IntegrityError:  # a report id twice: 2^-128 by chance; only a bug or another writer
             raise SpoolBusy(f"{self.path}: a report id was spooled twice (another process writing?)") from None
 
