@@ -19,8 +19,8 @@ Every instruction of such code also runs on this CPU, so the tests say whether t
 for the older CPU is correct (`tests/fss_tests/test_older_cpu.py` runs the kernel-equivalence tests
 so). A benchmark says how fast that code runs on *this* CPU, not on the older one: its cores differ
 (on an AMD Zen 4 the avx2 profile's eval_grid drove 43-56% of the tier's AES peak, where a Zen 3
-drove 36% with that kind of code; docs/fss.md). Compare two versions of the code under one profile in the same
-session; only the older CPU itself measures its speed.
+drove 36% with that kind of code; docs/fss.md). Compare two versions of the code under one profile
+in the same session; only the older CPU itself measures its speed.
 """
 from __future__ import annotations
 

@@ -1,11 +1,11 @@
-"""A data directory belongs to one server: one party, for good, and one serving process at a time.
+"""A data directory belongs to one server: the party its tasks name it, and one serving process at a time.
 
 Why. The directory holds the server's HPKE keys and its store; every task config in the store names
 those keys as one party's (server 0's or server 1's): that is the directory's party. Started as the
 other party, the server would refuse every report of those tasks ("the share does not open with this
-server's key") and every new task naming it in its place, with nothing to say why. Two processes serving one directory would
-share one store and one key pair, so one machine would answer as both of its addresses. Both are
-refused at the start instead, in one line.
+server's key") and every new task naming it in its place, with nothing to say why. Two processes
+serving one directory would share one store and one key pair, so one machine would answer as both of
+its addresses. Both are refused at the start instead, in one line.
 """
 from __future__ import annotations
 

@@ -35,8 +35,8 @@ from .aggregate import Evaluator, Histogram
 from .checker import Checker
 from .context import BudgetSpent, NotClosed, TaskContext, TooFewReports, pair_key  # noqa: F401 (pair_key: its old home)
 from .context import CloseRefused, PeerFailed, TaskNotFound
-from .ownership import claim_party
 from .errors import HttpError
+from .ownership import claim_party
 
 CLOSED = "collection is closed: the analyst has closed the task"
 
