@@ -26,9 +26,14 @@ fits the data is itself a question about the data, answered here by a first DP r
      bins of `REFINED_WIDTH` points, added to that histogram (up to `MAX_REFINED_BINS`, and a fine bin's
      count up to `TREE_SDS` noise sds; beyond: the tree); a coarse bin holding mass between empty ones
      whose fine bins show no spike (their noise at small epsilon: `unplaced`) is cut at the fine bins,
-     between round one's own coarse ends.
-3. The estimate (post-processing): a histogram's bins within `EMPTY_SDS` noise sds of zero are taken
-   as empty, the rest conditioned on n (substitution), cumulated, made monotone, and interpolated.
+     between round one's own coarse ends;
+   - (plan version 3) each run of fine bins so cut is a split group (`RoundTwo.groups`): its total is
+     counted too, with `GROUP_SHARE` of a bin's budget, its bins with the rest. Past a spike every prefix
+     holds its whole mass, which a sum of its bins' counts carries with each bin's noise; the group's own
+     count carries one (5 spikes, 300 paired runs: counts MSE 0.54 to 0.81x version 2's).
+3. The estimate (post-processing): each split group's bins fitted to its total by least squares
+   (`fit`); a histogram's bins (and groups) within `EMPTY_SDS` noise sds of zero taken as empty, the
+   rest conditioned on n (substitution), cumulated, made monotone, and interpolated.
    Under add/remove from eps `ROOT_EPSILON` (share rule 2) a round-two histogram also counts the whole
    grid with `ROOT_SHARE_TWO` of its budget (`root`), and the kept bins are combined with that count by
    least squares: n is not public, the bins' cumulated noise is a random walk, and past the data's
@@ -40,12 +45,15 @@ from the first's output only (adaptive composition of pure DP): a histogram's co
 partition of the grid, changes by at most 2 in L1 under substitution (one unit leaves a bin and joins
 another) and by 1 under add/remove, so DLap(Delta / eps_r) per bin is eps_r-DP (round one's two
 partitions compose: eps_1 + eps_fine; a round-two histogram's count of the grid, sensitivity 1 under
-add/remove, composes with its bins: eps_bins + eps_root <= eps_2); the round-two tree is `TreeMechanism`'s guarantee at eps_2. The
+add/remove, composes with its bins: eps_bins + eps_root <= eps_2; a unit in a split group moves its
+bin's count and its group's, whose DLap scales spend GROUP_SHARE and the rest of eps_bins, while a
+unit elsewhere moves one bin's count at eps_bins: `round_two_scales`, for any groups an analyst names);
+the round-two tree is `TreeMechanism`'s guarantee at eps_2. The
 exact guarantee is round one's plus the larger of the two round-two designs', each rounded down to a
 rational scale, so at most epsilon whichever design the data picks. Over two servers each round is
 fixed once per task (`dpcdf.service`): a server answers round one's bins, and one round-two design,
 from its own PRF noise, so an analyst cannot spend more; a task pins `fine` (`TaskConfig.fine_bins`),
-the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`) and the shares' rule (`share_rule`,
+the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`: 3 since split groups) and the shares' rule (`share_rule`,
 `TaskConfig.adaptive_shares`).
 Measured against OpenDP and the Sarus methods in docs/accuracy.md.
 """
@@ -63,9 +71,9 @@ from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeA
 from .histogram import (FILLS, UNIFORM_SHARE, bins_noise, equal_width_ends, fill_linear, fill_pchip,  # noqa: F401
                         linear_energy, mass_ends, part_counts)
 from .noise import MIN_EPSILON, check_epsilon, dlaplace_variance, scale_fraction
-from .adaptive_plan import (FINE_SDS, FLAT_BINS, FLAT_LIMIT, ISOLATED_SDS, MASS_BINS, MAX_PLANNED_BINS,  # noqa: F401
-                            MAX_REFINED_BINS, NARROW_SDS, REFINED_WIDTH, ROUND_ONE_BINS, TREE_SDS, WIDE_SDS, RoundOnePlanner,
-                            RoundTwo)
+from .adaptive_plan import (FINE_SDS, FLAT_BINS, FLAT_LIMIT, GROUP_SHARE, ISOLATED_SDS,  # noqa: F401
+                            MASS_BINS, MAX_PLANNED_BINS, MAX_REFINED_BINS, NARROW_SDS, REFINED_WIDTH, ROUND_ONE_BINS, TREE_SDS,
+                            WIDE_SDS, RoundOnePlanner, RoundTwo)
 
 ROUND_ONE_SHARE = 0.15  # of epsilon, for round one's coarse bins
 FINE_SHARE = 0.05  # of epsilon, for round one's fine bins (`fine`)
@@ -76,7 +84,7 @@ ROOT_EPSILON = 0.5  # ... from this epsilon up (at 0.25 it cost the skewed data 
 FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 256 of them (`fine_bins`)
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
 MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
-PLAN_VERSION = 2  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
+PLAN_VERSION = 3  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
 EMPTY_SDS = 2.0  # a round-two bin within this many noise sds of zero is taken as empty
 ROUND_ONE_IDS, ROUND_TWO_IDS = 1 << 40, 1 << 41  # noise ids of the rounds' bins: a tree node's id is its index
 # below 2^40 at level 0 (grids are smaller) and at least 2^56 above (`tree.LEVEL_SHIFT`), so none is a bin's
@@ -91,6 +99,7 @@ class AdaptiveRelease:
     plan: RoundTwo
     round_two: np.ndarray | list[np.ndarray]
     root: float | None = None  # a round-two histogram's noisy count of the whole grid (`AdaptiveMechanism.root`)
+    groups: np.ndarray | None = None  # its split groups' noisy totals (plan version 3: `RoundTwo.groups`)
 
 
 
@@ -105,6 +114,15 @@ def round_one_shares(epsilon: float, relation: str, rule: int = SHARE_RULE) -> t
     if rule == 1 or relation != "add-remove" or epsilon <= SHARE_EPSILON:
         return ROUND_ONE_SHARE, FINE_SHARE
     return ROUND_ONE_SHARE * SHARE_EPSILON / epsilon, FINE_SHARE * SHARE_EPSILON / epsilon
+
+
+def split_budget(epsilon: float, share: float) -> tuple[float, float]:
+    """(share * epsilon, the rest) as floats whose exact sum is at most epsilon."""
+    part = epsilon * share
+    rest = epsilon - part
+    while Fraction(part) + Fraction(rest) > Fraction(epsilon):
+        rest = math.nextafter(rest, 0.0)
+    return part, rest
 
 
 def fine_bins(size: int) -> int:
@@ -125,6 +143,9 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
     DLap(1 / (0.2 eps_2)) on the whole grid's count: `root`), or the `TreeMechanism` at
     eps_2 = epsilon - eps_1 - eps_fine (Delta = 2 under substitution, 1 under add/remove).
 
+    Plan version 3 (`GROUP_SHARE`): a split group's total with DLap(Delta / (0.6 eps_bins)) and its
+    bins with DLap(Delta / (0.4 eps_bins)), eps_bins the bins' budget (`round_two_scales`).
+
     Privacy: epsilon-DP under `relation` (module docstring): eps_1 + eps_fine + the larger of the two round-two
     designs' guarantees, exactly, whichever the data picks. Grids of at least `MIN_ADAPTIVE_GRID`
     points; count releases only (one ECDF, no payload columns)."""
@@ -133,7 +154,7 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
     epsilon: float
     relation: str = "substitution"
     fine: bool = True  # round one's fine bins too (False: the 32 coarse bins alone, as tasks made before them)
-    plan_version: int = PLAN_VERSION  # 1: spikes cut into 2-point bins, no `unplaced` (tasks made before version 2)
+    plan_version: int = PLAN_VERSION  # 1: spikes cut into 2-point bins, no `unplaced`; 2: no split groups (older tasks)
     share_rule: int = SHARE_RULE  # 1: round one's shares fixed (tasks made before rule 2; `round_one_shares`)
 
     name = "adaptive"
@@ -147,8 +168,8 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         if self.epsilon * (FINE_SHARE if self.fine else ROUND_ONE_SHARE) < MIN_EPSILON:
             raise ParameterError(f"the adaptive mechanism needs epsilon >= {MIN_ADAPTIVE_EPSILON:.3g} (round one's share "
                                  f"at least {MIN_EPSILON:g}), got {self.epsilon!r}")
-        if not isinstance(self.plan_version, int) or isinstance(self.plan_version, bool) or self.plan_version not in (1, 2):
-            raise ParameterError(f"the adaptive plan's version is 1 or 2, got {self.plan_version!r:.40}")
+        if not isinstance(self.plan_version, int) or isinstance(self.plan_version, bool) or self.plan_version not in (1, 2, 3):
+            raise ParameterError(f"the adaptive plan's version is 1, 2 or 3, got {self.plan_version!r:.40}")
         if not isinstance(self.share_rule, int) or isinstance(self.share_rule, bool) or self.share_rule not in (1, 2):
             raise ParameterError(f"the adaptive shares' rule is 1 or 2, got {self.share_rule!r:.40}")
         self.refined_width = REFINED_WIDTH if self.plan_version >= 2 else 2
@@ -165,12 +186,14 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         self.scale_two = scale_fraction(delta, self.eps_two)
         self.root = self.share_rule >= 2 and self.fine and self.relation == "add-remove" and self.epsilon >= ROOT_EPSILON
         self.scale_root = None
+        eps_bins = self.eps_two
         if self.root:  # its bins with the rest of eps_two (the tree takes all of eps_two: it has its own root)
-            eps_root = self.eps_two * ROOT_SHARE_TWO
-            eps_bins = self.eps_two - eps_root
-            while Fraction(eps_root) + Fraction(eps_bins) > Fraction(self.eps_two):
-                eps_bins = math.nextafter(eps_bins, 0.0)
+            eps_root, eps_bins = split_budget(self.eps_two, ROOT_SHARE_TWO)
             self.scale_two, self.scale_root = scale_fraction(delta, eps_bins), scale_fraction(delta, eps_root)
+        self.scale_group = self.scale_inner = None
+        if self.fine and self.plan_version >= 3:  # a split group's total, and its bins, share a bin's budget
+            eps_group, eps_inner = split_budget(eps_bins, GROUP_SHARE)
+            self.scale_group, self.scale_inner = scale_fraction(delta, eps_group), scale_fraction(delta, eps_inner)
         self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
         self.shape = self.tree.shape  # node queries are round two's tree's
         self.round_one_ends = equal_width_ends(self.size, ROUND_ONE_BINS)
@@ -189,7 +212,9 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
 
     def check_plan(self, plan: RoundTwo) -> RoundTwo:
         """A round-two design as a server must check it before answering: "tree", or "bins" whose
-        ends increase strictly, lie on the grid and end at its last index (any partition is eps_2-DP)."""
+        ends increase strictly, lie on the grid and end at its last index, with `groups` (plan version 3)
+        some of those ends ending at the last index (any partition, with any groups, is eps_2-DP:
+        `round_two_scales`; a task of an earlier version refuses groups: its config fixed no such scales)."""
         if plan.design == "tree":
             return RoundTwo("tree")
         if plan.design != "bins" or plan.fill not in FILLS:
@@ -201,16 +226,47 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         if ends.ndim != 1 or ends.size == 0 or ends.size > self.size or ends[-1] != self.size - 1 or ends[0] < 0 \
                 or np.any(np.diff(ends) <= 0):
             raise ParameterError(f"round two's bin ends must increase strictly from >= 0 to {self.size - 1}")
-        return RoundTwo("bins", tuple(int(i) for i in ends), plan.fill)
+        groups = tuple(plan.groups)
+        if groups and self.scale_group is None:
+            raise ParameterError("this task's round two has no split groups (its plan's version is below 3)")
+        if groups and not (all(isinstance(e, (int, np.integer)) and not isinstance(e, (bool, np.bool_)) for e in groups)
+                           and set(int(e) for e in groups) <= set(ends.tolist()) and list(groups) == sorted(set(groups))
+                           and int(groups[-1]) == self.size - 1):
+            raise ParameterError(f"round two's groups are some of its bin ends, increasing strictly to {self.size - 1}")
+        return RoundTwo("bins", tuple(int(i) for i in ends), plan.fill, tuple(int(i) for i in groups))
+
+    def layout(self, plan: RoundTwo) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+        """(group ends, which groups are split, each bin's split group or -1) of a checked "bins" plan:
+        a group holding more than one bin is split (its total is counted too); without groups, none."""
+        ends = np.asarray(plan.ends, np.int64)
+        groups = np.asarray(plan.groups or plan.ends, np.int64)
+        of_bin = np.searchsorted(groups, ends)
+        split = np.bincount(of_bin, minlength=groups.size) > 1
+        return groups, split, np.where(split[of_bin], (np.cumsum(split) - 1)[of_bin], -1)
+
+    def round_two_scales(self, plan: RoundTwo) -> list[Fraction]:
+        """The DLap scale of each value round two's histogram answers, in order (`round_two_parts`): a
+        bin of a split group `scale_inner`, any other bin `scale_two`; each split group's total
+        `scale_group`; then (`root`) the whole grid's count `scale_root`. A value's budget is Delta /
+        its scale, and a unit lies in one bin, at most one split group and the grid: Delta /
+        scale_two, or Delta / scale_group + Delta / scale_inner, plus Delta / scale_root, at most eps_two."""
+        split, member = self.layout(plan)[1:]
+        scales = [self.scale_inner if m >= 0 else self.scale_two for m in member] + [self.scale_group] * int(split.sum())
+        return scales + [self.scale_root] * self.root
 
     # --- the release -------------------------------------------------------------------------
-    def bin_noise(self, round_: int, count: int, noise: NoiseFn) -> np.ndarray:
-        """The noise of a round's `count` bins (round one: its coarse bins, then its fine ones), from
-        node ids no tree node uses."""
-        if round_ == 2:  # a histogram's bins, then (`root`) its count of the whole grid
-            bins = count - self.root
-            out = noise(ROUND_TWO_IDS + np.arange(bins, dtype=np.int64), self.scale_two)
-            return np.concatenate([out, noise(np.array([ROUND_TWO_IDS + bins], np.int64), self.scale_root)]) if self.root else out
+    def bin_noise(self, round_: int, count: int, noise: NoiseFn, plan: RoundTwo | None = None) -> np.ndarray:
+        """The noise of a round's `count` bins (round one: its coarse bins, then its fine ones; round
+        two: `plan`'s values, `round_two_scales`), from node ids no tree node uses."""
+        if round_ == 2:
+            scales = self.round_two_scales(plan if plan is not None else RoundTwo("bins", tuple(range(count - self.root))))
+            if len(scales) != count:
+                raise ParameterError(f"round two's plan answers {len(scales)} values, not {count}")
+            ids, out = ROUND_TWO_IDS + np.arange(count, dtype=np.int64), np.zeros(count, np.int64)
+            for scale in dict.fromkeys(scales):  # each scale's values at once, in order
+                at = np.flatnonzero([t == scale for t in scales])
+                out[at] = noise(ids[at], scale)
+            return out
         ids = ROUND_ONE_IDS + np.arange(count, dtype=np.int64)
         out = noise(ids[:ROUND_ONE_BINS], self.scale_one)
         return out if count <= ROUND_ONE_BINS else np.concatenate([out, noise(ids[ROUND_ONE_BINS:], self.scale_fine)])
@@ -229,28 +285,33 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         plan = self.plan(one, total if self.relation == "substitution" else None, copies)
         if plan.design == "tree":
             return AdaptiveRelease(one, plan, self.tree.gather(prefix_at, nodes_at))
-        two = np.asarray(bins_at(2, np.asarray(plan.ends)), dtype=np.float64)
-        if two.shape != (len(plan.ends) + self.root,) or not np.isfinite(two).all():
-            raise ParameterError(f"round two has {len(plan.ends) + self.root} finite bin counts of one ECDF, got shape {two.shape}")
-        if self.root:
-            return AdaptiveRelease(one, plan, two[:-1], float(two[-1]))
-        return AdaptiveRelease(one, plan, two)
+        groups = (np.asarray(plan.groups, np.int64),) if plan.groups else ()  # (a `bins_at(round, ends)` without groups too)
+        two = np.asarray(bins_at(2, np.asarray(plan.ends), *groups), dtype=np.float64)
+        k, split = len(plan.ends), int(self.layout(plan)[1].sum())
+        if two.shape != (k + split + self.root,) or not np.isfinite(two).all():
+            raise ParameterError(f"round two has {k + split + self.root} finite bin counts of one ECDF, got shape {two.shape}")
+        return AdaptiveRelease(one, plan, two[:k], float(two[-1]) if self.root else None, two[k:k + split] if split else None)
 
-    def round_two_parts(self, ends: np.ndarray) -> list[np.ndarray]:
-        """The partitions round two's histogram counts (a server's answer, one after another): its bins,
-        then (`root`) the whole grid."""
-        ends = np.asarray(ends, np.int64)
-        return [ends, np.array([self.size - 1], np.int64)] if self.root else [ends]
+    def round_two_parts(self, plan: RoundTwo) -> list[tuple[np.ndarray, np.ndarray | None]]:
+        """What round two's histogram counts (a server's answer, one after another), as (a partition's
+        ends, which of its bins; None: all): its bins, its split groups (plan version 3), then (`root`)
+        the whole grid."""
+        groups, split, _ = self.layout(plan)
+        parts = [(np.asarray(plan.ends, np.int64), None)] + ([(groups, np.flatnonzero(split))] if split.any() else [])
+        return parts + [(np.array([self.size - 1], np.int64), None)] * self.root
 
     def noisy(self, prefix: np.ndarray, noise: NoiseFn, copies: int = 1) -> AdaptiveRelease:
         """The central release of exact prefix counts with `noise` (which adds `copies` noises to each
         value, e.g. 2 to simulate the two servers: round two is planned knowing that)."""
         prefix = np.asarray(prefix).astype(np.int64)
 
-        def bins_at(round_: int, ends: np.ndarray) -> np.ndarray:
-            if round_ == 2:
-                ends = np.concatenate(self.round_two_parts(ends))
-            return part_counts(prefix[ends], ends) + self.bin_noise(round_, len(ends), noise)
+        def bins_at(round_: int, ends: np.ndarray, groups: np.ndarray = ()) -> np.ndarray:
+            if round_ == 1:
+                return part_counts(prefix[ends], ends) + self.bin_noise(1, len(ends), noise)
+            plan = RoundTwo("bins", tuple(int(e) for e in ends), groups=tuple(int(e) for e in groups))
+            counts = np.concatenate([part_counts(prefix[e], e)[s if s is not None else slice(None)]
+                                     for e, s in self.round_two_parts(plan)])
+            return counts + self.bin_noise(2, counts.size, noise, plan)
 
         return self.gather(None, self.tree.central_nodes(prefix, noise), None, bins_at, int(prefix[-1]), copies)
 
@@ -260,30 +321,51 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         linear filling ("monotone"); total n or its estimate (the bins' sum, with `root` after the
         least-squares combination: each kept bin gets var / (K var + var_root) of the root's excess)."""
         ends = np.asarray(release.plan.ends)
-        bins = np.asarray(release.round_two, dtype=np.float64)
         raw = self.estimate(release, copies)[0]
         substitution = self.relation == "substitution"
-        if postprocess_with == "auto":
-            bins = np.where(np.abs(bins) > EMPTY_SDS * np.sqrt(self.noise_variance(2, copies)), bins, 0.0)
-        kept = bins != 0
-        if release.root is not None and self.root:  # add/remove: the kept bins and the grid's count, by least squares
-            fit = kept if postprocess_with == "auto" else np.ones(bins.size, bool)  # else every bin, as `estimate`
-            bins = bins + np.where(fit, (release.root - bins.sum()) * self.root_weight(int(fit.sum()), copies), 0.0)
+        bins, kept = self.fit(release, copies, float(n) if substitution else None, postprocess_with == "auto")
         total = float(n) if substitution else max(float(bins.sum()), 1.0)
-        if substitution and kept.any():
-            bins = bins + np.where(kept, (total - bins.sum()) / kept.sum(), 0.0)
-        elif substitution:
+        if substitution and not kept.any():
             bins = np.full(bins.size, total / bins.size)
         at_ends = postprocess.monotone(np.cumsum(bins), 0.0, total, 2, total if substitution else None)
         fill = FILLS[release.plan.fill] if postprocess_with == "auto" else fill_linear
         counts = np.clip(np.maximum.accumulate(fill(at_ends, ends, self.size)), 0.0, total)  # exactly monotone (PCHIP rounds)
         return raw, counts, total
 
-    def root_weight(self, fitted: int, copies: int = 1) -> float:
-        """Each of `fitted` bins' share of the excess of round two's count of n (`root`) over their sum in
-        the least-squares fit: var / (fitted var + var_root) (`counts`, `estimate` and the band's)."""
-        var, var_root = self.noise_variance(2, copies), self.noise_variance(2, copies, root=True)
-        return var / (fitted * var + var_root)
+    def fit(self, release: AdaptiveRelease, copies: int = 1, n: float | None = None, empty: bool = False,
+            noise: tuple | None = None) -> tuple[np.ndarray, np.ndarray]:
+        """(bins, kept): round two's bin counts by least squares from its noisy answers (post-processing):
+        each split group's bins moved by v_in / (m v_in + v_group) of its total's excess over their sum
+        (that total then has variance u = 1 / (1 / v_group + 1 / (m v_in))); then the excess of n (given
+        under substitution) or of the count of n (`root`, add/remove) over the kept bins' sum shared in
+        proportion to each unit's variance (a bin's v, a group's u, spread evenly over its bins), over
+        their sum plus v_root. `empty`: first a bin, or a split group's total, within `EMPTY_SDS` sds of
+        zero is taken as empty (0, not kept). `noise`: (bins, groups, root) arrays of (draws of) noise
+        instead of the release's answers, fitted the same linear way with n's excess 0 (the band's)."""
+        plan = release.plan
+        split, member = self.layout(plan)[1:]
+        bins, groups, root = (release.round_two, release.groups, release.root) if noise is None else noise
+        bins = np.array(bins, dtype=np.float64)
+        v, v_in, v_group = (copies * dlaplace_variance(t) if t is not None else np.nan
+                            for t in (self.scale_two, self.scale_inner, self.scale_group))
+        weight = np.where(member >= 0, np.nan, v)  # each bin's share of its unit's variance
+        kept = np.ones(bins.shape, bool)
+        for g in range(int(split.sum())):
+            at = member == g
+            bins[at] += (np.asarray(groups)[g] - bins[at].sum(axis=0)) * v_in / (at.sum() * v_in + v_group)
+            u = 1 / (1 / v_group + 1 / (at.sum() * v_in))
+            weight[at] = u / at.sum()
+            if empty:
+                kept[at] = np.abs(bins[at].sum(axis=0)) > EMPTY_SDS * np.sqrt(u)
+        if empty:
+            kept[member < 0] = np.abs(bins[member < 0]) > EMPTY_SDS * np.sqrt(v)
+            bins = np.where(kept, bins, 0.0)
+        target = (n if noise is None else 0.0) if self.relation == "substitution" else root if self.root else None
+        if target is not None and kept.any():
+            v_root = 0.0 if self.relation == "substitution" else self.noise_variance(2, copies, root=True)
+            w = np.where(kept, weight.reshape(weight.shape + (1,) * (bins.ndim - 1)), 0.0)
+            bins = bins + (np.asarray(target) - bins.sum(axis=0)) * w / (w.sum(axis=0) + v_root)
+        return bins, kept
 
     def elements(self, release: AdaptiveRelease) -> list[AdaptiveRelease]:
         if np.ndim(release.round_one) != 1:
@@ -293,9 +375,7 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
     def estimate(self, release: AdaptiveRelease, copies: int = 1) -> tuple[np.ndarray, np.ndarray]:
         if release.plan.design == "tree":
             return self.tree.estimate(release.round_two, copies)
-        bins = np.asarray(release.round_two, dtype=np.float64)
-        if release.root is not None and self.root:  # least squares with the grid's count, every bin (linear, as the band's)
-            bins = bins + (release.root - bins.sum()) * self.root_weight(bins.size)
+        bins = self.fit(release, copies)[0]  # the split groups and the grid's count by least squares, every bin
         raw = fill_linear(np.cumsum(bins), np.asarray(release.plan.ends), self.size)
         return raw, raw
 
@@ -320,10 +400,13 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         delta = TreeMechanism.level_sensitivity(check_relation(relation))
         fine = delta / self.scale_fine if self.fine else 0
         root = delta / self.scale_root if self.root else 0
-        return delta / self.scale_one + fine + max(delta / self.scale_two + root, tree)
+        bins = delta / self.scale_two
+        if self.scale_group is not None:  # a unit in a split group: its total and its bin
+            bins = max(bins, delta / self.scale_group + delta / self.scale_inner)
+        return delta / self.scale_one + fine + max(bins + root, tree)
 
     def rounded_budgets(self) -> int:
-        return 1 + self.fine + max(1 + self.root, self.tree.rounded_budgets())
+        return 1 + self.fine + max(1 + self.root + (self.scale_group is not None), self.tree.rounded_budgets())
 
     def _describe(self) -> str:
         fine = f" and {self.fine_ends.size} with eps {self.eps_fine:.4g}" if self.fine else ""

@@ -27,6 +27,7 @@ TREE_SDS = 1e4  # ... and so does one whose largest fine bin holds this many rou
 # bins' interpolation error grows with the square of their counts: 5 spikes of 2 10^5 values, sd 2, on 2^12)
 ISOLATED_SDS = 8.0  # a coarse bin (or pair) this many sds heavy between bins within 2 sds of 0: unplaced mass (`unplaced`)
 FINE_SDS = 4.0  # a fine bin holds a spike when its count is this many noise sds (and twice) above the coarse shape's
+GROUP_SHARE = 0.6  # plan version 3: of a split group's budget, for its total (`split_groups`; its bins get the rest)
 FLAT_BINS = (1, 2, 4, 8, 16, 32, 64, 128)
 MASS_BINS = (8, 16, 32, 64, 128, 256)
 FLAT_LIMIT = 1 + 3 * np.sqrt(5 / (ROUND_ONE_BINS - 1))  # 3 sds of flat_statistic on flat data (Laplace noise: Var(z^2) = 5 sd^4)
@@ -35,11 +36,14 @@ FLAT_LIMIT = 1 + 3 * np.sqrt(5 / (ROUND_ONE_BINS - 1))  # 3 sds of flat_statisti
 @dataclass(frozen=True)
 class RoundTwo:
     """Round two's design: "bins" (a histogram whose bins end at `ends`, filled in "linear"ly or by
-    "pchip") or "tree" (`AdaptiveMechanism.tree` on the whole grid)."""
+    "pchip") or "tree" (`AdaptiveMechanism.tree` on the whole grid). `groups` (plan version 3; empty:
+    none) are the ends of a coarser partition, a subset of `ends`: each of its bins holding several of
+    `ends`' bins (a "split group", a spike's run of fine bins) is also counted whole."""
 
     design: str
     ends: tuple[int, ...] = ()
     fill: str = "linear"
+    groups: tuple[int, ...] = ()
 
 
 class RoundOnePlanner:
@@ -135,7 +139,15 @@ class RoundOnePlanner:
             base = options[min(best, MASS_BINS.index(MAX_PLANNED_BINS))] if unplaced is None else self.round_one_ends
             ends = functools.reduce(np.union1d, [e for e in (base, refined, unplaced) if e is not None])
             crowded = counts[ROUND_ONE_BINS:].max() > TREE_SDS * np.sqrt(var)  # a small bin's interpolation would cost more
-            return RoundTwo("tree") if ends.size > MAX_REFINED_BINS or crowded else RoundTwo("bins", tuple(int(i) for i in ends), "pchip")
+            if ends.size > MAX_REFINED_BINS or crowded:
+                return RoundTwo("tree")
+            runs = np.zeros(self.fine_ends.size, bool)  # the fine bins cut as a spike or as mass round one cannot place
+            if refined is not None:
+                runs |= self.spike_bins(counts, copies)
+            if unplaced is not None:
+                runs |= self.unplaced_bins(counts, refined, copies)
+            groups = self.split_groups(ends, runs) if self.plan_version >= 3 else ends
+            return RoundTwo("bins", tuple(int(i) for i in ends), "pchip", tuple(int(i) for i in groups) if groups.size < ends.size else ())
         if MASS_BINS[best] > MAX_PLANNED_BINS:
             return RoundTwo("tree")
         return RoundTwo("bins", tuple(int(i) for i in options[best]), "pchip")
@@ -145,18 +157,10 @@ class RoundOnePlanner:
         version 1, or above NARROW_SDS; 8 below WIDE_SDS under share rule 2 and add/remove) (None if none does): a fine bin (or a pair of neighbours, for a spike on their edge) whose count exceeds
         what the coarse bins' PCHIP shape puts there by `FINE_SDS` noise sds and by that shape's count
         again. Skewed but smooth data (which the shape follows) is not cut; a spike is, wherever it lies."""
-        counts = np.asarray(counts, dtype=np.float64)
-        coarse, fine = counts[:ROUND_ONE_BINS], counts[ROUND_ONE_BINS:]
-        shape = fill_pchip(np.maximum.accumulate(np.cumsum(np.maximum(coarse, 0.0))), self.round_one_ends, self.size)
-        expected = np.diff(np.append(0.0, shape[self.fine_ends]))  # the fine counts the coarse shape explains
-        sd = np.sqrt(self.noise_variance(1, copies, fine=True))
-        expected = np.maximum(expected, 0.0)
-        kept = fine - expected > np.maximum(FINE_SDS * sd, expected)
-        pair, pair_expected = fine[1:] + fine[:-1], expected[1:] + expected[:-1]  # a spike on a fine bin's edge
-        pairs = pair - pair_expected > np.maximum(FINE_SDS * np.sqrt(2) * sd, pair_expected)
-        kept = kept | np.append(pairs, False) | np.append(False, pairs)
+        kept = self.spike_bins(counts, copies)
         if not kept.any():
             return None
+        fine = np.asarray(counts, dtype=np.float64)[ROUND_ONE_BINS:]
         starts = np.append(0, self.fine_ends[:-1] + 1)
         heaviest = fine[kept].max() / np.sqrt(self.noise_variance(2, copies))  # in round-two noise sds
         w = 2 if heaviest > NARROW_SDS else self.refined_width  # 2-point bins where a spike is heavy (interpolation)
@@ -166,6 +170,19 @@ class RoundOnePlanner:
         ends = np.unique(np.concatenate(ends + [starts[kept] - 1, self.fine_ends[kept], [self.size - 1]]))
         return ends[ends >= 0]
 
+    def spike_bins(self, counts: np.ndarray, copies: int = 1) -> np.ndarray:
+        """Which fine bins hold a spike (`refined_ends`), a mask over them."""
+        counts = np.asarray(counts, dtype=np.float64)
+        coarse, fine = counts[:ROUND_ONE_BINS], counts[ROUND_ONE_BINS:]
+        shape = fill_pchip(np.maximum.accumulate(np.cumsum(np.maximum(coarse, 0.0))), self.round_one_ends, self.size)
+        expected = np.diff(np.append(0.0, shape[self.fine_ends]))  # the fine counts the coarse shape explains
+        sd = np.sqrt(self.noise_variance(1, copies, fine=True))
+        expected = np.maximum(expected, 0.0)
+        kept = fine - expected > np.maximum(FINE_SDS * sd, expected)
+        pair, pair_expected = fine[1:] + fine[:-1], expected[1:] + expected[:-1]  # a spike on a fine bin's edge
+        pairs = pair - pair_expected > np.maximum(FINE_SDS * np.sqrt(2) * sd, pair_expected)
+        return kept | np.append(pairs, False) | np.append(False, pairs)
+
     def unplaced(self, counts: np.ndarray, refined: np.ndarray | None, copies: int = 1) -> np.ndarray | None:
         """Bin ends cutting, at the fine bins' ends, each coarse bin (or pair) that holds `ISOLATED_SDS`
         noise sds (times the coarse share's shrink under share rule 2: rule 1's count) between bins within 2 sds of zero and in which no fine bin was cut (`refined`) (None
@@ -174,6 +191,11 @@ class RoundOnePlanner:
         The plan then takes round one's coarse ends around them, not ends at equal mass of that shape.
         A run at the grid's end is not isolated there: nothing outside the grid is known to be empty
         (skewed data's first bins, the steep side of a smooth shape, are not cut)."""
+        found = self.unplaced_bins(counts, refined, copies)
+        return self.fine_ends[found] if found.any() else None
+
+    def unplaced_bins(self, counts: np.ndarray, refined: np.ndarray | None, copies: int = 1) -> np.ndarray:
+        """Which fine bins lie in a coarse bin holding mass round one cannot place (`unplaced`), a mask."""
         coarse, var = self.coarse_counts(counts, copies)
         sd = np.sqrt(var)
         padded = np.concatenate([[np.inf], coarse, [np.inf]])  # the grid's ends: not known empty
@@ -187,5 +209,15 @@ class RoundOnePlanner:
                 if padded[j + 1:j + 1 + width].sum() > self.isolated_sds * sd * np.sqrt(width) and empty[j] \
                         and empty[j + 1 + width] and not cut[j:j + width].any():
                     found[j:j + width] = True
-        inside = np.searchsorted(self.round_one_ends, self.fine_ends)  # each fine end's coarse bin
-        return self.fine_ends[found[inside]] if found.any() else None
+        return found[np.searchsorted(self.round_one_ends, self.fine_ends)]  # each fine bin's coarse bin's
+
+    def split_groups(self, ends: np.ndarray, runs: np.ndarray) -> np.ndarray:
+        """Plan version 3: `ends` less those inside a run of the fine bins `runs` marks (cut as a spike,
+        `spike_bins`, or as mass round one cannot place, `unplaced_bins`): each run becomes one group of
+        round two's bins, whose total is counted too (`GROUP_SHARE` of the budget; module docstring of
+        `adaptive`). A run's mass then enters every prefix past it with one group's noise, not with
+        the sum of its bins' noises."""
+        fine_bin = np.searchsorted(self.fine_ends, ends)  # the fine bin holding each end, and the next index
+        after = np.searchsorted(self.fine_ends, np.minimum(ends + 1, self.size - 1))
+        inside = (ends < self.size - 1) & runs[fine_bin] & runs[after]
+        return ends[~inside]

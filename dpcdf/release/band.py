@@ -202,28 +202,33 @@ def _tree(mech, released, copies: int, what: str) -> LinearEstimate:
 
 
 def _bins(mech, released, total: float, copies: int) -> LinearEstimate:
-    """A histogram's bins, cumulated: under substitution conditioned on the public n; under add/remove
-    with a noisy count of the whole grid (`released.root`), the least-squares fit of bins and count
-    (each bin moved by w (root - sum), w = v / (K v + v_root)), whose error is z + w (z_root - sum z)."""
+    """A histogram's bins, cumulated, fitted by least squares (`AdaptiveMechanism.fit`): with its split
+    groups' totals (plan version 3), conditioned on the public n under substitution, or under add/remove
+    with a noisy count of the whole grid (`released.root`); the fit is linear, so its error is the same
+    fit of the noises alone (n's excess 0)."""
     ends = np.asarray(released.plan.ends, np.int64)
-    bins = np.asarray(released.round_two, np.float64)
     sub = mech.relation == "substitution"
     root = None if sub else getattr(released, "root", None)
-    if sub:  # conditioned on the public n: the noise becomes (I - 11^T / K) z
-        bins = bins + (total - bins.sum()) / bins.size
-    w = 0.0
-    if root is not None:  # the same weights whatever `copies` (both variances scale with it)
-        w = mech.root_weight(bins.size)
-        bins = bins + w * (float(root) - bins.sum())
+    split, member = mech.layout(released.plan)[1:]
+    bins = mech.fit(released, copies, total if sub else None)[0]
 
     def simulate(rng, draws):
-        z = draw_noise(mech.scale_two, (ends.size, draws), rng, copies)
-        if root is not None:
-            z = z + w * (draw_noise(mech.scale_root, draws, rng, copies) - z.sum(axis=0))
-        return np.cumsum(z - z.mean(axis=0) if sub else z, axis=0)
+        if split.any():  # a split group's bins at their scale, the others at theirs, then the groups' totals
+            z = np.zeros((ends.size, draws))
+            z[member < 0] = draw_noise(mech.scale_two, (int((member < 0).sum()), draws), rng, copies)
+            z[member >= 0] = draw_noise(mech.scale_inner, (int((member >= 0).sum()), draws), rng, copies)
+            groups = draw_noise(mech.scale_group, (int(split.sum()), draws), rng, copies)
+        else:
+            z, groups = draw_noise(mech.scale_two, (ends.size, draws), rng, copies), None
+        z_root = draw_noise(mech.scale_root, draws, rng, copies) if root is not None else None
+        return np.cumsum(mech.fit(released, copies, noise=(z, groups, z_root))[0], axis=0)
     scale_root = mech.scale_root if root is not None else None
-    return LinearEstimate(np.cumsum(bins), ends, simulate, ("bins", ends.size, mech.scale_two, scale_root, mech.relation, copies),
-                          "the round-two histogram's bins" + (" conditioned on n" if sub else "")
+    key = ("bins", ends.size, mech.scale_two, scale_root, mech.relation, copies)
+    if split.any():
+        key += (mech.scale_inner, mech.scale_group, tuple(member.tolist()))
+    return LinearEstimate(np.cumsum(bins), ends, simulate, key,
+                          "the round-two histogram's bins" + (" and its split groups' totals" if split.any() else "")
+                          + (" conditioned on n" if sub else "")
                           + (" and its count of the whole grid" if root is not None else "") + ", at their ends")
 
 

@@ -67,15 +67,18 @@ class CoordinatesQuery:
 @dataclass(frozen=True)
 class BinsQuery:
     """An adaptive release's noisy bin counts: round 1 its fixed bins (no `ends`), round 2 the bins
-    ending at `ends`."""
+    ending at `ends`, then the totals of those split `groups` (`RoundTwo.groups`; None: no groups)."""
     round: int
     ends: tuple[int, ...] | None = None
+    groups: tuple[int, ...] | None = None
     kind: ClassVar[str] = "bins"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "round", _int(self.round, "a round"))
         if self.ends is not None:
             object.__setattr__(self, "ends", _ints(self.ends, "bin ends"))
+        if self.groups is not None:
+            object.__setattr__(self, "groups", _ints(self.groups, "group ends"))
 
 
 @dataclass(frozen=True)

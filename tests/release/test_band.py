@@ -100,6 +100,20 @@ def test_adaptive_releases_are_covered_whichever_design_round_one_picks(relation
     assert sum(covered(r, truth) for r in rels) / runs >= exact_floor(runs)
 
 
+@pytest.mark.parametrize("relation", ["substitution", "add-remove"])
+def test_releases_whose_spikes_are_split_groups_are_covered(relation):
+    """Plan version 3: three narrow spikes, each a split group (its bins fitted to its counted total); the
+    band is that fit's (`AdaptiveMechanism.fit` on the noises alone) and covers at the level."""
+    rng = np.random.default_rng(4)  # the data set, not privacy noise
+    grid, runs = Grid.integers(4096), 200
+    values = np.clip(np.rint(rng.normal(rng.choice([300, 1800, 2600], 3000), 2.0)), 0, 4095).astype(np.int64)
+    truth = dpcdf.prefix_counts(values, grid) / values.size
+    rels = [dpcdf.release_ecdf(values, grid, 1.0, "adaptive", relation) for _ in range(runs)]
+    grouped = [r for r in rels if r.released.plan.design == "bins" and r.released.plan.groups]
+    assert len(grouped) > 0.9 * runs and all(r.released.groups is not None for r in grouped)
+    assert sum(covered(r, truth) for r in grouped) / len(grouped) >= exact_floor(len(grouped))
+
+
 def test_an_add_remove_histogram_band_uses_round_twos_count_of_n():
     """Under add/remove at eps 1 round two also counts the whole grid (share rule 2): the band is
     centred on the least-squares fit of the bins and that count, whose error sd at the grid's end is

@@ -140,23 +140,33 @@ def test_the_client_refuses_one_server_before_it_seals_anything(monkeypatch):
 
 def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_1():
     """A server fixes round two's design the first time it is asked, so an analyst must plan from round
-    one with the rules the task was made with: a new adaptive task pins `adaptive_plan` 2 (mass round one
-    cannot place cut at the fine bins, spikes into 4-point bins); a config with fine bins written before
-    it (no field) plans by version 1, with the same JSON and fingerprint (the review of issue 25 found
-    37 of 200 such tasks' plans refused with 403 after the change)."""
+    one with the rules the task was made with: a new adaptive task pins `adaptive_plan` 3 (a spike's run
+    of bins also counted whole: split groups); a config written with version 2 (mass round one cannot
+    place cut at the fine bins, spikes into 4-point bins) keeps it, with no groups, and its servers refuse
+    a plan with groups; a config with fine bins written before version 2 (no field) plans by version 1,
+    with the same JSON and fingerprint (the review of issue 25 found 37 of 200 such tasks' plans refused
+    with 403 after the change)."""
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0}))
-    assert config.adaptive_plan == 2 and json.loads(config.to_json())["adaptive_plan"] == 2
-    old_json = config.to_json().replace('"adaptive_plan":2,', "")
+    assert config.adaptive_plan == 3 and json.loads(config.to_json())["adaptive_plan"] == 3
+    two = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":3,', '"adaptive_plan":2,'))
+    old_json = config.to_json().replace('"adaptive_plan":3,', "")
     old = TaskConfig.from_json(old_json)
     assert old.adaptive_plan == 1 and old.fine_bins and old.to_json() == old_json and old.fingerprint != config.fingerprint
-    new, before = config.make_mechanism(), old.make_mechanism()
-    assert (new.plan_version, before.plan_version) == (2, 1)
+    assert two.adaptive_plan == 2 and two.fingerprint not in (config.fingerprint, old.fingerprint)
+    new, second, before = config.make_mechanism(), two.make_mechanism(), old.make_mechanism()
+    assert (new.plan_version, second.plan_version, before.plan_version) == (3, 2, 1)
     counts = np.zeros(new.bins_one)
     k = new.fine_ends.size // 32  # fine bins per coarse bin
     counts[5], counts[32 + 5 * k: 32 + 6 * k] = 1000.0, 1000.0 / k  # mass in one coarse bin, no fine bin a spike
     cut = set(new.fine_ends[5 * k: 6 * k].tolist())
     assert cut <= set(new.plan(counts).ends) and not cut <= set(before.plan(counts).ends)
-    for bad in (3, True, "2"):
+    plan, plan_two = new.plan(counts), second.plan(counts)
+    assert plan.ends == plan_two.ends and plan.groups and not plan_two.groups  # that coarse bin: one split group
+    assert cut - {max(cut)} <= set(plan.ends) - set(plan.groups)  # inside one split group
+    assert new.check_plan(plan) == plan
+    with pytest.raises(ParameterError, match="no split groups"):
+        second.check_plan(plan)
+    for bad in (4, 0, True, "2"):
         with pytest.raises(ParameterError, match="version"):
             TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0, "adaptive_plan": bad}))
     tree = TaskConfig(**(BASE | {"relation": "substitution"}))
@@ -170,7 +180,7 @@ def test_an_adaptive_task_pins_round_ones_fine_bins_and_an_older_config_keeps_it
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "substitution"}))
     assert config.fine_bins and json.loads(config.to_json())["fine_bins"] is True
     assert config.make_mechanism().bins_one == 32 + 64 and TaskConfig.from_json(config.to_json()) == config
-    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":2,', "").replace('"adaptive_shares":2,', "")
+    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":3,', "").replace('"adaptive_shares":2,', "")
     old = TaskConfig.from_json(old_json)
     assert old.fine_bins is False and old.to_json() == old_json and old.fingerprint != config.fingerprint
     # without fine bins round one has rule 1's shares whatever the field says: one config, one fingerprint

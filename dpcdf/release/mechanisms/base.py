@@ -21,7 +21,7 @@ NoiseFn = Callable[[np.ndarray, Fraction], np.ndarray]  # (node ids, scale) -> i
 Answers = Callable[[np.ndarray], np.ndarray]  # grid indices -> noisy prefix counts
 NodeAnswers = Callable[[int], np.ndarray]  # level -> noisy counts of its data-holding nodes
 CoordinateAnswers = Callable[[], np.ndarray]  # () -> a factorization's noisy coordinates R x + z (then n)
-BinAnswers = Callable[[int, np.ndarray], np.ndarray]  # (round, bin ends) -> an adaptive release's noisy bin counts
+BinAnswers = Callable[..., np.ndarray]  # (round, bin ends[, group ends]) -> an adaptive release's noisy bin counts
 
 
 def array_elements(release: np.ndarray) -> list[np.ndarray]:
@@ -89,7 +89,8 @@ class Mechanism(ABC):
         each answer carries) as `gather` takes them."""
         return self.gather(lambda indices: answer(PrefixQuery(indices)), lambda level: answer(NodesQuery(level)),
                            lambda: answer(CoordinatesQuery()),
-                           lambda round_, ends: answer(BinsQuery(round_, None if round_ == 1 else ends)),
+                           lambda round_, ends, groups=(): answer(BinsQuery(round_, None if round_ == 1 else ends,
+                                                                            tuple(groups) or None)),
                            n=n, copies=copies)
 
     @abstractmethod
@@ -98,7 +99,7 @@ class Mechanism(ABC):
         """The release, from one callback per query type (callers use `ask`, which makes them from
         one `answer`): `prefix_at(indices)` (noisy prefix counts), `nodes_at(level)` (noisy node
         counts of a released level), `coordinates_at()` (a factorization's noisy coordinates) or
-        `bins_at(round, ends)` (an adaptive release's noisy bin counts, whose second round depends on
+        `bins_at(round, ends, groups)` (an adaptive release's noisy bin counts, whose second round depends on
         the first, on n and on `copies`). Arrays may carry a trailing payload axis (one column per
         released ECDF)."""
 

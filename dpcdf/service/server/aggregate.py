@@ -142,20 +142,22 @@ class Aggregator:
         shares = self._plus(right_factor_times(x, self.dcf.modulus), noise)
         return np.concatenate([shares, prefix[-1:]]) if mech.relation == "substitution" else shares
 
-    def bin_shares(self, shards: list[KeyBatch], round_: int, ends: np.ndarray | None = None) -> np.ndarray:
+    def bin_shares(self, shards: list[KeyBatch], round_: int, ends: np.ndarray | None = None, groups=()) -> np.ndarray:
         """An adaptive task's bin counts: round 1 its fixed equal-width bins (coarse, then fine), round 2 the bins ending at
-        `ends` (checked by `AdaptiveMechanism.check_plan`; then the whole grid's count, `round_two_parts`), plus this server's noise at the round's
-        scale (`AdaptiveMechanism.bin_noise`: ids no tree node uses). ParameterError for any other
+        `ends` (checked by `AdaptiveMechanism.check_plan`; then its split `groups`' totals and the whole grid's count,
+        `round_two_parts`), plus this server's noise at each value's scale (`AdaptiveMechanism.bin_noise`: ids no tree node uses). ParameterError for any other
         mechanism or a bad partition. Whether round two may be answered is the router's (once per task)."""
         mech = self.mechanism
         if not hasattr(mech, "round_one_ends") or self.dcf.width != 1:
             raise ParameterError("bins are released by adaptive count tasks only")
+        plan = None
         if round_ == 1:  # its partitions one after another (coarse, then fine: `AdaptiveMechanism.round_one_parts`)
-            parts = mech.round_one_parts
+            parts = [(e, None) for e in mech.round_one_parts]
         else:
-            parts = mech.round_two_parts(np.asarray(mech.check_plan(RoundTwo("bins", tuple(ends))).ends, np.int64))
-        counts = np.concatenate([self._interval_shares(shards, e)[:, 0] for e in parts])
-        return self._plus(counts, mech.bin_noise(round_, counts.size, self.noise_fn(0)))
+            plan = mech.check_plan(RoundTwo("bins", tuple(ends), groups=tuple(groups)))
+            parts = mech.round_two_parts(plan)
+        counts = np.concatenate([self._interval_shares(shards, e)[:, 0][slice(None) if s is None else s] for e, s in parts])
+        return self._plus(counts, mech.bin_noise(round_, counts.size, self.noise_fn(0), plan))
 
     def _interval_shares(self, shards: list[KeyBatch], ends: np.ndarray) -> np.ndarray:
         """(len(ends), width) noiseless shares of the counts in (.., e_0], (e_0, e_1], ...: the prefix

@@ -114,19 +114,22 @@ class _Bins(Handler):
     answered_by = frozenset({"adaptive"})
 
     def check(self, q: BinsQuery, config, agg) -> None:
-        if (q.round == 2) != (q.ends is not None):
-            raise QueryRefused("round 1's bins are the task's (no ends); round 2 names its bins' ends")
+        if (q.round == 2) != (q.ends is not None) or (q.groups is not None and q.round != 2):
+            raise QueryRefused("round 1's bins are the task's (no ends); round 2 names its bins' ends (and groups)")
         if q.ends is not None:
             try:
-                agg.mechanism.check_plan(RoundTwo("bins", q.ends))
+                agg.mechanism.check_plan(RoundTwo("bins", q.ends, groups=q.groups or ()))
             except ParameterError as exc:
                 raise QueryRefused(str(exc)) from None
 
     def designs(self, q: BinsQuery, config) -> list[tuple[str, str, str]]:
-        return [("round-two", json.dumps(list(q.ends)), SPENT_ROUND_TWO)] if q.round == 2 else []
+        if q.round != 2:
+            return []
+        design = {"ends": list(q.ends), "groups": list(q.groups)} if q.groups else list(q.ends)  # a plan without groups: as before
+        return [("round-two", json.dumps(design), SPENT_ROUND_TWO)]
 
     def shares(self, q: BinsQuery, config, agg, source) -> np.ndarray:
-        return agg.bin_shares(source, q.round, None if q.ends is None else np.array(q.ends, np.int64))
+        return agg.bin_shares(source, q.round, None if q.ends is None else np.array(q.ends, np.int64), q.groups or ())
 
 
 @_handles(GroupsQuery)

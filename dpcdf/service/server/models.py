@@ -159,6 +159,7 @@ class BinsQuery(QueryModel):
     kind: Literal["bins"]
     round: Annotated[StrictInt, Field(ge=1, le=2)]
     ends: Annotated[list[StrictInt], Field(max_length=MAX_QUERY_POINTS)] | None = None
+    groups: Annotated[list[StrictInt], Field(max_length=MAX_QUERY_POINTS)] | None = None
 
 
 def _kind(v: object) -> object:

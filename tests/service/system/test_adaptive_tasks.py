@@ -39,6 +39,13 @@ def _uniform(n: int, seed: int) -> np.ndarray:
     return np.random.default_rng(seed).uniform(0, 100, n)  # the simulated data only
 
 
+def _two_spikes(n: int, seed: int) -> np.ndarray:
+    """Two narrow spikes (sd about one grid point): round one cuts them finely, and plan version 3 makes
+    each one split group of round two's bins."""
+    rng = np.random.default_rng(seed)  # the simulated data only
+    return np.clip(rng.normal(np.where(rng.random(n) < 0.5, 30.0, 70.0), 0.4), 0, 99.9)
+
+
 def _seed(data_dir: Path, task_id: str) -> bytes:
     db = sqlite3.connect(str(data_dir / "server.sqlite"))
     (seed,) = db.execute("SELECT noise_seed FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
@@ -57,16 +64,16 @@ def _adaptive(pair, relation: str = "substitution", epsilon: float = 1.0, verify
     return create_task(urls(pair), GRID8, epsilon, "adaptive", relation, min_batch=0, verify=verify)
 
 
-@pytest.mark.parametrize("data, relation, verify, design", [
-    (_skewed, "substitution", None, "bins"), (_uniform, "substitution", False, "bins"),
-    (_skewed, "add-remove", False, "bins")])
-def test_the_two_server_release_is_the_central_one_with_both_servers_noise(servers, data, relation, verify, design):
+@pytest.mark.parametrize("data, relation, verify, design, epsilon", [
+    (_skewed, "substitution", None, "bins", 1.0), (_uniform, "substitution", False, "bins", 1.0),
+    (_skewed, "add-remove", False, "bins", 1.0), (_two_spikes, "substitution", None, "groups", 2.0)])
+def test_the_two_server_release_is_the_central_one_with_both_servers_noise(servers, data, relation, verify, design, epsilon):
     """The release the analyst gets equals, value for value, the central adaptive release of the same
     data whose noise is the sum of the two servers' PRF noises (so twice the variance), planned knowing
-    that (copies = 2)."""
+    that (copies = 2); spikes: a plan with split groups, whose totals the servers answer too."""
     procs, _ = servers
     pair = procs["noisy"]
-    config, token = _adaptive(pair, relation, verify=verify)
+    config, token = _adaptive(pair, relation, epsilon, verify=verify)
     vals = data(400, 3)
     assert submit(config, vals, batch=100)["complete"] == 400
     rel = Analyst(config, token).release()
@@ -74,7 +81,8 @@ def test_the_two_server_release_is_the_central_one_with_both_servers_noise(serve
     assert isinstance(mech, AdaptiveMechanism) and rel.mechanism.name == "adaptive"
     prefix = prefix_counts(vals, grid)
     central = mech.noisy(prefix, _both_noises(pair, config), copies=2)
-    assert central.plan.design == design
+    assert central.plan.design == "bins" and (design != "groups" or central.plan.groups)  # (a false spike: groups too)
+    assert central.groups is None or central.groups.size == mech.layout(central.plan)[1].sum() > 0
     want = finish_release(grid, mech, central, 400 if relation == "substitution" else 0, copies=2)
     np.testing.assert_allclose(rel.counts, want.counts, atol=1e-6)
     assert rel.total == pytest.approx(want.total) and relation in rel.statement
@@ -96,7 +104,7 @@ def test_round_two_is_answered_once_with_one_design(servers):
     two, _ = analyst._ask({"kind": "bins", "round": 2, "ends": ends})
     assert two.size == 3 and np.array_equal(two, analyst._ask({"kind": "bins", "round": 2, "ends": ends})[0])
     for other in ({"kind": "bins", "round": 2, "ends": [10, 40, 255]}, {"kind": "bins", "round": 2, "ends": [255]},
-                  {"kind": "nodes", "level": 0}):
+                  {"kind": "bins", "round": 2, "ends": ends, "groups": [40, 255]}, {"kind": "nodes", "level": 0}):
         with pytest.raises(ServerError, match="403.*already released"):
             analyst._ask(other)
     with pytest.raises(ServerError, match="403"):  # the analyst's own plan is other bins: refused, not answered twice
@@ -266,6 +274,10 @@ MALFORMED = [
     {"kind": "bins", "round": 1, "ends": []}, {"kind": "bins", "round": 1, "ends": [255]},
     {"kind": "bins", "round": 0}, {"kind": "bins", "round": "1"}, {"kind": "bins", "round": None},
     {"kind": "bins"}, {"kind": "bins", "round": 2, "ends": [-(2 ** 63), 255]},
+    {"kind": "bins", "round": 2, "ends": [3, 255], "groups": [4, 255]}, {"kind": "bins", "round": 2, "ends": [3, 255], "groups": [3]},
+    {"kind": "bins", "round": 2, "ends": [3, 9, 255], "groups": [9, 3, 255]}, {"kind": "bins", "round": 1, "groups": [255]},
+    {"kind": "bins", "round": 2, "ends": [3, 255], "groups": [True, 255]}, {"kind": "bins", "round": 2, "ends": [3, 255], "groups": "255"},
+    {"kind": "bins", "round": 2, "ends": [3, 255], "groups": [2 ** 64, 255]}, {"kind": "bins", "round": 2, "ends": [3, 255], "groups": [3, 3, 255]},
     {"kind": "nodes", "level": True}, {"kind": "nodes", "level": -1}, {"kind": "nodes", "level": 2 ** 70},
     {"kind": "groups", "edges": [3]}, {"kind": "prefix", "indices": [255]}, {"kind": "coordinates"},
     [], "bins", 1, None,
