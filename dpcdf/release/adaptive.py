@@ -71,7 +71,7 @@ from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeA
 from .histogram import (FILLS, UNIFORM_SHARE, bins_noise, equal_width_ends, fill_linear, fill_pchip,  # noqa: F401
                         linear_energy, mass_ends, part_counts)
 from .noise import MIN_EPSILON, check_epsilon, dlaplace_variance, scale_fraction
-from .adaptive_plan import (FINE_SDS, FLAT_BINS, FLAT_LIMIT, GROUP_SHARE, ISOLATED_SDS,  # noqa: F401
+from .adaptive_plan import (FINE_SDS, FLAT_BINS, FLAT_LIMIT, GROUP_SHARE, GROUPED_NARROW_SDS, ISOLATED_SDS,  # noqa: F401
                             MASS_BINS, MAX_PLANNED_BINS, MAX_REFINED_BINS, NARROW_SDS, REFINED_WIDTH, ROUND_ONE_BINS, TREE_SDS,
                             WIDE_SDS, RoundOnePlanner, RoundTwo)
 

@@ -177,19 +177,22 @@ def test_a_spike_is_measured_finely_wherever_it_lies():
     assert sum(m.refined_ends(m.noisy(skewed, secure_node_noise).round_one) is None for _ in range(8)) >= 4
 
 
-@pytest.mark.parametrize("relation, rule, mass, width", [("add-remove", 2, 280, 8), ("add-remove", 2, 1000, 4),
-                                                          ("add-remove", 1, 280, 4), ("substitution", 2, 1000, 4)])
-def test_under_add_remove_share_rule_2_cuts_a_light_spike_into_8_point_bins(relation, rule, mass, width):
+@pytest.mark.parametrize("relation, rule, mass, width, version", [
+    ("add-remove", 2, 280, 8, 3), ("add-remove", 2, 700, 4, 3), ("add-remove", 1, 280, 4, 3), ("substitution", 2, 1000, 4, 3),
+    ("add-remove", 2, 1000, 2, 3), ("add-remove", 2, 1000, 4, 2)])
+def test_under_add_remove_share_rule_2_cuts_a_light_spike_into_8_point_bins(relation, rule, mass, width, version):
     """Share rule 2 under add/remove: a spike below WIDE_SDS round-two noise sds (280 values at eps 1:
     about 146 sds) is cut into 8-point bins (its mass summed from half the noises), a heavier one
-    (1,000: about 520 sds) into REFINED_WIDTH-point bins as before; rule 1 and substitution keep 4."""
-    m = AdaptiveMechanism(4096, 1.0, relation, share_rule=rule)
+    (700: about 360 sds) into REFINED_WIDTH-point bins as before; rule 1 and substitution keep 4. From
+    plan version 3 a spike above GROUPED_NARROW_SDS (1,000 values: about 520 sds) gets 2-point bins
+    (its bins' noises no longer add up past it: a split group); version 2 kept 4 there."""
+    m = AdaptiveMechanism(4096, 1.0, relation, share_rule=rule, plan_version=version)
     counts = np.zeros(m.bins_one)
     counts[2] = counts[32 + 2 * 8 + 3] = mass  # coarse bin 2, its fourth fine bin: indices 304 to 319
-    if width == 8:
-        assert mass / np.sqrt(m.noise_variance(2)) < adaptive.WIDE_SDS
+    sds = mass / np.sqrt(m.noise_variance(2))
+    assert (sds < adaptive.WIDE_SDS) == (width == 8) and (sds > adaptive.GROUPED_NARROW_SDS) == (mass == 1000 and relation != "substitution")
     refined = set(m.refined_ends(counts).tolist())
-    assert {303, 311, 319} <= refined and ({307, 315} <= refined) == (width == 4) and not {307, 315} & refined == (width == 8)
+    assert {e for e in refined if 303 <= e <= 319} == {303} | set(range(303 + width, 320, width))
     assert refined <= set(m.plan(counts, mass if relation == "substitution" else None).ends)
 
 
