@@ -229,7 +229,10 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         if ends.ndim != 1 or ends.size == 0 or ends.size > self.size or ends[-1] != self.size - 1 or ends[0] < 0 \
                 or np.any(np.diff(ends) <= 0):
             raise ParameterError(f"round two's bin ends must increase strictly from >= 0 to {self.size - 1}")
-        groups = tuple(plan.groups)
+        try:
+            groups = () if plan.groups is None else tuple(plan.groups)
+        except TypeError:
+            raise ParameterError(f"round two's groups are bin ends (a sequence), got {plan.groups!r:.40}") from None
         if groups and self.scale_group is None:
             raise ParameterError("this task's round two has no split groups (its plan's version is below 3)")
         if groups and not (all(isinstance(e, (int, np.integer)) and not isinstance(e, (bool, np.bool_)) for e in groups)
@@ -242,7 +245,7 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         """(group ends, which groups are split, each bin's split group or -1) of a checked "bins" plan:
         a group holding more than one bin is split (its total is counted too); without groups, none."""
         ends = np.asarray(plan.ends, np.int64)
-        groups = np.asarray(plan.groups or plan.ends, np.int64)
+        groups = np.asarray(plan.groups if plan.groups is not None and len(plan.groups) else plan.ends, np.int64)
         of_bin = np.searchsorted(groups, ends)
         split = np.bincount(of_bin, minlength=groups.size) > 1
         return groups, split, np.where(split[of_bin], (np.cumsum(split) - 1)[of_bin], -1)
@@ -265,10 +268,13 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
             scales = self.round_two_scales(plan if plan is not None else RoundTwo("bins", tuple(range(count - self.root))))
             if len(scales) != count:
                 raise ParameterError(f"round two's plan answers {len(scales)} values, not {count}")
-            ids, out = ROUND_TWO_IDS + np.arange(count, dtype=np.int64), np.zeros(count, np.int64)
+            ids, parts = ROUND_TWO_IDS + np.arange(count, dtype=np.int64), []
             for scale in dict.fromkeys(scales):  # each scale's values at once, in order
                 at = np.flatnonzero([t == scale for t in scales])
-                out[at] = noise(ids[at], scale)
+                parts.append((at, np.asarray(noise(ids[at], scale))))
+            out = np.zeros(count, np.result_type(*(z for _, z in parts)))
+            for at, z in parts:
+                out[at] = z
             return out
         ids = ROUND_ONE_IDS + np.arange(count, dtype=np.int64)
         out = noise(ids[:ROUND_ONE_BINS], self.scale_one)
@@ -349,6 +355,8 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         split, member = self.layout(plan)[1:]
         bins, groups, root = (release.round_two, release.groups, release.root) if noise is None else noise
         bins = np.array(bins, dtype=np.float64)
+        if split.any() and (groups is None or np.shape(groups)[:1] != (int(split.sum()),)):
+            raise ParameterError(f"round two's plan has {int(split.sum())} split groups, whose totals the release must carry")
         v, v_in, v_group = (copies * dlaplace_variance(t) if t is not None else np.nan
                             for t in (self.scale_two, self.scale_inner, self.scale_group))
         weight = np.where(member >= 0, np.nan, v)  # each bin's share of its unit's variance

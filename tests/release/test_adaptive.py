@@ -799,3 +799,27 @@ def test_a_split_groups_bins_are_fitted_to_its_total_by_least_squares_unbiased_w
     assert np.all(np.abs(fitted.mean(axis=0) - truth) < 4 * sd_mean)
     u = 1 / (1 / v_group + 1 / (6 * v_in))
     assert abs(fitted[:, 1:7].sum(axis=1).var() / u - 1) < 0.1 and u < 0.7 * 6 * v
+
+
+def test_split_groups_given_wrongly_get_a_parameter_error():
+    """Review finding (fixed): `check_plan` raised a bare TypeError for groups=None (BinsQuery's "no groups")
+    or a number, and `fit` an IndexError for a release missing its groups' totals."""
+    m = AdaptiveMechanism(1024, 1.0)
+    assert m.check_plan(RoundTwo("bins", (99, 1023), groups=None)).groups == ()
+    with pytest.raises(ParameterError, match="groups"):
+        m.check_plan(RoundTwo("bins", (99, 1023), groups=5))
+    plan = m.check_plan(RoundTwo("bins", (99, 103, 1023), "pchip", (99, 1023)))
+    for groups in (None, np.zeros(2)):
+        with pytest.raises(ParameterError, match="split groups"):
+            m.counts(adaptive.AdaptiveRelease(np.zeros(m.bins_one), plan, np.array([5.0, 9.0, 100.0]), None, groups), 200)
+
+
+def test_under_substitution_every_bin_shares_the_excess_of_n_unless_taken_as_empty():
+    """postprocess_with="monotone" (no empty test): the excess of n over the bins' sum is shared by every
+    bin, one counted exactly 0 too, as the linear estimate and the band share it (before split groups a
+    bin of exactly 0 got none: [0, 43.3, 76.7, 100]; review of the change)."""
+    m = AdaptiveMechanism(256, 1.0)
+    plan = m.check_plan(RoundTwo("bins", (63, 127, 191, 255), "linear"))
+    release = adaptive.AdaptiveRelease(np.zeros(m.bins_one), plan, np.array([0.0, 40.0, 30.0, 20.0]))
+    counts = m.counts(release, 100, "monotone")[1]
+    np.testing.assert_allclose(counts[[63, 127, 191, 255]], [2.5, 45.0, 77.5, 100.0])

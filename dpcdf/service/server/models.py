@@ -116,7 +116,9 @@ def _edges(v: list[int]) -> list[int]:
 
 
 class QueryModel(BaseModel):
-    """A query's JSON: the same field names as its plain type (`dpcdf.release.queries`)."""
+    """A query's JSON: the same field names as its plain type (`dpcdf.release.queries`); any other field
+    is refused (400), not ignored: `{"kind": "nodes", "level": 0, "groups": [...]}` is not a bins query."""
+    model_config = ConfigDict(extra="forbid")
 
     def to_query(self) -> plain.Query:
         """The plain query this JSON names."""

@@ -278,6 +278,7 @@ MALFORMED = [
     {"kind": "bins", "round": 2, "ends": [3, 9, 255], "groups": [9, 3, 255]}, {"kind": "bins", "round": 1, "groups": [255]},
     {"kind": "bins", "round": 2, "ends": [3, 255], "groups": [True, 255]}, {"kind": "bins", "round": 2, "ends": [3, 255], "groups": "255"},
     {"kind": "bins", "round": 2, "ends": [3, 255], "groups": [2 ** 64, 255]}, {"kind": "bins", "round": 2, "ends": [3, 255], "groups": [3, 3, 255]},
+    {"kind": "nodes", "level": 0, "groups": [255]}, {"kind": "bins", "round": 1, "extra": 1},  # review: unknown fields refused
     {"kind": "nodes", "level": True}, {"kind": "nodes", "level": -1}, {"kind": "nodes", "level": 2 ** 70},
     {"kind": "groups", "edges": [3]}, {"kind": "prefix", "indices": [255]}, {"kind": "coordinates"},
     [], "bins", 1, None,
