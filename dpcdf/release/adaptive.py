@@ -32,8 +32,8 @@ fits the data is itself a question about the data, answered here by a first DP r
      holds its whole mass, which a sum of its bins' counts carries with each bin's noise; the group's own
      count carries one (5 spikes, 300 paired runs: counts MSE 0.54 to 0.81x version 2's).
 3. The estimate (post-processing): each split group's bins fitted to its total by least squares
-   (`fit`); a histogram's bins (and groups) within `EMPTY_SDS` noise sds of zero taken as empty, the
-   rest conditioned on n (substitution), cumulated, made monotone, and interpolated.
+   (`fit`); a histogram's bins (and groups) within `EMPTY_SDS` noise sds of zero taken as empty (not
+   flat data's equal-width bins), the rest conditioned on n (substitution), cumulated, made monotone, and interpolated.
    Under add/remove from eps `ROOT_EPSILON` (share rule 2) a round-two histogram also counts the whole
    grid with `ROOT_SHARE_TWO` of its budget (`root`), and the kept bins are combined with that count by
    least squares: n is not public, the bins' cumulated noise is a random walk, and past the data's
@@ -352,7 +352,7 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         under substitution) or of the count of n (`root`, add/remove) over the kept bins' sum shared in
         proportion to each unit's variance (a bin's v, a group's u, spread evenly over its bins), over
         their sum plus v_root. `empty`: first a bin, or a split group's total, within `EMPTY_SDS` sds of
-        zero is taken as empty (0, not kept). `noise`: (bins, groups, root) arrays of (draws of) noise
+        zero is taken as empty (0, not kept), unless the plan is flat data's ("linear"). `noise`: (bins, groups, root) arrays of (draws of) noise
         instead of the release's answers, fitted the same linear way with n's excess 0 (the band's)."""
         plan = release.plan
         split, member = self.layout(plan)[1:]

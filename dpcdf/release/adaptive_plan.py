@@ -149,16 +149,18 @@ class RoundOnePlanner:
             if unplaced is not None:
                 runs |= self.unplaced_bins(counts, refined, copies)
             groups = self.split_groups(ends, runs) if self.plan_version >= 3 else ends
-            return RoundTwo("bins", tuple(int(i) for i in ends), "pchip", tuple(int(i) for i in groups) if groups.size < ends.size else ())
+            split = tuple(int(i) for i in groups) if groups.size < ends.size else ()  # () when no run holds two bins
+            return RoundTwo("bins", tuple(int(i) for i in ends), "pchip", split)
         if MASS_BINS[best] > MAX_PLANNED_BINS:
             return RoundTwo("tree")
         return RoundTwo("bins", tuple(int(i) for i in options[best]), "pchip")
 
     def refined_ends(self, counts: np.ndarray, copies: int = 1) -> np.ndarray | None:
         """Bin ends cutting each fine bin that holds a spike into bins of REFINED_WIDTH points (2 in plan
-        version 1, or above NARROW_SDS, GROUPED_NARROW_SDS from version 3; 8 below WIDE_SDS under share rule 2 and add/remove) (None if none does): a fine bin (or a pair of neighbours, for a spike on their edge) whose count exceeds
-        what the coarse bins' PCHIP shape puts there by `FINE_SDS` noise sds and by that shape's count
-        again. Skewed but smooth data (which the shape follows) is not cut; a spike is, wherever it lies."""
+        version 1, or above NARROW_SDS, GROUPED_NARROW_SDS from version 3; 8 below WIDE_SDS under share
+        rule 2 and add/remove) (None if none does): a fine bin (or a pair of neighbours, for a spike on
+        their edge) whose count exceeds what the coarse bins' PCHIP shape puts there by `FINE_SDS` noise
+        sds and by that shape's count again. Skewed but smooth data (which the shape follows) is not cut; a spike is, wherever it lies."""
         kept = self.spike_bins(counts, copies)
         if not kept.any():
             return None
