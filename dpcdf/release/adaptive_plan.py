@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import ParameterError
 from . import postprocess
-from .histogram import bins_noise, equal_width_ends, fill_pchip, linear_energy, mass_ends
+from .histogram import bins_noise, equal_width_ends, fill_pchip, linear_energy, linear_map, mass_ends
 
 ROUND_ONE_BINS = 32  # round one's coarse bins
 MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tree instead
@@ -30,7 +30,8 @@ TREE_SDS = 1e4  # ... and so does one whose largest fine bin holds this many rou
 ISOLATED_SDS = 8.0  # a coarse bin (or pair) this many sds heavy between bins within 2 sds of 0: unplaced mass (`unplaced`)
 FINE_SDS = 4.0  # a fine bin holds a spike when its count is this many noise sds (and twice) above the coarse shape's
 GROUP_SHARE = 0.6  # plan version 3: of a split group's budget, for its total (`split_groups`; its bins get the rest)
-FLAT_BINS = (1, 2, 4, 8, 16, 32, 64, 128)
+POWER_BINS = (1, 2, 4, 8, 16, 32, 64, 128)  # flat data's bin counts before plan version 3
+FLAT_BINS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # ... and since: the error is flat near its least
 MASS_BINS = (8, 16, 32, 64, 128, 256)
 FLAT_LIMIT = 1 + 3 * np.sqrt(5 / (ROUND_ONE_BINS - 1))  # 3 sds of flat_statistic on flat data (Laplace noise: Var(z^2) = 5 sd^4)
 
@@ -85,32 +86,22 @@ class RoundOnePlanner:
         the data's shape at round one's resolution, per grid index: round one's linear estimate's
         squared departure from its interpolation at `ends`, less the exact part its noise explains.
         So a shape round one half-sees still gets bins when a flat design is chosen. `ends` are
-        equal-width (`equal_width_ends`), so they are among round one's ends or include them all
-        (then nothing is missed): the departure is linear between round one's ends, and its sum of
-        squares has a closed form (`linear_energy`): O(bins^2), whatever the grid."""
+        equal-width (`equal_width_ends`): the departure is linear between round one's ends and `ends`
+        together, and its sum of squares has a closed form (`linear_energy`): O(bins^2), whatever the
+        grid (nothing is missed when `ends` include round one's)."""
         one = self.round_one_ends
         if np.isin(one, ends).all():
             return 0.0
-        if not np.isin(ends, one).all():
-            raise ParameterError("missed_structure takes bins whose ends are among round one's or include them")
         k = counts.size
         cum = np.tril(np.ones((k, k)))
         if self.relation == "substitution":  # conditioned on n: the noise enters as (I - 11^T / k) z
             counts = counts + (n - counts.sum()) / k
             cum = cum @ (np.eye(k) - 1.0 / k)
-        at = np.append(-1, one)
-        knots = np.append(-1, ends)
-        lam = np.interp(at, knots, np.arange(knots.size))  # each round-one end's place among `ends`
-        lo = np.minimum(np.floor(lam).astype(np.int64), knots.size - 2)
-        w = lam - lo
-        sel = np.searchsorted(at, knots)  # `ends` as rows of `at`
-        interp = np.zeros((at.size, at.size))
-        interp[np.arange(at.size), sel[lo]] += 1 - w
-        interp[np.arange(at.size), sel[lo + 1]] += w
+        at, knots = np.append(-1, one), np.append(-1, ends)
+        union = np.union1d(at, knots)  # the departure is linear between these
         values = np.vstack([np.zeros((1, k + 1)), np.column_stack([np.cumsum(counts), cum])])  # estimate, then noise
-        miss = values - interp @ values
-        widths = np.diff(at)
-        energy = linear_energy(miss, widths)
+        miss = (linear_map(at, union) - linear_map(knots, union) @ linear_map(at, knots)) @ values
+        energy = linear_energy(miss, np.diff(union))
         return max(0.0, float(energy[0] - self.noise_variance(1, copies) * energy[1:].sum()) / self.size)
 
     def plan(self, round_one: np.ndarray, n: float | None = None, copies: int = 1) -> RoundTwo:
@@ -125,7 +116,8 @@ class RoundOnePlanner:
         total = float(n) if bridge else max(float(counts.sum()), 1.0)
         var = self.noise_variance(2, copies)
         if self.flat_statistic(counts, total, copies) < FLAT_LIMIT:
-            options = [equal_width_ends(self.size, k) for k in FLAT_BINS if k <= self.size // 2]
+            flat = FLAT_BINS if self.plan_version >= 3 else POWER_BINS
+            options = [equal_width_ends(self.size, k) for k in flat if k <= self.size // 2]
             risks = [total / (6 * e.size) + self.missed_structure(counts[:ROUND_ONE_BINS], total, e, copies)
                      + bins_noise(e, self.size, var, bridge) for e in options]
             return RoundTwo("bins", tuple(int(i) for i in options[int(np.argmin(risks))]), "linear")

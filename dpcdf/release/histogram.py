@@ -66,6 +66,18 @@ def mass_ends(estimate: np.ndarray, total: float, bins: int, uniform: float = UN
     return np.unique(np.append(ends[ends < size - 1], size - 1))
 
 
+def linear_map(x_from: np.ndarray, x_to: np.ndarray) -> np.ndarray:
+    """The matrix taking values at the increasing points `x_from` to their linear interpolation at `x_to`
+    (points within [x_from[0], x_from[-1]])."""
+    lam = np.interp(x_to, x_from, np.arange(x_from.size, dtype=np.float64))
+    lo = np.minimum(np.floor(lam).astype(np.int64), x_from.size - 2)
+    out = np.zeros((np.size(x_to), x_from.size))
+    rows = np.arange(np.size(x_to))
+    out[rows, lo] += 1 - (lam - lo)
+    out[rows, lo + 1] += lam - lo
+    return out
+
+
 def linear_energy(values: np.ndarray, widths: np.ndarray) -> np.ndarray:
     """Sum over grid indices of the squares of functions linear between knots: `values` (knots x m)
     at the knots, the first at index -1; `widths` the knots' gaps. Per segment of width L from a to b,

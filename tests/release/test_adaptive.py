@@ -472,13 +472,13 @@ def test_a_release_is_reproducible_from_a_prf_and_post_processing_is_free():
 
 @pytest.mark.parametrize("size,relation", [(256, "substitution"), (300, "substitution"), (1000, "add-remove")])
 def test_missed_structure_closed_form_equals_the_sum_over_the_grid(size, relation):
-    """`missed_structure` sums squares of functions linear between round one's ends in closed form
-    (O(bins^2), whatever the grid); the same sums over every grid index, densely."""
+    """`missed_structure` sums squares of functions linear between round one's ends and the bins' in closed
+    form (O(bins^2), whatever the grid); the same sums over every grid index, densely."""
     mech = AdaptiveMechanism(size, 0.7, relation)
     rng = np.random.default_rng(size)  # the test's input only
     counts = rng.integers(-50, 400, adaptive.ROUND_ONE_BINS).astype(np.float64)
     n = float(counts.sum() + 17)
-    for k in (1, 2, 4, 8, 16, 32, 64):
+    for k in (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96):  # plan version 3's counts too: ends among round one's or not
         ends = equal_width_ends(size, k)
         c, cum = counts.copy(), np.tril(np.ones((32, 32)))
         if relation == "substitution":
@@ -823,3 +823,14 @@ def test_under_substitution_every_bin_shares_the_excess_of_n_unless_taken_as_emp
     release = adaptive.AdaptiveRelease(np.zeros(m.bins_one), plan, np.array([0.0, 40.0, 30.0, 20.0]))
     counts = m.counts(release, 100, "monotone")[1]
     np.testing.assert_allclose(counts[[63, 127, 191, 255]], [2.5, 45.0, 77.5, 100.0])
+
+
+def test_plan_version_3_chooses_flat_datas_bin_count_among_more_than_powers_of_two():
+    """Flat data at n = 5,000 on 2^10, eps 1 (round one noiseless here): the expected error is flat near
+    its least (16 bins 82.9, 24 bins 82.0, 32 bins 89.8), so version 3 takes 24 bins where version 2's
+    powers of two gave 16; the confidence band, which must span a bin's whole rise, narrows with it
+    (docs/accuracy.md). A task of version 2 keeps its 16."""
+    new, old = AdaptiveMechanism(1024, 1.0), AdaptiveMechanism(1024, 1.0, plan_version=2)
+    counts = np.concatenate([np.full(32, 5000 / 32), np.full(new.fine_ends.size, 5000 / new.fine_ends.size)])
+    assert len(new.plan(counts, 5000).ends) == 24 and len(old.plan(counts, 5000).ends) == 16
+    assert new.plan(counts, 5000).fill == "linear"
