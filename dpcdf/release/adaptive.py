@@ -15,7 +15,7 @@ fits the data is itself a question about the data, answered here by a first DP r
 2. From them alone (post-processing), `AdaptiveMechanism.plan` picks round two's design, which spends
    the rest of epsilon (`RoundTwo`):
    - when the bins' spread is what sampling and noise explain ("flat", `flat_statistic`): K
-     equal-width bins, K minimising the expected error, sampling n / (6K) plus the noise
+     equal-width bins, K (`FLAT_BINS`) minimising the expected error, sampling n / (6K) plus the noise
      (`bins_noise`), linear in between;
    - otherwise K bins at equal mass of round one's monotone cubic (PCHIP) estimate, mixed with a
      uniform share `UNIFORM_SHARE` (so a part round one missed still gets bins), K again minimising the
