@@ -304,13 +304,13 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
             raise ParameterError(f"round two has {k + split + self.root} finite bin counts of one ECDF, got shape {two.shape}")
         return AdaptiveRelease(one, plan, two[:k], float(two[-1]) if self.root else None, two[k:k + split] if split else None)
 
-    def round_two_parts(self, plan: RoundTwo) -> list[tuple[np.ndarray, np.ndarray | None]]:
+    def round_two_parts(self, plan: RoundTwo) -> list[tuple[np.ndarray, np.ndarray | slice]]:
         """What round two's histogram counts (a server's answer, one after another), as (a partition's
-        ends, which of its bins; None: all): its bins, its split groups (plan version 3), then (`root`)
-        the whole grid."""
+        ends, an index of the bins it answers): its bins, its split groups (plan version 3), then
+        (`root`) the whole grid."""
         groups, split, _ = self.layout(plan)
-        parts = [(np.asarray(plan.ends, np.int64), None)] + ([(groups, np.flatnonzero(split))] if split.any() else [])
-        return parts + [(np.array([self.size - 1], np.int64), None)] * self.root
+        parts = [(np.asarray(plan.ends, np.int64), slice(None))] + ([(groups, np.flatnonzero(split))] if split.any() else [])
+        return parts + [(np.array([self.size - 1], np.int64), slice(None))] * self.root
 
     def noisy(self, prefix: np.ndarray, noise: NoiseFn, copies: int = 1) -> AdaptiveRelease:
         """The central release of exact prefix counts with `noise` (which adds `copies` noises to each
@@ -321,8 +321,7 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
             if round_ == 1:
                 return part_counts(prefix[ends], ends) + self.bin_noise(1, len(ends), noise)
             plan = RoundTwo("bins", tuple(int(e) for e in ends), groups=tuple(int(e) for e in groups))
-            counts = np.concatenate([part_counts(prefix[e], e)[s if s is not None else slice(None)]
-                                     for e, s in self.round_two_parts(plan)])
+            counts = np.concatenate([part_counts(prefix[e], e)[s] for e, s in self.round_two_parts(plan)])
             return counts + self.bin_noise(2, counts.size, noise, plan)
 
         return self.gather(None, self.tree.central_nodes(prefix, noise), None, bins_at, int(prefix[-1]), copies)

@@ -152,11 +152,11 @@ class Aggregator:
             raise ParameterError("bins are released by adaptive count tasks only")
         plan = None
         if round_ == 1:  # its partitions one after another (coarse, then fine: `AdaptiveMechanism.round_one_parts`)
-            parts = [(e, None) for e in mech.round_one_parts]
+            parts = [(e, slice(None)) for e in mech.round_one_parts]
         else:
             plan = mech.check_plan(RoundTwo("bins", tuple(ends), groups=tuple(groups)))
             parts = mech.round_two_parts(plan)
-        counts = np.concatenate([self._interval_shares(shards, e)[:, 0][slice(None) if s is None else s] for e, s in parts])
+        counts = np.concatenate([self._interval_shares(shards, e)[s, 0] for e, s in parts])
         return self._plus(counts, mech.bin_noise(round_, counts.size, self.noise_fn(0), plan))
 
     def _interval_shares(self, shards: list[KeyBatch], ends: np.ndarray) -> np.ndarray:
