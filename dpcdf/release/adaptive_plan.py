@@ -10,7 +10,7 @@ import numpy as np
 
 from ..errors import ParameterError
 from . import postprocess
-from .histogram import bins_noise, equal_width_ends, fill_pchip, linear_energy, linear_map, mass_ends
+from .histogram import bins_noise, equal_width_ends, fill_pchip, graded_ends, linear_energy, linear_map, mass_ends
 
 ROUND_ONE_BINS = 32  # round one's coarse bins
 MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tree instead
@@ -29,6 +29,10 @@ TREE_SDS = 1e4  # ... and so does one whose largest fine bin holds this many rou
 # bins' interpolation error grows with the square of their counts: 5 spikes of 2 10^5 values, sd 2, on 2^12)
 ISOLATED_SDS = 8.0  # a coarse bin (or pair) this many sds heavy between bins within 2 sds of 0: unplaced mass (`unplaced`)
 FINE_SDS = 4.0  # a fine bin holds a spike when its count is this many noise sds (and twice) above the coarse shape's
+GRADE = 3.0  # plan version 4: a mass plan's bins at most about this many times as wide as a neighbour (`graded_ends`;
+# skewed data, 100 paired runs, eps 0.1, 0.5, 1: counts MSE add/remove 0.83, 0.92, 0.93, substitution 0.49, 0.81, 1.00,
+# quantile error at eps 0.1 3.09 -> 1.51 and 3.55 -> 2.30; ratio 2 cost lognormal data 1.11x at eps 0.1; grading
+# the spikes' plans too cost skewed data 1.22x and five spikes 1.34x in some cells, 60 paired runs)
 GROUP_SHARE = 0.6  # plan version 3: of a split group's budget, for its total (`split_groups`; its bins get the rest)
 POWER_BINS = (1, 2, 4, 8, 16, 32, 64, 128)  # flat data's bin counts before plan version 3
 FLAT_BINS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # ... and since: the error is flat near its least
@@ -130,7 +134,10 @@ class RoundOnePlanner:
         histogram = refined is not None or MASS_BINS[best] <= MAX_PLANNED_BINS  # else the tree, below
         unplaced = self.unplaced(counts, refined, copies) if self.fine and self.plan_version >= 2 and histogram else None
         if refined is not None or unplaced is not None:  # a spike: the histogram, cut finely where round one sees it
-            base = options[min(best, MASS_BINS.index(MAX_PLANNED_BINS))] if unplaced is None else self.round_one_ends
+            base = options[min(best, MASS_BINS.index(MAX_PLANNED_BINS))]
+            if unplaced is not None:  # round one's coarse ends around mass it cannot place (version 4: and the
+                # mass plan's elsewhere, `busy_ends`)
+                base = self.round_one_ends if self.plan_version < 4 else self.busy_ends(counts, base, unplaced, copies)
             ends = functools.reduce(np.union1d, [e for e in (base, refined, unplaced) if e is not None])
             crowded = counts[ROUND_ONE_BINS:].max() > TREE_SDS * np.sqrt(var)  # a small bin's interpolation would cost more
             if ends.size > MAX_REFINED_BINS or crowded:
@@ -145,7 +152,8 @@ class RoundOnePlanner:
             return RoundTwo("bins", tuple(int(i) for i in ends), "pchip", split)
         if MASS_BINS[best] > MAX_PLANNED_BINS:
             return RoundTwo("tree")
-        return RoundTwo("bins", tuple(int(i) for i in options[best]), "pchip")
+        ends = graded_ends(options[best], GRADE) if self.plan_version >= 4 else options[best]
+        return RoundTwo("bins", tuple(int(i) for i in ends), "pchip")
 
     def refined_ends(self, counts: np.ndarray, copies: int = 1) -> np.ndarray | None:
         """Bin ends cutting each fine bin that holds a spike into bins of REFINED_WIDTH points (2 in plan
@@ -207,6 +215,16 @@ class RoundOnePlanner:
                         and empty[j + 1 + width] and not cut[j:j + width].any():
                     found[j:j + width] = True
         return found[np.searchsorted(self.round_one_ends, self.fine_ends)]  # each fine bin's coarse bin's
+
+    def busy_ends(self, counts: np.ndarray, mass: np.ndarray, unplaced: np.ndarray, copies: int = 1) -> np.ndarray:
+        """Plan version 4, where round one finds mass it cannot place (`unplaced`): round one's coarse ends,
+        and the mass plan's ends `mass` inside every other coarse bin that holds mass (not within 2 sds of
+        zero). Version 3 kept the coarse ends alone, which spread the spikes the 8-sd test for unplaced
+        mass missed (five spikes of 1,000 values at eps 0.1 under substitution, 100 paired runs: counts
+        MSE 0.47x; at n = 10^3 and eps 0.5, 0.43x; every other cell measured 0.93 to 1.02x)."""
+        coarse, var = self.coarse_counts(counts, copies)
+        busy = (coarse >= 2 * np.sqrt(var)) & ~np.isin(self.round_one_ends, unplaced)  # a cut coarse bin's end is a fine end
+        return np.union1d(self.round_one_ends, mass[busy[np.searchsorted(self.round_one_ends, mass)]])
 
     def split_groups(self, ends: np.ndarray, runs: np.ndarray) -> np.ndarray:
         """Plan version 3: `ends` less those inside a run of the fine bins `runs` marks (cut as a spike,

@@ -1,7 +1,9 @@
 """Histograms over a partition of the grid, as the adaptive release measures them (`dpcdf.release.adaptive`):
 equal-width and equal-mass bin ends, bin counts from prefix counts, the prefix counts filled in between
-the bins' ends (linear or monotone cubic), and the exact noise of a cumulated histogram."""
+the bins' ends (linear or monotone cubic), the exact noise of a cumulated histogram, and graded bin widths."""
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -85,3 +87,23 @@ def linear_energy(values: np.ndarray, widths: np.ndarray) -> np.ndarray:
     a, b = values[:-1], values[1:]
     d, L = b - a, widths[:, None].astype(np.float64)
     return (L * a**2 + a * d * (L + 1) + d**2 * (L + 1) * (2 * L + 1) / (6 * L)).sum(axis=0)
+
+
+def graded_ends(ends: np.ndarray, ratio: float) -> np.ndarray:
+    """`ends` with each bin more than `ratio` times as wide as its neighbour cut into pieces growing by
+    `ratio` away from it (left to right, then right to left; the last piece of a cut bin takes the
+    rest, so it is at most 2 `ratio` times its neighbour). Bins at equal mass of an estimate that
+    cannot see a tail (round one's noise hides its few values) end in one wide bin spreading the tail
+    over the empty grid beyond it; graded widths keep the tail's bins near the mass."""
+    out = np.asarray(ends, np.int64)
+    for _ in range(2):
+        widths = np.diff(np.append(-1, out)).tolist()
+        graded = [widths[0]]
+        for w in widths[1:]:
+            while w >= 2 * math.ceil(ratio * graded[-1]):
+                piece = math.ceil(ratio * graded[-1])
+                graded.append(piece)
+                w -= piece
+            graded.append(w)
+        out = np.cumsum(graded[::-1]) - 1  # mirrored: the second pass grades from the right
+    return out.astype(np.int64)
