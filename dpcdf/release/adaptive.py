@@ -87,17 +87,16 @@ FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
 MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
 PLAN_VERSION = 4  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
+EMPTY_SDS = 4.0  # a round-two bin of a non-flat plan within this many noise sds of zero is taken as empty (flat data's
+# equal-width bins never are); 2 before: an empty bin's noise passed 2 sds in 6% of bins and then entered every later prefix
+# (measurements in docs/accuracy.md, "Split groups")
+RUN_SDS = 3.0  # ... unless it lies in a run of such bins whose sum is this many sds from zero: a long thin tail's bins,
+# each within EMPTY_SDS, were zeroed (3,000 lognormal values on 2^10, 40 paired runs, counts MSE at eps 0.5, 1: 0.22, 0.23
+# under substitution, 0.75, 0.89 under add/remove; two normals 0.76, 0.91; five spikes and skewed data 0.97 to 1.01 in 120 runs)
 INNER_SDS = 3.0  # ... and a split group's bin within this many sds of zero, unless all are: a spike's empty bins
 # carried noise into its total's fit (the estimate of the group's mass from its bins' sum and its own count); five spikes,
 # 100 paired runs, counts MSE at eps 0.1, 0.5, 1: add/remove 0.79, 0.96, 0.68, substitution 0.98, 0.91, 0.82; at n = 10^4
 # 0.98, 0.76, 0.67 and 0.73, 0.82, 0.67; skewed and paper data 1.00 to 1.02 (4 sds: 1.09x on five spikes at eps 0.5)
-EMPTY_SDS = 4.0  # a round-two bin of a non-flat plan within this many noise sds of zero is taken as empty (flat data's
-# equal-width bins never are: at eps 0.1 under substitution 32 such bins hold about 95 values, 3 sds; at 2 sds a few were
-# zeroed and cost up to 10x, at 4 sds most; 200 runs on the paper's data at eps 0.1, the same PRF keys: counts MSE 978 not
-# taking them, 1,578 at 2 sds, 25,243 at 4 under substitution; 878 against 928 under add/remove). 2 before: an empty
-# bin's Laplace noise passes 2 sds in 6% of bins, then adds about 8 bins' variance to every prefix past it; 150 paired runs,
-# counts MSE at eps 0.1, 0.5, 1: 5 spikes add/remove 0.66, 0.70, 0.78, substitution 0.91, 0.78, 0.74; skewed add/remove
-# 0.98, 0.96, 0.87, substitution 0.74, 0.48, 0.44; paper 0.98 to 1.00; 6 sds cost the skewed set up to 1.9x at eps 0.1)
 ROUND_ONE_IDS, ROUND_TWO_IDS = 1 << 40, 1 << 41  # noise ids of the rounds' bins: a tree node's id is its index
 # below 2^40 at level 0 (grids are smaller) and at least 2^56 above (`tree.LEVEL_SHIFT`), so none is a bin's
 
@@ -357,8 +356,9 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         under substitution) or of the count of n (`root`, add/remove) over the kept bins' sum shared in
         proportion to each unit's variance (a bin's v, a group's u, spread evenly over its bins), over
         their sum plus v_root. `empty`: first a split group's bin within `INNER_SDS` sds of zero (unless all
-        are) is taken as empty (0, not kept; the group's total is fitted to its other bins), then a bin,
-        or a split group's total, within `EMPTY_SDS` sds, unless the plan is flat data's ("linear"). `noise`: (bins, groups, root) arrays of (draws of) noise
+        are) is taken as empty (0, not kept; the group's total is fitted to its other bins), then a bin
+        within `EMPTY_SDS` sds (unless its run of such bins sums to `RUN_SDS` sds), or a split group's
+        total, unless the plan is flat data's ("linear"). `noise`: (bins, groups, root) arrays of (draws of) noise
         instead of the release's answers, fitted the same linear way with n's excess 0 (the band's)."""
         plan = release.plan
         split, member = self.layout(plan)[1:]
@@ -384,6 +384,9 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
                 kept[at] = np.abs(bins[at].sum(axis=0)) > EMPTY_SDS * np.sqrt(u)
         if empty:
             kept[member < 0] = np.abs(bins[member < 0]) > EMPTY_SDS * np.sqrt(v)
+            quiet = np.diff(np.concatenate([[0], ((member < 0) & ~kept).astype(np.int8), [0]]))
+            for a, b in zip(np.flatnonzero(quiet == 1), np.flatnonzero(quiet == -1)):  # each run of such bins
+                kept[a:b] = abs(bins[a:b].sum()) > RUN_SDS * np.sqrt(v * (b - a))  # a thin tail is not empty
             bins = np.where(kept, bins, 0.0)
         target = (n if noise is None else 0.0) if self.relation == "substitution" else root if self.root else None
         if target is not None and kept.any():

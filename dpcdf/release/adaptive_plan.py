@@ -14,6 +14,9 @@ from .histogram import bins_noise, equal_width_ends, fill_pchip, graded_ends, li
 
 ROUND_ONE_BINS = 32  # round one's coarse bins
 MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tree instead
+GRADED_PLANNED_BINS = 64  # ... from plan version 4 (smooth data at eps 1 under add/remove got the tree: 3,000 values,
+# normal, two normals, uniform on a third of 2^10, 40 paired runs, counts MSE 0.50, 0.64, 0.72; lognormal 0.76 with the
+# empty test on runs of bins, `adaptive.RUN_SDS`, 1.29 without it; no cell worse)
 REFINED_WIDTH = 4  # round two's bins inside a fine bin that holds a spike (`refined_ends`; 2-point bins sum each spike's
 # mass from twice the noises: 5 spikes, 200 paired runs, eps 0.5/1, MSE 633/152 -> 393/99 (substitution), 449/104 -> 314/76)
 NARROW_SDS = 1000.0  # ... but 2-point bins in a fine bin holding more round-two noise sds than this (a 4-point
@@ -131,10 +134,11 @@ class RoundOnePlanner:
                  + bins_noise(e, self.size, var, bridge) for e in options]
         best = int(np.argmin(risks))
         refined = self.refined_ends(counts, copies) if self.fine else None
-        histogram = refined is not None or MASS_BINS[best] <= MAX_PLANNED_BINS  # else the tree, below
+        planned = MAX_PLANNED_BINS if self.plan_version < 4 else GRADED_PLANNED_BINS
+        histogram = refined is not None or MASS_BINS[best] <= planned  # else the tree, below
         unplaced = self.unplaced(counts, refined, copies) if self.fine and self.plan_version >= 2 and histogram else None
         if refined is not None or unplaced is not None:  # a spike: the histogram, cut finely where round one sees it
-            base = options[min(best, MASS_BINS.index(MAX_PLANNED_BINS))]
+            base = options[min(best, MASS_BINS.index(planned))]
             if unplaced is not None:  # round one's coarse ends around mass it cannot place (version 4: and the
                 # mass plan's elsewhere, `busy_ends`)
                 base = self.round_one_ends if self.plan_version < 4 else self.busy_ends(counts, base, unplaced, copies)
@@ -150,7 +154,7 @@ class RoundOnePlanner:
             groups = self.split_groups(ends, runs) if self.plan_version >= 3 else ends
             split = tuple(int(i) for i in groups) if groups.size < ends.size else ()  # () when no run holds two bins
             return RoundTwo("bins", tuple(int(i) for i in ends), "pchip", split)
-        if MASS_BINS[best] > MAX_PLANNED_BINS:
+        if not histogram:
             return RoundTwo("tree")
         ends = graded_ends(options[best], GRADE) if self.plan_version >= 4 else options[best]
         return RoundTwo("bins", tuple(int(i) for i in ends), "pchip")
