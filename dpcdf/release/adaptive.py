@@ -90,8 +90,8 @@ PLAN_VERSION = 4  # the plan's rules (`AdaptiveMechanism.plan_version`; a task p
 EMPTY_SDS = 4.0  # a round-two bin of a non-flat plan within this many noise sds of zero is taken as empty (flat data's
 # equal-width bins never are); 2 before: an empty bin's noise passed 2 sds in 6% of bins and then entered every later prefix
 # (measurements in docs/accuracy.md, "Split groups")
-RUN_SDS = 3.0  # ... unless it lies in a run of such bins whose sum is this many sds from zero: a long thin tail's bins,
-# each within EMPTY_SDS, were zeroed (3,000 lognormal values on 2^10, 40 paired runs, counts MSE at eps 0.5, 1: 0.22, 0.23
+RUN_SDS = 3.0  # ... unless its run of such bins (it alone, between kept bins) sums to this many sds above zero: a long
+# thin tail's bins, each within EMPTY_SDS, were zeroed (3,000 lognormal values on 2^10, 40 paired runs, counts MSE at eps 0.5, 1: 0.22, 0.23
 # under substitution, 0.75, 0.89 under add/remove; two normals 0.76, 0.91; five spikes and skewed data 0.97 to 1.01 in 120 runs)
 INNER_SDS = 3.0  # ... and a split group's bin within this many sds of zero, unless all are: a spike's empty bins
 # carried noise into its total's fit (the estimate of the group's mass from its bins' sum and its own count); five spikes,
@@ -357,14 +357,14 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         proportion to each unit's variance (a bin's v, a group's u, spread evenly over its bins), over
         their sum plus v_root. `empty`: first a split group's bin within `INNER_SDS` sds of zero (unless all
         are) is taken as empty (0, not kept; the group's total is fitted to its other bins), then a bin
-        within `EMPTY_SDS` sds (unless its run of such bins sums to `RUN_SDS` sds), or a split group's
+        within `EMPTY_SDS` sds (unless its run of such bins sums to `RUN_SDS` sds above 0), or a split group's
         total, unless the plan is flat data's ("linear"). `noise`: (bins, groups, root) arrays of (draws of) noise
         instead of the release's answers, fitted the same linear way with n's excess 0 (the band's)."""
         plan = release.plan
         split, member = self.layout(plan)[1:]
         bins, groups, root = (release.round_two, release.groups, release.root) if noise is None else noise
         bins = np.array(bins, dtype=np.float64)
-        empty = empty and plan.fill != "linear"  # flat data's equal-width bins: none is empty (`EMPTY_SDS`)
+        empty = empty and plan.fill != "linear" and noise is None  # flat data's equal-width bins: none is empty (`EMPTY_SDS`)
         if split.any() and (groups is None or np.shape(groups)[:1] != (int(split.sum()),)):
             raise ParameterError(f"round two's plan has {int(split.sum())} split groups, whose totals the release must carry")
         v, v_in, v_group = (copies * dlaplace_variance(t) if t is not None else np.nan
@@ -386,7 +386,7 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
             kept[member < 0] = np.abs(bins[member < 0]) > EMPTY_SDS * np.sqrt(v)
             quiet = np.diff(np.concatenate([[0], ((member < 0) & ~kept).astype(np.int8), [0]]))
             for a, b in zip(np.flatnonzero(quiet == 1), np.flatnonzero(quiet == -1)):  # each run of such bins
-                kept[a:b] = abs(bins[a:b].sum()) > RUN_SDS * np.sqrt(v * (b - a))  # a thin tail is not empty
+                kept[a:b] = bins[a:b].sum() > RUN_SDS * np.sqrt(v * (b - a))  # a thin tail, not empty
             bins = np.where(kept, bins, 0.0)
         target = (n if noise is None else 0.0) if self.relation == "substitution" else root if self.root else None
         if target is not None and kept.any():

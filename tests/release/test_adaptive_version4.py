@@ -61,11 +61,11 @@ def test_version_4_grades_a_mass_plan_and_places_a_skewed_tails_quantiles_better
             quantiles = finish_release(grid, m, released, data.size).quantile(ps)
             errors[m.plan_version].append(np.mean(np.abs(grid.index(quantiles) - truth)))
         plan, before = new.plan(released.round_one), old.plan(released.round_one)
-        if plan.design == "bins" and plan.ends != before.ends:  # a mass plan (the others are not graded)
-            assert set(before.ends) < set(plan.ends) and not plan.groups
+        if plan.design == before.design == "bins" and not plan.groups and plan.ends != before.ends:  # graded mass plans
+            assert set(before.ends) < set(plan.ends)
             widths = [np.diff(np.append(-1, ends)) for ends in (plan.ends, before.ends)]
             ratio = [max(np.max(w[1:] / w[:-1]), np.max(w[:-1] / w[1:])) for w in widths]
-            assert ratio[0] < 2 * GRADE < ratio[1]
+            assert ratio[0] < 2 * GRADE <= ratio[1]  # integer widths: b < 2 ceil(3 a) = 6 a
             ungraded += 1
     assert ungraded >= 8 and np.mean(errors[4]) < 0.8 * np.mean(errors[3])
 
@@ -122,7 +122,8 @@ def test_a_run_of_small_bins_summing_far_from_zero_is_a_tail_not_empty():
     """A long thin tail: bins each within EMPTY_SDS noise sds of zero, but together far from it (a
     lognormal's upper tail over many bins). The estimate zeroed each and lost the tail's mass (under
     substitution the excess of n was then spread over every kept bin); a run of such bins summing to
-    RUN_SDS sds is kept whole, while a run of pure noise is still taken as empty whole."""
+    RUN_SDS sds above zero is kept whole (a bin alone between kept ones too, at RUN_SDS, not EMPTY_SDS),
+    while a run of pure noise, or one summing below zero, is still taken as empty whole."""
     m = AdaptiveMechanism(1024, 1.0, "add-remove")
     plan = m.check_plan(RoundTwo("bins", tuple(range(63, 1024, 64)), "pchip"))
     sd = math.sqrt(dlaplace_variance(m.scale_two))
@@ -133,6 +134,10 @@ def test_a_run_of_small_bins_summing_far_from_zero_is_a_tail_not_empty():
     bins, kept = m.fit(adaptive.AdaptiveRelease(np.zeros(m.bins_one), plan, noise), empty=True)
     assert kept[:2].all() and not kept[2:].any() and bins[2:].sum() == 0.0
     assert not m.fit(adaptive.AdaptiveRelease(np.zeros(m.bins_one), plan, tail * 0.8), empty=True)[1][2:].any()  # 2.99 sds
+    below = np.concatenate([tail[:2], -tail[2:]])  # a run summing far below zero is noise, not a tail
+    assert not m.fit(adaptive.AdaptiveRelease(np.zeros(m.bins_one), plan, below), empty=True)[1][2:].any()
+    lone = np.array([900.0, 3.5 * sd, 400.0] + [0.0] * 13)  # one bin between kept ones: its run is itself
+    assert m.fit(adaptive.AdaptiveRelease(np.zeros(m.bins_one), plan, lone), empty=True)[1][:3].all()
 
 
 def test_version_4_plans_up_to_64_bins_at_equal_mass_before_the_tree():
@@ -140,8 +145,6 @@ def test_version_4_plans_up_to_64_bins_at_equal_mass_before_the_tree():
     on 2^10), the same PRF noise for both versions: version 3 measured the whole tree in most releases,
     version 4 a histogram of up to GRADED_PLANNED_BINS bins at equal mass (40 paired runs: counts MSE
     0.50x; two normals 0.64x)."""
-    from dpcdf.release.adaptive_plan import GRADED_PLANNED_BINS
-
     data = np.clip(np.rint(np.random.default_rng(11).normal(512, 60, 3000)), 0, 1023).astype(np.int64)
     prefix = prefix_counts(data, Grid.integers(1024))
     new, old = (AdaptiveMechanism(1024, 1.0, "add-remove", plan_version=v) for v in (4, 3))
@@ -152,4 +155,44 @@ def test_version_4_plans_up_to_64_bins_at_equal_mass_before_the_tree():
         trees += old.plan(one).design == "tree"
         assert plan.design == "bins"
         sizes.append(len(plan.ends))
-    assert trees >= 10 and 32 < max(sizes) <= 2 * GRADED_PLANNED_BINS
+    assert trees >= 10 and max(sizes) > 32
+
+
+def narrow_spikes(n: int = 3000) -> np.ndarray:
+    """Five spikes of sd 2 grid points at random places on 2^10 (the data only)."""
+    rng = np.random.default_rng(3)
+    centres = rng.uniform(50, 970, 5)
+    return np.clip(np.rint(rng.normal(centres[rng.integers(0, 5, n)], 2)), 0, 1023).astype(np.int64)
+
+
+def test_version_4_cuts_heavy_fine_bins_of_unplaced_mass_like_spikes():
+    """On 2^10 a coarse bin holds two fine ones, so a spike filling one is never twice the coarse shape's
+    count there and only the test for unplaced mass found it: version 3 gave it a 16-point bin, version 4
+    cuts each such fine bin holding FINE_SDS sds as a spike (40 paired runs, counts MSE at eps 0.5 and 1:
+    0.29x and 0.09x under add/remove, 0.24x and 0.15x under substitution). Round one here: the noiseless
+    counts of five narrow spikes, eps 0.5, substitution."""
+    data = narrow_spikes()
+    prefix = prefix_counts(data, Grid.integers(1024))
+    new, old = (AdaptiveMechanism(1024, 0.5, plan_version=v) for v in (4, 3))
+    exact = np.concatenate([np.diff(np.append(0, prefix[e])) for e in new.round_one_parts]).astype(np.float64)
+    assert new.refined_ends(exact) is None and new.unplaced(exact, None) is not None
+    plan, before = new.plan(exact, data.size), old.plan(exact, data.size)
+    assert plan.design == before.design == "bins"
+    def width_of_each_value(ends):
+        return np.diff(np.append(-1, ends))[np.searchsorted(ends, data)]
+
+    assert np.mean(width_of_each_value(plan.ends) <= 8) > 0.9 and np.all(width_of_each_value(before.ends) >= 16)
+    assert set(before.ends) <= set(plan.ends) and plan.groups
+
+
+def test_version_4_keeps_the_tree_where_unplaced_mass_would_need_more_than_32_bins():
+    """Review of version 4: with 64 bins allowed, mass round one cannot place (and no spike) turned plans
+    of the tree into histograms cut at 16-point bins around narrow spikes (eps 1, add/remove: counts MSE
+    1,536 to 1,641 against the tree's 99 to 246 with the same PRF keys); version 4 keeps version 3's
+    tree there."""
+    prefix = prefix_counts(narrow_spikes(), Grid.integers(1024))
+    new, old = (AdaptiveMechanism(1024, 1.0, "add-remove", plan_version=v) for v in (4, 3))
+    for run in (0, 21, 25, 30, 35):
+        one = new.noisy(prefix, lambda ids, scale: prf_noise(bytes([run]) * 16, ids, scale)).round_one
+        assert new.refined_ends(one) is None and new.unplaced(one, None) is not None
+        assert new.plan(one).design == old.plan(one).design == "tree"

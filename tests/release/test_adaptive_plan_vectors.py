@@ -1,0 +1,35 @@
+"""Round two's design does not drift within a plan version: tests/vectors/adaptive_plans_v1.json pins
+the plan of every version for fixed round-one answers (eight data shapes, three epsilons, both
+relations; written by `tests/vectors/generate_adaptive_plans.py`, its versions 1 to 3 checked against
+the code before version 4). A server fixes a task's design the first time it is asked and the analyst
+plans with the rules the task pinned, so a silent change here would make them disagree (403)."""
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+import numpy as np
+import pytest
+
+from dpcdf.release.adaptive import AdaptiveMechanism
+
+VECTORS = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "adaptive_plans_v1.json").read_text())
+CASES = VECTORS["cases"]
+
+
+def test_the_vectors_cover_every_version_shape_and_design():
+    assert {v for c in CASES for v in c["plans"]} == {"1", "2", "3", "4"}
+    assert len({c["shape"] for c in CASES}) == 8 and {c["relation"] for c in CASES} == {"substitution", "add-remove"}
+    designs = {(v, p["design"], p["fill"], bool(p["groups"])) for c in CASES for v, p in c["plans"].items()}
+    assert {("4", "bins", "pchip", True), ("4", "bins", "linear", False), ("4", "bins", "pchip", False),
+            ("3", "tree", "linear", False), ("4", "tree", "linear", False)} <= designs
+    assert any(c["plans"]["4"] != c["plans"]["3"] for c in CASES) and any(c["plans"]["2"] != c["plans"]["1"] for c in CASES)
+
+
+@pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['shape']}-{c['relation']}-{c['epsilon']}")
+def test_every_versions_plan_is_what_it_was(case):
+    one = np.array(case["round_one"], np.float64)
+    for version, want in case["plans"].items():
+        plan = AdaptiveMechanism(case["size"], case["epsilon"], case["relation"], plan_version=int(version)).plan(one, case["n"])
+        got = {"design": plan.design, "ends": list(plan.ends), "fill": plan.fill, "groups": list(plan.groups)}
+        assert got == want, f"version {version}"

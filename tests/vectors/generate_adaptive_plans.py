@@ -1,0 +1,72 @@
+"""Writes adaptive_plans_v1.json: round two's design (`AdaptiveMechanism.plan`) for fixed round-one
+answers, under every plan version. A server fixes a task's round-two design the first time it is
+asked, and the analyst plans it from round one with the rules the task pinned (`TaskConfig.adaptive_plan`),
+so a change of the rules of an existing version would make the analyst's plan differ from the one a
+server fixed (403) or change what a task releases: `tests/release/test_adaptive_plan_vectors.py`
+replans every case and compares. Round one's answers are a central release's (`AdaptiveMechanism.noisy`)
+under a fixed PRF key, on eight data shapes, at eps 0.1, 0.5 and 1, under both relations. When this
+file was written (plan version 4), the version 1 to 3 plans were also computed by the code before
+version 4 (commit 31b8915) and were identical. Regenerate only to add a version (bump the file's).
+
+    python tests/vectors/generate_adaptive_plans.py
+"""
+from __future__ import annotations
+
+import hashlib
+import json
+from pathlib import Path
+
+import numpy as np
+
+from dpcdf import Grid, prefix_counts
+from dpcdf.release.adaptive import AdaptiveMechanism
+from dpcdf.release.noise import prf_noise
+
+OUT = Path(__file__).with_name("adaptive_plans_v1.json")
+KEY = hashlib.sha256(b"fss-dpcdf adaptive plan vector key").digest()[:16]
+VERSIONS = (1, 2, 3, 4)
+
+
+def shapes() -> dict[str, tuple[np.ndarray, int]]:
+    """Values and grid size per shape (the data only: numpy's generator, fixed seeds)."""
+    rng = np.random.default_rng(2026)
+
+    def spikes(centres, n, sd, size):
+        centres = np.asarray(centres, np.float64)
+        return np.clip(np.rint(rng.normal(centres[rng.integers(0, centres.size, n)], sd)), 0, size - 1).astype(np.int64)
+
+    return {
+        "paper": (np.repeat(np.arange(1024), rng.poisson(3, 1024)), 1024),
+        "skewed": (np.minimum(rng.exponential(25, 3000).astype(np.int64), 1023), 1024),
+        "normal": (np.clip(np.rint(rng.normal(512, 60, 3000)), 0, 1023).astype(np.int64), 1024),
+        "lognormal": (np.minimum(rng.lognormal(4, 1, 3000).astype(np.int64), 1023), 1024),
+        "five spikes": (spikes([300, 310, 1800, 2600, 3900], 5000, 2, 4096), 4096),
+        "narrow spikes": (spikes(rng.uniform(50, 970, 5), 3000, 2, 1024), 1024),
+        "sixty spikes": (np.concatenate([spikes(rng.uniform(0, 2048, 60), 4000, 3, 4096),
+                                         rng.integers(25 * 128, 26 * 128, 400)]), 4096),
+        "heavy spikes": (spikes([300, 1800, 2600, 3900], 1_000_000, 2, 4096), 4096),  # the tree (`TREE_SDS`)
+    }
+
+
+def cases() -> list[dict]:
+    out = []
+    for name, (values, size) in shapes().items():
+        prefix = prefix_counts(values, Grid.integers(size))
+        for relation in ("substitution", "add-remove"):
+            for epsilon in (0.1, 0.5, 1.0):
+                noise = lambda ids, scale: prf_noise(KEY, ids, scale)  # noqa: E731
+                one = AdaptiveMechanism(size, epsilon, relation).noisy(prefix, noise).round_one
+                n = int(prefix[-1]) if relation == "substitution" else None
+                plans = {}
+                for version in VERSIONS:
+                    plan = AdaptiveMechanism(size, epsilon, relation, plan_version=version).plan(one, n)
+                    plans[str(version)] = {"design": plan.design, "ends": list(plan.ends), "fill": plan.fill,
+                                           "groups": list(plan.groups)}
+                out.append({"shape": name, "size": size, "relation": relation, "epsilon": epsilon, "n": n,
+                            "round_one": [int(c) for c in one], "plans": plans})
+    return out
+
+
+if __name__ == "__main__":
+    OUT.write_text(json.dumps({"key": KEY.hex(), "cases": cases()}, separators=(",", ":")) + "\n")
+    print(f"wrote {OUT}")
