@@ -14,12 +14,13 @@ from .histogram import bins_noise, equal_width_ends, fill_pchip, graded_ends, li
 
 ROUND_ONE_BINS = 32  # round one's coarse bins
 MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tree instead
-GRADED_PLANNED_BINS = 64  # ... from plan version 4 (smooth data at eps 1 under add/remove got the tree: 3,000 values,
+GRADED_PLANNED_BINS = 64  # ... from plan version 4, for a plan at equal mass alone (smooth data at eps 1 under add/remove got the tree: 3,000 values,
 # normal, two normals, uniform on a third of 2^10, 40 paired runs, counts MSE 0.50, 0.64, 0.72; lognormal 0.76 with the
 # empty test on runs of bins, `adaptive.RUN_SDS`, 1.29 without it; no cell worse), unless round one finds mass it cannot
 # place and no spike under add/remove (as in version 3; narrow spikes of sd 2 at n = 3,000 on 2^10, about 190 such releases
 # of 2,000 at eps 1 and 0.5 (review): the tree 0.68x and 0.88x of 64 bins with `heavy_ends` under add/remove, 1.52x and
-# 1.31x under substitution)
+# 1.31x under substitution); beside a spike's cuts the bins at equal mass stay 32 (five spikes at n = 5,000, eps 0.5,
+# add/remove, 200 paired runs: 1.37x with 64; sixty spikes lost 1.6 to 2.1x, a set the tree is better on anyway)
 REFINED_WIDTH = 4  # round two's bins inside a fine bin that holds a spike (`refined_ends`; 2-point bins sum each spike's
 # mass from twice the noises: 5 spikes, 200 paired runs, eps 0.5/1, MSE 633/152 -> 393/99 (substitution), 449/104 -> 314/76)
 NARROW_SDS = 1000.0  # ... but 2-point bins in a fine bin holding more round-two noise sds than this (a 4-point
@@ -143,7 +144,7 @@ class RoundOnePlanner:
         if self.plan_version >= 4 and not bridge and refined is None and unplaced is not None and MASS_BINS[best] > MAX_PLANNED_BINS:
             return RoundTwo("tree")  # narrow spikes the spike test misses, under add/remove: the tree (`GRADED_PLANNED_BINS`)
         if refined is not None or unplaced is not None:  # a spike: the histogram, cut finely where round one sees it
-            base = options[min(best, MASS_BINS.index(planned))]
+            base = options[min(best, MASS_BINS.index(MAX_PLANNED_BINS))]  # 32 beside a spike's cuts (`GRADED_PLANNED_BINS`)
             if unplaced is not None:  # round one's coarse ends around mass it cannot place (version 4: and the
                 # mass plan's elsewhere, `busy_ends`)
                 base = self.round_one_ends if self.plan_version < 4 else self.busy_ends(counts, base, unplaced, copies)
