@@ -20,7 +20,7 @@ fits the data is itself a question about the data, answered here by a first DP r
    - otherwise K bins at equal mass of round one's monotone cubic (PCHIP) estimate, mixed with a
      uniform share `UNIFORM_SHARE` (so a part round one missed still gets bins), K again minimising the
      expected error, now with round one's estimate for the error inside the bins; up to
-     `MAX_PLANNED_BINS` bins they are measured as a histogram and filled in by PCHIP, beyond that
+     `MAX_PLANNED_BINS` bins (`GRADED_PLANNED_BINS` from version 4, without spikes) they are measured as a histogram and filled in by PCHIP, beyond that
      (spiky data) round two is the default `TreeMechanism` on the whole grid; a fine bin (or pair)
      holding far more than the coarse bins' shape puts there (`refined_ends`: a spike) is cut into
      bins of `REFINED_WIDTH` points, added to that histogram (up to `MAX_REFINED_BINS`, and a fine bin's

@@ -148,7 +148,8 @@ class RoundOnePlanner:
             if unplaced is not None:  # round one's coarse ends around mass it cannot place (version 4: and the
                 # mass plan's elsewhere, `busy_ends`)
                 base = self.round_one_ends if self.plan_version < 4 else self.busy_ends(counts, base, unplaced, copies)
-            heavy = self.heavy_ends(counts, refined, copies) if unplaced is not None and self.plan_version >= 4 else None
+            found = np.isin(self.fine_ends, unplaced) if unplaced is not None else None  # `unplaced_bins`' mask
+            heavy = self.heavy_ends(counts, found, copies) if found is not None and self.plan_version >= 4 else None
             ends = functools.reduce(np.union1d, [e for e in (base, refined, unplaced, heavy) if e is not None])
             crowded = counts[ROUND_ONE_BINS:].max() > TREE_SDS * np.sqrt(var)  # a small bin's interpolation would cost more
             if ends.size > MAX_REFINED_BINS or crowded:
@@ -157,7 +158,7 @@ class RoundOnePlanner:
             if refined is not None:
                 runs |= self.spike_bins(counts, copies)
             if unplaced is not None:
-                runs |= self.unplaced_bins(counts, refined, copies)
+                runs |= found
             groups = self.split_groups(ends, runs) if self.plan_version >= 3 else ends
             split = tuple(int(i) for i in groups) if groups.size < ends.size else ()  # () when no run holds two bins
             return RoundTwo("bins", tuple(int(i) for i in ends), "pchip", split)
@@ -187,14 +188,14 @@ class RoundOnePlanner:
         ends = np.unique(np.concatenate(ends + [starts[kept] - 1, self.fine_ends[kept], [self.size - 1]]))
         return ends[ends >= 0]
 
-    def heavy_ends(self, counts: np.ndarray, refined: np.ndarray | None, copies: int = 1) -> np.ndarray | None:
-        """Plan version 4: `refined_ends` for the fine bins of mass round one cannot place (`unplaced_bins`)
-        that hold `FINE_SDS` noise sds. On a grid of 2^10 a coarse bin holds two fine ones, so a spike
+    def heavy_ends(self, counts: np.ndarray, found: np.ndarray, copies: int = 1) -> np.ndarray | None:
+        """Plan version 4: `refined_ends` for the fine bins of mass round one cannot place (`found`, the
+        mask `unplaced_bins` gives) that hold `FINE_SDS` noise sds. On a grid of 2^10 a coarse bin holds two fine ones, so a spike
         filling one is at most about twice what the coarse shape puts there and the spike test often
         misses it; its mass was spread over a 16-point bin (five spikes of 600 values, sd 2, 40 paired runs, counts MSE at eps 0.5
         and 1: 0.29x and 0.09x under add/remove, 0.24x and 0.15x under substitution)."""
         fine = np.asarray(counts, dtype=np.float64)[ROUND_ONE_BINS:]
-        heavy = self.unplaced_bins(counts, refined, copies) & (fine > FINE_SDS * np.sqrt(self.noise_variance(1, copies, fine=True)))
+        heavy = found & (fine > FINE_SDS * np.sqrt(self.noise_variance(1, copies, fine=True)))
         return self.refined_ends(counts, copies, heavy)
 
     def spike_bins(self, counts: np.ndarray, copies: int = 1) -> np.ndarray:
