@@ -16,7 +16,7 @@ fits the data is itself a question about the data, answered here by a first DP r
    the rest of epsilon (`RoundTwo`):
    - when the bins' spread is what sampling and noise explain ("flat", `flat_statistic`): K
      equal-width bins, K (`FLAT_BINS`) minimising the expected error, sampling n / (6K) plus the noise
-     (`bins_noise`), linear in between;
+     (`bins_noise`; version 5 under substitution: 3 for 1 or 2, `MIN_FLAT_BINS`), linear in between;
    - otherwise K bins at equal mass of round one's monotone cubic (PCHIP) estimate, mixed with a
      uniform share `UNIFORM_SHARE` (so a part round one missed still gets bins), K again minimising the
      expected error, now with round one's estimate for the error inside the bins; up to
@@ -55,7 +55,7 @@ exact guarantee is round one's plus the larger of the two round-two designs', ea
 rational scale, so at most epsilon whichever design the data picks. Over two servers each round is
 fixed once per task (`dpcdf.service`): a server answers round one's bins, and one round-two design,
 from its own PRF noise, so an analyst cannot spend more; a task pins `fine` (`TaskConfig.fine_bins`),
-the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`: 4 since graded bins) and the shares' rule (`share_rule`,
+the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`: 5 since `MIN_FLAT_BINS`) and the shares' rule (`share_rule`,
 `TaskConfig.adaptive_shares`).
 Measured against OpenDP and the Sarus methods in docs/accuracy.md.
 """
@@ -86,7 +86,7 @@ ROOT_EPSILON = 0.5  # ... from this epsilon up (at 0.25 it cost the skewed data 
 FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 256 of them (`fine_bins`)
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
 MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
-PLAN_VERSION = 4  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
+PLAN_VERSION = 5  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
 EMPTY_SDS = 4.0  # a round-two bin of a non-flat plan within this many noise sds of zero is taken as empty (flat data's
 # equal-width bins never are); 2 before: an empty bin's noise passed 2 sds in 6% of bins and then entered every later prefix
 # (measurements in docs/accuracy.md, "Split groups")
@@ -165,7 +165,7 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
     epsilon: float
     relation: str = "substitution"
     fine: bool = True  # round one's fine bins too (False: the 32 coarse bins alone, as tasks made before them)
-    plan_version: int = PLAN_VERSION  # 1: spikes cut into 2-point bins, no `unplaced`; 2: no split groups; 3: no graded bins (older tasks)
+    plan_version: int = PLAN_VERSION  # 1: 2-point spike bins, no `unplaced`; 2: no groups; 3: no graded bins; 4: no MIN_FLAT_BINS
     share_rule: int = SHARE_RULE  # 1: round one's shares fixed (tasks made before rule 2; `round_one_shares`)
 
     name = "adaptive"
@@ -179,8 +179,8 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         if self.epsilon * (FINE_SHARE if self.fine else ROUND_ONE_SHARE) < MIN_EPSILON:
             raise ParameterError(f"the adaptive mechanism needs epsilon >= {MIN_ADAPTIVE_EPSILON:.3g} (round one's share "
                                  f"at least {MIN_EPSILON:g}), got {self.epsilon!r}")
-        if not isinstance(self.plan_version, int) or isinstance(self.plan_version, bool) or self.plan_version not in (1, 2, 3, 4):
-            raise ParameterError(f"the adaptive plan's version is 1 to 4, got {self.plan_version!r:.40}")
+        if not isinstance(self.plan_version, int) or isinstance(self.plan_version, bool) or self.plan_version not in (1, 2, 3, 4, 5):
+            raise ParameterError(f"the adaptive plan's version is 1 to 5, got {self.plan_version!r:.40}")
         if not isinstance(self.share_rule, int) or isinstance(self.share_rule, bool) or self.share_rule not in (1, 2):
             raise ParameterError(f"the adaptive shares' rule is 1 or 2, got {self.share_rule!r:.40}")
         self.refined_width = REFINED_WIDTH if self.plan_version >= 2 else 2

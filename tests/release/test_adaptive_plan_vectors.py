@@ -1,7 +1,7 @@
 """Round two's design does not drift within a plan version: tests/vectors/adaptive_plans_v1.json pins
 the plan of every version for fixed round-one answers (eight data shapes, three epsilons, both
 relations; written by `tests/vectors/generate_adaptive_plans.py`, its versions 1 to 3 checked against
-the code before version 4). A server fixes a task's design the first time it is asked and the analyst
+the code before version 4, and 1 to 4 against the file before version 5). A server fixes a task's design the first time it is asked and the analyst
 plans with the rules the task pinned, so a silent change here would make them disagree (403)."""
 from __future__ import annotations
 
@@ -18,7 +18,7 @@ CASES = VECTORS["cases"]
 
 
 def test_the_vectors_cover_every_version_shape_and_design():
-    assert {v for c in CASES for v in c["plans"]} == {"1", "2", "3", "4"}
+    assert {v for c in CASES for v in c["plans"]} == {"1", "2", "3", "4", "5"}
     assert len({c["shape"] for c in CASES}) == 8 and {c["relation"] for c in CASES} == {"substitution", "add-remove"}
     designs = {(v, p["design"], p["fill"], bool(p["groups"])) for c in CASES for v, p in c["plans"].items()}
     assert {("4", "bins", "pchip", True), ("4", "bins", "linear", False), ("4", "bins", "pchip", False),
@@ -27,6 +27,9 @@ def test_the_vectors_cover_every_version_shape_and_design():
     exact = [c for c in CASES if c["round_one_is"] == "exact"]  # narrow spikes only the unplaced test sees (`heavy_ends`)
     assert any(c["plans"]["4"]["design"] == "bins" and c["plans"]["4"] != c["plans"]["3"] for c in exact)
     assert any(c["relation"] == "add-remove" and c["plans"]["4"]["design"] == c["plans"]["3"]["design"] == "tree" for c in exact)
+    five = [c for c in CASES if c["plans"]["5"] != c["plans"]["4"]]  # version 5: flat data's 1 or 2 bins, under substitution
+    assert five and all(c["relation"] == "substitution" and c["plans"]["4"]["fill"] == "linear"
+                        and len(c["plans"]["4"]["ends"]) < 3 <= len(c["plans"]["5"]["ends"]) for c in five)
 
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['shape']}-{c['round_one_is']}-{c['relation']}-{c['epsilon']}")

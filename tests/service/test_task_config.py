@@ -140,16 +140,19 @@ def test_the_client_refuses_one_server_before_it_seals_anything(monkeypatch):
 
 def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_1():
     """A server fixes round two's design the first time it is asked, so an analyst must plan from round
-    one with the rules the task was made with: a new adaptive task pins `adaptive_plan` 4 (graded bins);
-    a config written with version 3 (a spike's run of bins also counted whole: split groups) keeps it
+    one with the rules the task was made with: a new adaptive task pins `adaptive_plan` 5 (at least
+    `MIN_FLAT_BINS` flat bins under substitution); a config written with version 4 keeps it (graded
+    bins, 1 or 2 flat bins), one with version 3 (a spike's run of bins also counted whole: split groups) keeps it
     (its mechanism plans by version 3); a config written with version 2 (mass round one cannot
     place cut at the fine bins, spikes into 4-point bins) keeps it, with no groups, and its servers refuse
     a plan with groups; a config with fine bins written before version 2 (no field) plans by version 1,
     with the same JSON and fingerprint (the review of issue 25 found 37 of 200 such tasks' plans refused
     with 403 after the change)."""
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0}))
-    assert config.adaptive_plan == 4 and json.loads(config.to_json())["adaptive_plan"] == 4
-    three = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":4,', '"adaptive_plan":3,'))
+    assert config.adaptive_plan == 5 and json.loads(config.to_json())["adaptive_plan"] == 5
+    four = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":5,', '"adaptive_plan":4,'))
+    assert four.adaptive_plan == 4 and four.make_mechanism().plan_version == 4 and four.fingerprint != config.fingerprint
+    three = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":5,', '"adaptive_plan":3,'))
     assert three.adaptive_plan == 3 and three.make_mechanism().plan_version == 3 and three.fingerprint != config.fingerprint
     config = three  # version 3 against the older ones, below
     two = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":3,', '"adaptive_plan":2,'))
@@ -170,7 +173,7 @@ def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_
     assert new.check_plan(plan) == plan
     with pytest.raises(ParameterError, match="no split groups"):
         second.check_plan(plan)
-    for bad in (5, 0, True, "2"):
+    for bad in (6, 0, True, "2"):
         with pytest.raises(ParameterError, match="version"):
             TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0, "adaptive_plan": bad}))
     tree = TaskConfig(**(BASE | {"relation": "substitution"}))
@@ -184,7 +187,7 @@ def test_an_adaptive_task_pins_round_ones_fine_bins_and_an_older_config_keeps_it
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "substitution"}))
     assert config.fine_bins and json.loads(config.to_json())["fine_bins"] is True
     assert config.make_mechanism().bins_one == 32 + 64 and TaskConfig.from_json(config.to_json()) == config
-    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":4,', "").replace('"adaptive_shares":2,', "")
+    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":5,', "").replace('"adaptive_shares":2,', "")
     old = TaskConfig.from_json(old_json)
     assert old.fine_bins is False and old.to_json() == old_json and old.fingerprint != config.fingerprint
     # without fine bins round one has rule 1's shares whatever the field says: one config, one fingerprint

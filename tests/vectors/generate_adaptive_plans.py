@@ -6,7 +6,8 @@ server fixed (403) or change what a task releases: `tests/release/test_adaptive_
 replans every case and compares. Round one's answers are a central release's (`AdaptiveMechanism.noisy`)
 under a fixed PRF key (and, for narrow spikes on 2^10, the exact counts too), on eight data shapes, at eps 0.1, 0.5 and 1, under both relations. When this
 file was written (plan version 4), the version 1 to 3 plans were also computed by the code before
-version 4 (commit 31b8915) and were identical. Regenerate only to add a version (bump the file's).
+version 4 (commit 31b8915) and were identical; when version 5 was added, the version 1 to 4 plans
+were those of the file before it. Regenerate only to add a version.
 
     python tests/vectors/generate_adaptive_plans.py
 """
@@ -24,7 +25,7 @@ from dpcdf.release.noise import prf_noise
 
 OUT = Path(__file__).with_name("adaptive_plans_v1.json")
 KEY = hashlib.sha256(b"fss-dpcdf adaptive plan vector key").digest()[:16]
-VERSIONS = (1, 2, 3, 4)
+VERSIONS = (1, 2, 3, 4, 5)
 
 
 def shapes() -> dict[str, tuple[np.ndarray, int]]:
