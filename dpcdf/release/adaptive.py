@@ -30,7 +30,7 @@ fits the data is itself a question about the data, answered here by a first DP r
      hold mass, `busy_ends`); (version 4) a mass plan's bins are graded, none more than about `GRADE`
      times as wide as its neighbour (`graded_ends`: round one cannot see a tail of few values);
    - (plan version 3) each run of fine bins so cut is a split group (`RoundTwo.groups`): its total is
-     counted too, with `GROUP_SHARE` of a bin's budget, its bins with the rest. Past a spike every prefix
+     counted too, with `GROUP_SHARE` of a bin's budget (version 5: `GROUP_SHARE_5`), its bins with the rest. Past a spike every prefix
      holds its whole mass, which a sum of its bins' counts carries with each bin's noise; the group's own
      count carries one (5 spikes, 300 paired runs: counts MSE 0.54 to 0.81x version 2's).
 3. The estimate (post-processing): each split group's bins fitted to its total by least squares
@@ -73,7 +73,7 @@ from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeA
 from .histogram import (FILLS, UNIFORM_SHARE, bins_noise, equal_width_ends, fill_linear, fill_pchip,  # noqa: F401
                         linear_energy, mass_ends, part_counts)
 from .noise import MIN_EPSILON, check_epsilon, dlaplace_variance, scale_fraction
-from .adaptive_plan import (FINE_SDS, FLAT_BINS, FLAT_LIMIT, GROUP_SHARE, GROUPED_NARROW_SDS, ISOLATED_SDS,  # noqa: F401
+from .adaptive_plan import (FINE_SDS, FLAT_BINS, FLAT_LIMIT, GROUP_SHARE, GROUP_SHARE_5, GROUPED_NARROW_SDS, ISOLATED_SDS,  # noqa: F401
                             MASS_BINS, MAX_PLANNED_BINS, MAX_REFINED_BINS, NARROW_SDS, REFINED_WIDTH, ROUND_ONE_BINS, TREE_SDS,
                             WIDE_SDS, RoundOnePlanner, RoundTwo)
 
@@ -111,8 +111,6 @@ class AdaptiveRelease:
     round_two: np.ndarray | list[np.ndarray]
     root: float | None = None  # a round-two histogram's noisy count of the whole grid (`AdaptiveMechanism.root`)
     groups: np.ndarray | None = None  # its split groups' noisy totals (plan version 3: `RoundTwo.groups`)
-
-
 
 
 def round_one_shares(epsilon: float, relation: str, rule: int = SHARE_RULE) -> tuple[float, float]:
@@ -154,8 +152,8 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
     DLap(1 / (0.2 eps_2)) on the whole grid's count: `root`), or the `TreeMechanism` at
     eps_2 = epsilon - eps_1 - eps_fine (Delta = 2 under substitution, 1 under add/remove).
 
-    Plan version 3 (`GROUP_SHARE`): a split group's total with DLap(Delta / (0.6 eps_bins)) and its
-    bins with DLap(Delta / (0.4 eps_bins)), eps_bins the bins' budget (`round_two_scales`).
+    Plan version 3 (`GROUP_SHARE`): a split group's total with DLap(Delta / (0.6 eps_bins)) and its bins
+    with DLap(Delta / (0.4 eps_bins)), eps_bins the bins' budget (`round_two_scales`; 0.7, 0.3 from version 5).
 
     Privacy: epsilon-DP under `relation` (module docstring): eps_1 + eps_fine + the larger of the two round-two
     designs' guarantees, exactly, whichever the data picks. Grids of at least `MIN_ADAPTIVE_GRID`
@@ -201,9 +199,10 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         if self.root:  # its bins with the rest of eps_two (the tree takes all of eps_two: it has its own root)
             eps_root, eps_bins = split_budget(self.eps_two, ROOT_SHARE_TWO)
             self.scale_two, self.scale_root = scale_fraction(delta, eps_bins), scale_fraction(delta, eps_root)
-        self.scale_group = self.scale_inner = None
+        self.scale_group = self.scale_inner = self.group_share = None
         if self.fine and self.plan_version >= 3:  # a split group's total, and its bins, share a bin's budget
-            eps_group, eps_inner = split_budget(eps_bins, GROUP_SHARE)
+            self.group_share = GROUP_SHARE_5 if self.plan_version >= 5 else GROUP_SHARE
+            eps_group, eps_inner = split_budget(eps_bins, self.group_share)
             self.scale_group, self.scale_inner = scale_fraction(delta, eps_group), scale_fraction(delta, eps_inner)
         self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
         self.shape = self.tree.shape  # node queries are round two's tree's

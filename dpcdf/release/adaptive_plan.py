@@ -41,6 +41,9 @@ GRADE = 3.0  # plan version 4: a mass plan's bins at most about this many times 
 # quantile error at eps 0.1 3.09 -> 1.51 and 3.55 -> 2.30; ratio 2 cost lognormal data 1.11x at eps 0.1; grading
 # the spikes' plans too cost skewed data 1.22x and five spikes 1.34x in some cells, 60 paired runs)
 GROUP_SHARE = 0.6  # plan version 3: of a split group's budget, for its total (`split_groups`; its bins get the rest)
+GROUP_SHARE_5 = 0.7  # ... from plan version 5 (five spikes at n = 5,000 on 2^12, paired runs, counts MSE at eps 0.1, 0.5, 1:
+# add/remove 0.90, 0.92, 0.84 (300, 200, 200 runs), substitution 0.99, 1.00, 0.91 (200); at n = 10^3 under add/remove 1.00,
+# 0.91, 1.02 (100); narrow spikes on 2^10, 60 runs, 1.04, 1.13, 1.00 and -, 0.95, 0.99; 0.8 cost 1.28x at eps 1, add/remove)
 POWER_BINS = (1, 2, 4, 8, 16, 32, 64, 128)  # flat data's bin counts before plan version 3
 FLAT_BINS = (1, 2, 3, 4, 6, 8, 12, 16, 24, 32, 48, 64, 96, 128)  # ... and since: the error is flat near its least
 MIN_FLAT_BINS = 3  # plan version 5, substitution: flat data's plan of 1 or 2 bins gets this many instead. At small epsilon

@@ -51,7 +51,7 @@ def test_the_rounds_spend_at_most_epsilon_whichever_design(size, eps, relation):
     delta = 2 if relation == "substitution" else 1
     one, fine, bins = delta / mech.scale_one, delta / mech.scale_fine, delta / mech.scale_two
     group, inner = delta / mech.scale_group, delta / mech.scale_inner  # plan version 3: a split group's total and its bins
-    assert abs(float(group) - adaptive.GROUP_SHARE * float(bins)) < 2**-19 * delta and group + inner <= Fraction(mech.eps_two)
+    assert abs(float(group) - mech.group_share * float(bins)) < 2**-19 * delta and group + inner <= Fraction(mech.eps_two)
     bins = max(bins, group + inner)
     root = delta / mech.scale_root if mech.root else 0  # add/remove from eps 0.5: a round-two histogram's count of n
     assert mech.root == (relation == "add-remove" and eps >= adaptive.ROOT_EPSILON)

@@ -1,9 +1,11 @@
-"""Plan version 5 of the adaptive release (`dpcdf/release/adaptive_plan.py`, `MIN_FLAT_BINS`): under
-substitution, data round one finds flat gets three equal-width bins where the expected error's
-least was at one or two. At small
-epsilon round one cannot tell data spread over the whole grid from a smooth bump or a few narrow
-spikes, and one or two bins spread such data over the grid."""
+"""Plan version 5 of the adaptive release (`dpcdf/release/adaptive_plan.py`): under substitution, data
+round one finds flat gets three equal-width bins where the expected error's least was at one or two
+(`MIN_FLAT_BINS`: at small epsilon round one cannot tell data spread over the whole grid from a smooth
+bump or a few narrow spikes, and one or two bins spread such data over the grid); and a split group's
+total gets 70% of a bin's budget, not 60% (`GROUP_SHARE_5`)."""
 from __future__ import annotations
+
+from fractions import Fraction
 
 import numpy as np
 
@@ -53,3 +55,24 @@ def test_version_5_places_a_normal_bump_far_better_and_uniform_data_as_well_at_e
     mean = {k: float(np.mean(x)) for k, x in mse.items()}
     assert mean["normal", 5] < 0.7 * mean["normal", 4]
     assert mean["uniform", 5] < 1.5 * mean["uniform", 4]
+
+
+def test_version_5_gives_a_split_groups_total_70_percent_of_a_bins_budget_and_spends_the_same():
+    """A split group's total is counted with 70% of a bin's budget from version 5 (60% before), its bins
+    with the rest: a unit in a group spends Delta / scale_group + Delta / scale_inner, at most round
+    two's budget, so the release's epsilon is unchanged. A light spike's total, which every later prefix
+    carries, then has less noise: with one or two of its bins kept (a spike's usual case) the fitted
+    total's variance 1 / (1 / v_group + 1 / (k v_inner)) falls."""
+    for relation in ("substitution", "add-remove"):
+        for eps in (0.1, 0.5, 1.0):
+            old, new = (AdaptiveMechanism(4096, eps, relation, plan_version=v) for v in (4, 5))
+            delta = 2 if relation == "substitution" else 1
+            assert (old.group_share, new.group_share) == (0.6, 0.7)
+            for m in (old, new):
+                group, inner, bins = delta / m.scale_group, delta / m.scale_inner, delta / m.scale_two
+                assert abs(float(group) - m.group_share * float(bins)) < 2**-19 * delta and group + inner <= Fraction(m.eps_two)
+                assert m.exact_epsilon(relation) <= eps and m.scale_two == old.scale_two
+            v = {m.plan_version: (float(m.scale_group) ** 2, float(m.scale_inner) ** 2) for m in (old, new)}
+            for k in (1, 2):
+                fitted = {version: 1 / (1 / g + 1 / (k * i)) for version, (g, i) in v.items()}
+                assert fitted[5] < 0.95 * fitted[4]
