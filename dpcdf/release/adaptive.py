@@ -48,7 +48,7 @@ partition of the grid, changes by at most 2 in L1 under substitution (one unit l
 another) and by 1 under add/remove, so DLap(Delta / eps_r) per bin is eps_r-DP (round one's two
 partitions compose: eps_1 + eps_fine; a round-two histogram's count of the grid, sensitivity 1 under
 add/remove, composes with its bins: eps_bins + eps_root <= eps_2; a unit in a split group moves its
-bin's count and its group's, whose DLap scales spend GROUP_SHARE and the rest of eps_bins, while a
+bin's count and its group's, whose DLap scales spend GROUP_SHARE (GROUP_SHARE_5) and the rest of eps_bins, while a
 unit elsewhere moves one bin's count at eps_bins: `round_two_scales`, for any groups an analyst names);
 the round-two tree is `TreeMechanism`'s guarantee at eps_2. The
 exact guarantee is round one's plus the larger of the two round-two designs', each rounded down to a
@@ -163,7 +163,8 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
     epsilon: float
     relation: str = "substitution"
     fine: bool = True  # round one's fine bins too (False: the 32 coarse bins alone, as tasks made before them)
-    plan_version: int = PLAN_VERSION  # 1: 2-point spike bins, no `unplaced`; 2: no groups; 3: no graded bins; 4: no MIN_FLAT_BINS
+    # plan_version (older tasks) 1: 2-point spike bins, no `unplaced`; 2: no groups; 3: no graded bins; 4: 60% group totals
+    plan_version: int = PLAN_VERSION
     share_rule: int = SHARE_RULE  # 1: round one's shares fixed (tasks made before rule 2; `round_one_shares`)
 
     name = "adaptive"

@@ -265,7 +265,7 @@ class RoundOnePlanner:
     def split_groups(self, ends: np.ndarray, runs: np.ndarray) -> np.ndarray:
         """Plan version 3: `ends` less those inside a run of the fine bins `runs` marks (cut as a spike,
         `spike_bins`, or as mass round one cannot place, `unplaced_bins`): each run becomes one group of
-        round two's bins, whose total is counted too (`GROUP_SHARE` of the budget; module docstring of
+        round two's bins, whose total is counted too (`GROUP_SHARE`, `GROUP_SHARE_5`, of the budget; module docstring of
         `adaptive`). A run's mass then enters every prefix past it with one group's noise, not with
         the sum of its bins' noises."""
         fine_bin = np.searchsorted(self.fine_ends, ends)  # the fine bin holding each end, and the next index

@@ -65,9 +65,10 @@ def test_version_5_gives_a_split_groups_total_70_percent_of_a_bins_budget_and_sp
     total's variance 1 / (1 / v_group + 1 / (k v_inner)) falls."""
     for relation in ("substitution", "add-remove"):
         for eps in (0.1, 0.5, 1.0):
-            old, new = (AdaptiveMechanism(4096, eps, relation, plan_version=v) for v in (4, 5))
+            three, old, new = (AdaptiveMechanism(4096, eps, relation, plan_version=v) for v in (3, 4, 5))
             delta = 2 if relation == "substitution" else 1
-            assert (old.group_share, new.group_share) == (0.6, 0.7)
+            assert (three.group_share, old.group_share, new.group_share) == (0.6, 0.6, 0.7)
+            assert (three.scale_group, three.scale_inner) == (old.scale_group, old.scale_inner)
             for m in (old, new):
                 group, inner, bins = delta / m.scale_group, delta / m.scale_inner, delta / m.scale_two
                 assert abs(float(group) - m.group_share * float(bins)) < 2**-19 * delta and group + inner <= Fraction(m.eps_two)
