@@ -163,7 +163,7 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
     epsilon: float
     relation: str = "substitution"
     fine: bool = True  # round one's fine bins too (False: the 32 coarse bins alone, as tasks made before them)
-    # plan_version (older tasks) 1: 2-point spike bins, no `unplaced`; 2: no groups; 3: no graded bins; 4: 60% group totals
+    # plan_version (older tasks) 1: 2-point spike bins, no `unplaced`; 2: no groups; 3: no graded bins; 4: 60% groups, 1-2 flat bins
     plan_version: int = PLAN_VERSION
     share_rule: int = SHARE_RULE  # 1: round one's shares fixed (tasks made before rule 2; `round_one_shares`)
 
