@@ -373,8 +373,8 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         kept = np.ones(bins.shape, bool)
         for g in range(int(split.sum())):
             at = member == g
-            inner = np.abs(bins[at]) > INNER_SDS * np.sqrt(v_in) if empty else np.ones(int(at.sum()), bool)
-            if inner.any() and not inner.all():  # its empty bins 0, and its total fitted to the others alone
+            inner = np.abs(bins[at]) > INNER_SDS * np.sqrt(v_in) if empty else None  # released answers only
+            if empty and inner.any() and not inner.all():  # its empty bins 0, and its total fitted to the others alone
                 dropped = np.flatnonzero(at)[~inner]
                 at[dropped], bins[dropped], kept[dropped] = False, 0.0, False
             bins[at] += (np.asarray(groups)[g] - bins[at].sum(axis=0)) * v_in / (at.sum() * v_in + v_group)

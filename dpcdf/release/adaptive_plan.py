@@ -142,8 +142,8 @@ class RoundOnePlanner:
             risks = [total / (6 * e.size) + self.missed_structure(counts[:ROUND_ONE_BINS], total, e, copies)
                      + bins_noise(e, self.size, var, bridge) for e in options]
             best = int(np.argmin(risks))
-            if self.plan_version >= 5 and bridge and flat[best] < MIN_FLAT_BINS:
-                best = flat.index(MIN_FLAT_BINS)
+            if self.plan_version >= 5 and bridge:  # `flat` ascends, and every count up to 128 fits a grid of 256
+                best = max(best, flat.index(MIN_FLAT_BINS))
             return RoundTwo("bins", tuple(int(i) for i in options[best]), "linear")
         estimate = self.round_one_estimate(counts, total, copies)
         options = [mass_ends(estimate, total, k) for k in MASS_BINS if k <= self.size // 2]
