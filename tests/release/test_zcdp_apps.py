@@ -14,6 +14,7 @@ import pytest
 
 import dpcdf
 from dpcdf import ParameterError
+from dpcdf.apps import hosmer_lemeshow
 from dpcdf.release.calibration import FRACTION_BITS, group_scales
 from dpcdf.release.policy import auto_mechanism, check_budget, curve_budget
 from dpcdf.release.zcdp import GaussianTreeMechanism, GaussianVariance, dgauss_pmf, dgauss_variance
@@ -120,7 +121,7 @@ def test_the_central_hosmer_lemeshow_uses_the_calibration_tasks_noise():
     tree = config.make_mechanism()
     assert set(rec.scales[:-3]) == {tree.sigma2} and rec.scales[-3:] == config.group_scales()
     assert all(isinstance(s, GaussianVariance) for s in rec.scales)
-    assert hl.statistic == pytest.approx(dpcdf.apps.hosmer_lemeshow.exact_hosmer_lemeshow(p, y, hl.boundaries), rel=1e-3)
+    assert hl.statistic == pytest.approx(hosmer_lemeshow.exact_hosmer_lemeshow(p, y, hl.boundaries), rel=1e-3)
     assert hl.statement.startswith("0.8-zCDP under substitution") and 0 < hl.noise_aware_p_value <= 1
 
 
@@ -130,9 +131,9 @@ def test_the_noise_aware_p_value_simulates_the_discrete_gaussian_under_zcdp():
     n, e = np.full(10, 500.0), np.full(10, 250.0)
     for rho in (100.0, 0.01):
         scales = group_scales(rho, 0.5, "zcdp")
-        assert dpcdf.apps.hosmer_lemeshow.noise_aware_p_value(8.0, n, e, scales, copies=2) > 0.2
-    weak = dpcdf.apps.hosmer_lemeshow.noise_aware_p_value(60.0, n, e, group_scales(100.0, 0.5, "zcdp"))
-    strong = dpcdf.apps.hosmer_lemeshow.noise_aware_p_value(60.0, n, e, group_scales(0.01, 0.5, "zcdp"))
+        assert hosmer_lemeshow.noise_aware_p_value(8.0, n, e, scales, copies=2) > 0.2
+    weak = hosmer_lemeshow.noise_aware_p_value(60.0, n, e, group_scales(100.0, 0.5, "zcdp"))
+    strong = hosmer_lemeshow.noise_aware_p_value(60.0, n, e, group_scales(0.01, 0.5, "zcdp"))
     assert weak < 0.01 < strong
 
 
