@@ -1,0 +1,91 @@
+"""Round one's counts reused in a tree release: the best linear unbiased estimate from both.
+
+An adaptive release that ends in the tree (`adaptive.AdaptiveMechanism`, plan version 6) has paid for
+round one's bin counts y1 = B x + e1 (B: each bin a range of grid points, e1 independent noise of
+variance D) besides the tree's node counts. The tree's consistent estimate x_T of the leaf counts is
+their least-squares estimate from the nodes alone (`TreeMechanism.consistent`), with covariance
+S = (A' W A)^-1 (conditioned on n where the root is exact). Adding round one's rows gives the
+least-squares estimate from both (the Kalman / Gauss-Markov update):
+
+    x = x_T + S B' (B S B' + D)^-1 (y1 - B x_T),
+
+whose covariance is S - S B' (B S B' + D)^-1 B S, never more than S. S B' is found without forming S:
+the consistent estimate is the linear map (A' W A)^-1 A' W, and node counts that are zero but at the
+leaves, where they are B' times the leaves' variance, have A' W y = B'; so `consistent` of those
+"counts" is S B' (one batch of columns, once per mechanism: it depends on public parameters only).
+
+All of it is post-processing of the two rounds' noisy counts: no privacy cost.
+"""
+from __future__ import annotations
+
+from dataclasses import dataclass
+
+import numpy as np
+
+from .mechanisms import TreeMechanism
+
+_COLUMNS = 64  # columns of S B' per call of `consistent` (memory: size x _COLUMNS per level)
+
+
+def range_matrix(ends: np.ndarray, size: int) -> np.ndarray:
+    """(bins, size) 0/1 rows: bin j holds the grid points (ends[j-1], ends[j]] (ends[-1] = size - 1)."""
+    ends = np.asarray(ends, np.int64)
+    x = np.arange(size)
+    bin_of = np.searchsorted(ends, x)
+    out = np.zeros((ends.size, size))
+    out[bin_of, x] = 1.0
+    return out
+
+
+def response(tree: TreeMechanism, leaves: np.ndarray, copies: int = 1) -> np.ndarray:
+    """S v for each column v of `leaves` (size, k), as prefix sums (size, k): the consistent estimate
+    of node counts that are zero but at the leaves, there v times the leaves' variance."""
+    var_leaf = tree.variances()[0] * copies
+    out = np.empty((tree.size, leaves.shape[1]))
+    for start in range(0, leaves.shape[1], _COLUMNS):
+        block = leaves[:, start:start + _COLUMNS]
+        nodes = [block * var_leaf] + [np.zeros((tree.level_nodes(lv), block.shape[1]))
+                                      for lv in range(1, tree.shape.height + 1)]
+        out[:, start:start + _COLUMNS] = tree.consistent(nodes, copies)
+    return out
+
+
+@dataclass
+class RoundOneMerge:
+    """The update above for one tree and one set of round-one partitions (`ends`, one array per
+    partition) with noise `variances` (one per partition, per noise copy)."""
+
+    tree: TreeMechanism
+    parts: tuple[np.ndarray, ...]
+    variances: tuple[float, ...]
+    copies: int = 1
+
+    def __post_init__(self) -> None:
+        size = self.tree.size
+        self.rows = np.vstack([range_matrix(e, size) for e in self.parts])  # B
+        noise = np.concatenate([np.full(len(e), v * self.copies) for e, v in zip(self.parts, self.variances)])  # D
+        self.gain_prefix = response(self.tree, self.rows.T, self.copies)  # S B' as prefix sums, (size, bins)
+        s_b = np.diff(np.vstack([np.zeros((1, self.rows.shape[0])), self.gain_prefix]), axis=0)  # S B', leaves
+        self.inner = self.rows @ s_b + np.diag(noise)  # B S B' + D
+        self.inner_inv = np.linalg.inv(self.inner)
+
+    def apply(self, fitted: np.ndarray, round_one: np.ndarray) -> np.ndarray:
+        """The merged prefix counts from the tree's consistent prefix counts `fitted` and round one's
+        bin counts (both may carry a batch axis: (size, B) and (bins, B))."""
+        fitted = np.asarray(fitted, np.float64)
+        leaves = np.diff(np.concatenate([np.zeros((1,) + fitted.shape[1:]), fitted]), axis=0)
+        residual = np.asarray(round_one, np.float64) - self.rows @ leaves
+        return fitted + self.gain_prefix @ (self.inner_inv @ residual)
+
+    def variance_drop(self, at: np.ndarray) -> np.ndarray:
+        """How much the update lowers the variance of the prefix counts at indices `at`."""
+        g = self.gain_prefix[np.asarray(at, np.int64)]
+        return np.einsum("ij,jk,ik->i", g, self.inner_inv, g)
+
+
+def tree_prefix_variance(tree: TreeMechanism, at: np.ndarray, copies: int = 1) -> np.ndarray:
+    """The exact variance of the consistent estimate's prefix counts at indices `at`: c' S c for
+    c the indicator of [0, t], by `response`."""
+    at = np.asarray(at, np.int64)
+    columns = (np.arange(tree.size)[:, None] <= at[None, :]).astype(np.float64)
+    return response(tree, columns, copies)[at, np.arange(at.size)]
