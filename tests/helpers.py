@@ -128,3 +128,11 @@ def v1_report(config, report_id: bytes, shares: tuple[bytes, bytes]):
         out = hpke.suite("x25519").encrypt(share, hpke.public_key("x25519", pub), info=hpke_info(config.fingerprint, report_id, party))
         sealed.append((out[:32], out[32:]))
     return Report(config.fingerprint, report_id, (sealed[0], sealed[1]), version=1)
+
+
+def adaptive_v5(*args, **kwargs):
+    """An `AdaptiveMechanism` with plan version 5's rules and share rule 2 (the default before version 6),
+    unless the call names others: the tests of those versions' planning pin them."""
+    from dpcdf.release.adaptive import AdaptiveMechanism
+
+    return AdaptiveMechanism(*args, **{"plan_version": 5, "share_rule": 2, **kwargs})

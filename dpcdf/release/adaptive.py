@@ -68,7 +68,8 @@ from fractions import Fraction
 import numpy as np
 
 from ..errors import ParameterError
-from . import postprocess
+from . import plan_error, postprocess
+from .adaptive_route import ROUND_ZERO_IDS, RoutedRelease
 from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, TreeMechanism, check_relation
 from .histogram import (FILLS, UNIFORM_SHARE, bins_noise, equal_width_ends, fill_linear, fill_pchip,  # noqa: F401
                         linear_energy, mass_ends, part_counts)
@@ -86,7 +87,7 @@ ROOT_EPSILON = 0.5  # ... from this epsilon up (at 0.25 it cost the skewed data 
 FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 256 of them (`fine_bins`)
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
 MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
-PLAN_VERSION = 5  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
+PLAN_VERSION = 6  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
 EMPTY_SDS = 4.0  # a round-two bin of a non-flat plan within this many noise sds of zero is taken as empty (flat data's
 # equal-width bins never are); 2 before: an empty bin's noise passed 2 sds in 6% of bins and then entered every later prefix
 # (measurements in docs/accuracy.md, "Split groups")
@@ -111,6 +112,7 @@ class AdaptiveRelease:
     round_two: np.ndarray | list[np.ndarray]
     root: float | None = None  # a round-two histogram's noisy count of the whole grid (`AdaptiveMechanism.root`)
     groups: np.ndarray | None = None  # its split groups' noisy totals (plan version 3: `RoundTwo.groups`)
+    zero: float | None = None  # round zero's noisy count of the whole grid (plan version 6, add/remove: `adaptive_route`)
 
 
 def round_one_shares(epsilon: float, relation: str, rule: int = SHARE_RULE) -> tuple[float, float]:
@@ -144,7 +146,7 @@ def fine_bins(size: int) -> int:
 
 
 @dataclass
-class AdaptiveMechanism(RoundOnePlanner, Mechanism):
+class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
     """Round one: DLap(Delta / eps_1) on `ROUND_ONE_BINS` equal-width bin counts, eps_1 = 0.15 eps, and
     (`fine`) DLap(Delta / eps_fine) on `fine_bins(size)` ones, eps_fine = 0.05 eps (under add/remove
     both times 0.5 / eps above eps 0.5: `round_one_shares`); round two, chosen from round one (`plan`): DLap(Delta / eps_2)
@@ -178,17 +180,18 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         if self.epsilon * (FINE_SHARE if self.fine else ROUND_ONE_SHARE) < MIN_EPSILON:
             raise ParameterError(f"the adaptive mechanism needs epsilon >= {MIN_ADAPTIVE_EPSILON:.3g} (round one's share "
                                  f"at least {MIN_EPSILON:g}), got {self.epsilon!r}")
-        if not isinstance(self.plan_version, int) or isinstance(self.plan_version, bool) or self.plan_version not in (1, 2, 3, 4, 5):
-            raise ParameterError(f"the adaptive plan's version is 1 to 5, got {self.plan_version!r:.40}")
+        if not isinstance(self.plan_version, int) or isinstance(self.plan_version, bool) or self.plan_version not in (1, 2, 3, 4, 5, 6):
+            raise ParameterError(f"the adaptive plan's version is 1 to 6, got {self.plan_version!r:.40}")
         if not isinstance(self.share_rule, int) or isinstance(self.share_rule, bool) or self.share_rule not in (1, 2):
             raise ParameterError(f"the adaptive shares' rule is 1 or 2, got {self.share_rule!r:.40}")
         self.refined_width = REFINED_WIDTH if self.plan_version >= 2 else 2
+        budget = self.route_budget()  # the rounds' (and the whole tree's) budget: epsilon less round zero's
         one_share, fine_share = round_one_shares(self.epsilon, self.relation, self.share_rule if self.fine else 1)
-        self.eps_fine = self.epsilon * fine_share if self.fine else 0.0
-        self.eps_one = self.epsilon * one_share
+        self.eps_fine = budget * fine_share if self.fine else 0.0
+        self.eps_one = budget * one_share
         self.isolated_sds = ISOLATED_SDS * one_share / ROUND_ONE_SHARE  # rule 1's threshold in counts (`unplaced`)
-        self.eps_two = self.epsilon - self.eps_one - self.eps_fine
-        while Fraction(self.eps_one) + Fraction(self.eps_fine) + Fraction(self.eps_two) > Fraction(self.epsilon):
+        self.eps_two = budget - self.eps_one - self.eps_fine
+        while Fraction(self.eps_one) + Fraction(self.eps_fine) + Fraction(self.eps_two) > Fraction(budget):
             self.eps_two = math.nextafter(self.eps_two, 0.0)  # the float split's last bit
         delta = TreeMechanism.level_sensitivity(self.relation)
         self.scale_one = scale_fraction(delta, self.eps_one)
@@ -206,7 +209,8 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
             eps_group, eps_inner = split_budget(eps_bins, self.group_share)
             self.scale_group, self.scale_inner = scale_fraction(delta, eps_group), scale_fraction(delta, eps_inner)
         self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
-        self.shape = self.tree.shape  # node queries are round two's tree's
+        self.whole = TreeMechanism(self.size, budget, self.relation) if self.routed else None
+        self.shape = self.tree.shape  # node queries are round two's tree's (or with `whole`, the whole tree's)
         self.round_one_ends = equal_width_ends(self.size, ROUND_ONE_BINS)
         self.fine_ends = equal_width_ends(self.size, fine_bins(self.size)) if self.fine else np.zeros(0, np.int64)
         self.round_one_parts = [self.round_one_ends] + ([self.fine_ends] if self.fine else [])
@@ -215,6 +219,17 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
             raise AssertionError("the adaptive mechanism's rounds exceed epsilon")
 
     # --- the plan ----------------------------------------------------------------------------
+    def plan(self, round_one: np.ndarray, n: float | None = None, copies: int = 1) -> RoundTwo:
+        """Round two's design (`RoundOnePlanner.plan`); from plan version 6 a histogram only where its
+        estimated error, times `plan_error.SAFETY`, is below the tree's (`plan_error`), else the tree."""
+        proposal = super().plan(round_one, n, copies)
+        if self.plan_version < 6 or proposal.design == "tree":
+            return proposal
+        known = float(n) if self.relation == "substitution" else None
+        counts = np.asarray(round_one, dtype=np.float64).reshape(-1)
+        histogram = plan_error.histogram_error(self, counts, np.asarray(proposal.ends, np.int64), known, copies)
+        return proposal if plan_error.SAFETY * histogram < plan_error.tree_error(self, copies) else RoundTwo("tree")
+
     def noise_variance(self, round_: int, copies: int = 1, fine: bool = False, root: bool = False) -> float:
         """A bin count's noise variance in round one (its coarse bins, or with `fine` its fine ones)
         or two (a histogram's bins, or with `root` its count of the whole grid; `copies` independent noises)."""
@@ -284,6 +299,12 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
             for at, z in parts:
                 out[at] = z
             return out
+        if round_ == 0:  # round zero's count of the whole grid (`adaptive_route`): n, exact under substitution
+            if not self.routed or count != 1:
+                raise ParameterError("round zero is one count of the whole grid, in a release of plan version 6 only")
+            if self.scale_zero is None:
+                return np.zeros(1, np.int64)
+            return noise(np.array([ROUND_ZERO_IDS], np.int64), self.scale_zero)
         ids = ROUND_ONE_IDS + np.arange(count, dtype=np.int64)
         out = noise(ids[:ROUND_ONE_BINS], self.scale_one)
         return out if count <= ROUND_ONE_BINS else np.concatenate([out, noise(ids[ROUND_ONE_BINS:], self.scale_fine)])
@@ -295,19 +316,31 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         function giving it once round one is answered) and `copies` as `plan` takes them."""
         if bins_at is None:
             raise ParameterError("the adaptive mechanism's release is asked for in bins (bins_at)")
+        zero = None
+        if self.routed:  # plan version 6: the whole tree on large data (`adaptive_route`)
+            route_n = n
+            if self.scale_zero is not None or n is None or callable(n):  # round zero: n, noisy under add/remove
+                asked = np.asarray(bins_at(0, np.array([self.size - 1])), dtype=np.float64).reshape(-1)
+                if asked.size != 1 or not np.isfinite(asked).all():
+                    raise ParameterError(f"round zero is one count of the whole grid, got shape {asked.shape}")
+                route_n = float(asked[0])
+                zero = route_n if self.scale_zero is not None else None  # under substitution n, exact: nothing to merge
+            if self.take_whole(route_n, copies):
+                whole = self.whole.gather(prefix_at, lambda level: nodes_at(level, whole=True))
+                return AdaptiveRelease(np.zeros(0), RoundTwo("whole"), whole, zero=zero)
         one = np.asarray(bins_at(1, np.concatenate(self.round_one_parts)), dtype=np.float64)
         if one.ndim != 1 or one.size != self.bins_one or not np.isfinite(one).all():
             raise ParameterError(f"round one has {self.bins_one} bin counts of one ECDF, got shape {one.shape}")
         total = n() if callable(n) else n
         plan = self.plan(one, total if self.relation == "substitution" else None, copies)
         if plan.design == "tree":
-            return AdaptiveRelease(one, plan, self.tree.gather(prefix_at, nodes_at))
+            return AdaptiveRelease(one, plan, self.tree.gather(prefix_at, nodes_at), zero=zero)
         groups = (np.asarray(plan.groups, np.int64),) if plan.groups else ()  # (a `bins_at(round, ends)` without groups too)
         two = np.asarray(bins_at(2, np.asarray(plan.ends), *groups), dtype=np.float64)
         k, split = len(plan.ends), int(self.layout(plan)[1].sum())
         if two.shape != (k + split + self.root,) or not np.isfinite(two).all():
             raise ParameterError(f"round two has {k + split + self.root} finite bin counts of one ECDF, got shape {two.shape}")
-        return AdaptiveRelease(one, plan, two[:k], float(two[-1]) if self.root else None, two[k:k + split] if split else None)
+        return AdaptiveRelease(one, plan, two[:k], float(two[-1]) if self.root else None, two[k:k + split] if split else None, zero)
 
     def round_two_parts(self, plan: RoundTwo) -> list[tuple[np.ndarray, np.ndarray | slice]]:
         """What round two's histogram counts (a server's answer, one after another), as (a partition's
@@ -323,13 +356,16 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         prefix = np.asarray(prefix).astype(np.int64)
 
         def bins_at(round_: int, ends: np.ndarray, groups: np.ndarray = ()) -> np.ndarray:
-            if round_ == 1:
-                return part_counts(prefix[ends], ends) + self.bin_noise(1, len(ends), noise)
+            if round_ in (0, 1):
+                return part_counts(prefix[ends], ends) + self.bin_noise(round_, len(ends), noise)
             plan = RoundTwo("bins", tuple(int(e) for e in ends), groups=tuple(int(e) for e in groups))
             counts = np.concatenate([part_counts(prefix[e], e)[s] for e, s in self.round_two_parts(plan)])
             return counts + self.bin_noise(2, counts.size, noise, plan)
 
-        return self.gather(None, self.tree.central_nodes(prefix, noise), None, bins_at, int(prefix[-1]), copies)
+        def nodes_at(level: int, whole: bool = False) -> np.ndarray:
+            return (self.whole if whole else self.tree).central_nodes(prefix, noise)(level)
+
+        return self.gather(None, nodes_at, None, bins_at, int(prefix[-1]), copies)
 
     def counts(self, release: AdaptiveRelease, n: float, postprocess_with: str = "auto", copies: int = 1) -> tuple[np.ndarray, np.ndarray, float]:
         """(raw, counts, total) of a round-two histogram: raw is its bins cumulated, linear in between;
@@ -400,9 +436,20 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
             raise ParameterError("the adaptive mechanism releases one ECDF (a count task), not payload columns")
         return [release]
 
+    def reuse(self, release: AdaptiveRelease, copies: int = 1):
+        """From plan version 6, where round two is the tree: the function taking its consistent prefix
+        counts to the least-squares estimate from them and round one's counts (`merge`); else None."""
+        merged = plan_error.reuse_merge(self, release.plan.design, copies)
+        if merged is None:
+            return None
+        values = self.reused(release)
+        return lambda fitted: merged.apply(fitted, values)
+
     def estimate(self, release: AdaptiveRelease, copies: int = 1) -> tuple[np.ndarray, np.ndarray]:
-        if release.plan.design == "tree":
-            return self.tree.estimate(release.round_two, copies)
+        if release.plan.design in ("tree", "whole"):
+            raw, fitted = self.route_tree(release).estimate(release.round_two, copies)
+            reuse = self.reuse(release, copies)
+            return raw, fitted if reuse is None else reuse(fitted)
         bins = self.fit(release, copies)[0]  # the split groups and the grid's count by least squares, every bin
         raw = fill_linear(np.cumsum(bins), np.asarray(release.plan.ends), self.size)
         return raw, raw
@@ -431,10 +478,14 @@ class AdaptiveMechanism(RoundOnePlanner, Mechanism):
         bins = delta / self.scale_two
         if self.scale_group is not None:  # a unit in a split group: its total and its bin
             bins = max(bins, delta / self.scale_group + delta / self.scale_inner)
-        return delta / self.scale_one + fine + max(bins + root, tree)
+        rounds = delta / self.scale_one + fine + max(bins + root, tree)
+        if not self.routed:
+            return rounds
+        return self.zero_epsilon() + max(rounds, self.whole.exact_epsilon(relation))
 
     def rounded_budgets(self) -> int:
-        return 1 + self.fine + max(1 + self.root + (self.scale_group is not None), self.tree.rounded_budgets())
+        rounds = 1 + self.fine + max(1 + self.root + (self.scale_group is not None), self.tree.rounded_budgets())
+        return rounds if not self.routed else (self.scale_zero is not None) + max(rounds, self.whole.rounded_budgets())
 
     def _describe(self) -> str:
         fine = f" and {self.fine_ends.size} with eps {self.eps_fine:.4g}" if self.fine else ""

@@ -76,6 +76,7 @@ from typing import Callable
 import numpy as np
 
 from ..errors import ParameterError
+from . import plan_error
 from .zcdp import GaussianVariance
 
 DEFAULT_SIMS = 2000  # draws of the studentised maximum (the rank argument holds for any number)
@@ -159,8 +160,13 @@ def linear_estimate(rel) -> LinearEstimate:
     size = rel.grid.size
     every = np.arange(size)
     if isinstance(mech, AdaptiveMechanism):
-        if released.plan.design == "tree":
-            return _tree(mech.tree, released.round_two, copies, "the round-two tree's consistent estimate")
+        if released.plan.design in ("tree", "whole"):
+            merged = plan_error.reuse_merge(mech, released.plan.design, copies)
+            what = ("the whole tree's" if released.plan.design == "whole" else "the round-two tree's") + " consistent estimate"
+            if merged is None:
+                return _tree(mech.route_tree(released), released.round_two, copies, what)
+            reuse = (merged, mech.reuse_parts(released.plan.design), mech.reused(released))
+            return _tree(mech.route_tree(released), released.round_two, copies, what + " with the earlier rounds' counts", reuse)
         return _bins(mech, released, rel.total, copies)
     if isinstance(mech, TreeMechanism):  # the Gaussian tree too
         return _tree(mech, released, copies, "the consistent (least-squares) estimate")
@@ -181,7 +187,9 @@ def linear_estimate(rel) -> LinearEstimate:
     raise ParameterError(f"no confidence band for the {getattr(mech, 'name', type(mech).__name__)} mechanism")
 
 
-def _tree(mech, released, copies: int, what: str) -> LinearEstimate:
+def _tree(mech, released, copies: int, what: str, reuse=None) -> LinearEstimate:
+    """A tree's consistent estimate; with `reuse` = (merge, (parts, scales), counts), merged by least
+    squares with the earlier rounds' counts of an adaptive release (plan version 6, `merge`)."""
     levels = mech.released_levels()
 
     def simulate(rng, draws):
@@ -194,10 +202,19 @@ def _tree(mech, released, copies: int, what: str) -> LinearEstimate:
                 nodes.append(np.zeros((k, draws)))
             else:
                 nodes.append(draw_noise(mech.scales[level], (k, draws), rng, copies))
-        return mech.consistent(nodes, copies)
+        fitted = mech.consistent(nodes, copies)
+        if reuse is None:
+            return fitted
+        (merged, (parts, scales), _) = reuse
+        earlier = np.vstack([draw_noise(scale, (len(e), draws), rng, copies) for e, scale in zip(parts, scales)])
+        return merged.apply(fitted, earlier)
 
     y = mech.consistent([np.asarray(v, np.float64) for v in released], copies)
     key = (type(mech).__name__, mech.size, mech.branching, tuple(mech.scales), tuple(levels), copies)
+    if reuse is not None:
+        merged, (parts, scales), counts = reuse
+        y = merged.apply(y, counts)
+        key += ("reused", tuple(len(e) for e in parts), tuple(scales))
     return LinearEstimate(y, np.arange(mech.size), simulate, key, what)
 
 

@@ -216,7 +216,8 @@ def release_ecdf(
     return finish_release(grid, mech, mech.noisy(prefix, noise), v.size, postprocess_with)
 
 
-def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with: str = "auto", copies: int = 1) -> Release:
+def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with: str = "auto", copies: int = 1,
+                   refit=None) -> Release:
     """The post-processing every release shares (central, or the analyst's over two servers):
     `noisy` is the mechanism's release (`Mechanism.noisy` / `gather`: the path mechanism's noisy
     prefix counts, the tree's noisy node counts per level), each value carrying `copies` independent
@@ -228,12 +229,14 @@ def finish_release(grid: Grid, mech: Mechanism, noisy, n: int, postprocess_with:
     monotone fit), or "smooth" (trees on grids of up to 2^12 points: the consistent estimate's
     details level by level, each kept inside every node in the proportion its squared size exceeds
     its exact noise variance, `smoothing`; then the monotone fit). All of them are post-processing
-    of the one release: no privacy cost."""
+    of the one release: no privacy cost. `refit`: a function of the consistent estimate that the
+    post-processing starts from instead (an adaptive release's round one reused, `merge`)."""
     if postprocess_with not in POSTPROCESS:
         raise ParameterError(f"postprocess_with must be one of {POSTPROCESS}, got {postprocess_with!r}")
     if isinstance(mech, AdaptiveMechanism):
         return _finish_adaptive(grid, mech, noisy, n, postprocess_with, copies)
     raw, fitted = mech.estimate(noisy, copies)
+    fitted = fitted if refit is None else refit(fitted)
     if postprocess_with == "auto":  # smoothing never lost to the plain fit in expectation (paired runs, docs/accuracy.md)
         postprocess_with = "smooth" if isinstance(mech, TreeMechanism) and mech.size <= smoothing.MAX_SMOOTH_GRID else "monotone"
     if postprocess_with == "sparse":  # post-processing of the same release: no privacy cost
@@ -258,9 +261,10 @@ def _finish_adaptive(grid: Grid, mech: AdaptiveMechanism, release, n: int, postp
     ("auto": empty bins dropped, PCHIP where the plan says; "monotone": the plain fit, linear)."""
     if postprocess_with not in ("auto", "monotone", "none"):
         raise ParameterError(f"an adaptive release is post-processed 'auto', 'monotone' or 'none', not {postprocess_with!r}")
-    if release.plan.design == "tree":
-        return replace(finish_release(grid, mech.tree, release.round_two, n, postprocess_with, copies), mechanism=mech,
-                       released=release)
+    if release.plan.design in ("tree", "whole"):
+        tree = mech.route_tree(release)
+        return replace(finish_release(grid, tree, release.round_two, n, postprocess_with, copies, mech.reuse(release, copies)),
+                       mechanism=mech, released=release)
     raw, counts, total = mech.counts(release, n, "monotone" if postprocess_with == "none" else postprocess_with, copies)
     return Release(grid, mech, raw, raw if postprocess_with == "none" else counts, total, copies=copies, released=release)
 

@@ -50,12 +50,19 @@ class PrefixQuery:
 
 @dataclass(frozen=True)
 class NodesQuery:
-    """Noisy counts of every data-holding node of one released tree level."""
+    """Noisy counts of every data-holding node of one released tree level; `whole` (an adaptive task
+    of plan version 6): of its whole tree, the route taken on large data (`adaptive_route`), not of its
+    round-two tree."""
     level: int
+    whole: bool | None = None
     kind: ClassVar[str] = "nodes"
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "level", _int(self.level, "a tree level"))
+        if self.whole is not None and not isinstance(self.whole, bool):
+            raise ParameterError(f"whole is true or false, got {self.whole!r:.40}")
+        if self.whole is False:
+            object.__setattr__(self, "whole", None)  # the round-two tree, as a query without the field
 
 
 @dataclass(frozen=True)

@@ -14,6 +14,7 @@ from dpcdf.release import band
 from dpcdf.release.ecdf import finish_release
 from dpcdf.release.noise import dlaplace_variance, prf_noise
 from dpcdf.release.zcdp import GaussianVariance, dgauss_pmf, dgauss_variance
+from helpers import adaptive_v5
 
 LEVEL = 0.95
 
@@ -94,7 +95,7 @@ def test_adaptive_releases_are_covered_whichever_design_round_one_picks(relation
     flat = relation == "substitution"
     values = rng.integers(0, 256, 2000) if flat else np.minimum(rng.exponential(10, 2000).astype(np.int64), 255)
     truth = dpcdf.prefix_counts(values, grid) / values.size
-    rels = [dpcdf.release_ecdf(values, grid, 1.0, "adaptive", relation) for _ in range(runs)]
+    rels = [dpcdf.release_ecdf(values, grid, 1.0, adaptive_v5(256, 1.0, relation), relation) for _ in range(runs)]
     if flat:
         assert all(r.released.plan.design == "bins" for r in rels)
     assert sum(covered(r, truth) for r in rels) / runs >= exact_floor(runs)
@@ -108,7 +109,7 @@ def test_releases_whose_spikes_are_split_groups_are_covered(relation):
     grid, runs = Grid.integers(4096), 200
     values = np.clip(np.rint(rng.normal(rng.choice([300, 1800, 2600], 3000), 2.0)), 0, 4095).astype(np.int64)
     truth = dpcdf.prefix_counts(values, grid) / values.size
-    rels = [dpcdf.release_ecdf(values, grid, 1.0, "adaptive", relation) for _ in range(runs)]
+    rels = [dpcdf.release_ecdf(values, grid, 1.0, adaptive_v5(4096, 1.0, relation), relation) for _ in range(runs)]
     grouped = [r for r in rels if r.released.plan.design == "bins" and r.released.plan.groups]
     assert len(grouped) > 0.9 * runs and all(r.released.groups is not None for r in grouped)
     assert sum(covered(r, truth) for r in grouped) / len(grouped) >= exact_floor(len(grouped))
@@ -122,7 +123,7 @@ def test_an_add_remove_histogram_band_uses_round_twos_count_of_n():
     grid, runs = Grid.integers(256), 100
     values = rng.integers(0, 256, 2000)  # flat: round one plans a histogram
     truth = dpcdf.prefix_counts(values, grid) / values.size
-    rels = [dpcdf.release_ecdf(values, grid, 1.0, "adaptive", "add-remove") for _ in range(runs)]
+    rels = [dpcdf.release_ecdf(values, grid, 1.0, adaptive_v5(256, 1.0, "add-remove"), "add-remove") for _ in range(runs)]
     hists = [r for r in rels if r.released.plan.design == "bins"]
     assert len(hists) > runs / 2 and all(r.released.root is not None for r in hists)
     mech, k = hists[0].mechanism, len(hists[0].released.plan.ends)
@@ -130,6 +131,24 @@ def test_an_add_remove_histogram_band_uses_round_twos_count_of_n():
     sd = band.calibration(band.linear_estimate(hists[0]))[0][-1]  # from 400 pilot draws: ~5% off at most
     assert abs(sd / math.sqrt(k * v * v_n / (k * v + v_n)) - 1) < 0.12 < math.sqrt((k * v + v_n) / v_n) - 1
     assert sum(covered(r, truth) for r in rels) / runs >= floor(runs)
+
+
+@pytest.mark.parametrize("relation", ["substitution", "add-remove"])
+def test_plan_version_6_trees_are_covered_with_the_earlier_rounds_counts(relation):
+    """Plan version 6 ends in a tree that reuses the counts of the rounds before it (`merge`): on large
+    data the whole tree (with round zero's count under add/remove), on two point masses of 400 values
+    each (below the route's n, but no wide histogram may interpolate across them) mostly the round-two
+    tree (with round one's bins). The band is that merged estimate's and covers at the level."""
+    rng = np.random.default_rng(5)  # the data set, not privacy noise
+    grid, runs = Grid.integers(1024), 150
+    for n, design in ((60_000, "whole"), (800, "tree")):
+        values = np.repeat([300, 700], n // 2) if design == "tree" else rng.integers(0, 1024, n)
+        truth = dpcdf.prefix_counts(values, grid) / n
+        rels = [dpcdf.release_ecdf(values, grid, 1.0, "adaptive", relation) for _ in range(runs)]
+        ours = [r for r in rels if r.released.plan.design == design]
+        assert len(ours) > 0.6 * runs, (design, {r.released.plan.design for r in rels})
+        assert "earlier rounds' counts" in band.linear_estimate(ours[0]).what or (design, relation) == ("whole", "substitution")
+        assert sum(covered(r, truth) for r in ours) / len(ours) >= exact_floor(len(ours)), design
 
 
 def test_zcdp_releases_are_covered():

@@ -93,11 +93,31 @@ def test_ask_is_gather_in_typed_queries(mech):
 
 
 def test_an_adaptive_release_asks_round_one_without_ends_then_round_two_with_them():
-    mech = AdaptiveMechanism(256, 1.0)
+    mech = AdaptiveMechanism(256, 1.0, plan_version=5)
     asked, record = _recording(lambda q: np.full(mech.bins_one if q.round == 1 else len(q.ends), 10.0))
     mech.ask(record, n=lambda: 320, copies=2)
     assert asked[0] == Q.BinsQuery(1) and Q.to_dict(asked[0]) == {"kind": "bins", "round": 1}
     assert all(isinstance(q, Q.BinsQuery) and q.round == 2 and q.ends[-1] == 255 for q in asked[1:]) and len(asked) == 2
+
+
+@pytest.mark.parametrize("n, route", [(320, "rounds"), (50_000, "whole")])
+def test_plan_version_6_asks_round_zero_then_one_route(n, route):
+    """Version 6 first asks round zero (the count of the grid, no ends: n itself under substitution),
+    then either round one and round two, or the whole tree's nodes (every released level, `whole`)."""
+    mech = AdaptiveMechanism(256, 1.0)
+
+    def answer(q):
+        if isinstance(q, Q.NodesQuery):
+            return np.full(mech.whole.level_nodes(q.level), 1.0)
+        return np.full(1 if q.round == 0 else mech.bins_one if q.round == 1 else len(q.ends), float(n) if q.round == 0 else 10.0)
+    asked, record = _recording(answer)
+    mech.ask(record, n=lambda: n, copies=2)
+    assert asked[0] == Q.BinsQuery(0) and Q.to_dict(asked[0]) == {"kind": "bins", "round": 0}
+    if route == "whole":
+        assert asked[1:] == [Q.NodesQuery(level, True) for level in mech.whole.released_levels()]
+        assert Q.to_dict(asked[1]) == {"kind": "nodes", "level": 0, "whole": True}
+    else:
+        assert asked[1] == Q.BinsQuery(1) and all(not isinstance(q, Q.NodesQuery) or q.whole is None for q in asked)
 
 
 def test_a_factorization_asks_its_coordinates_once():

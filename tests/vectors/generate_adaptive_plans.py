@@ -7,7 +7,8 @@ replans every case and compares. Round one's answers are a central release's (`A
 under a fixed PRF key (and, for narrow spikes on 2^10, the exact counts too), on eight data shapes, at eps 0.1, 0.5 and 1, under both relations. When this
 file was written (plan version 4), the version 1 to 3 plans were also computed by the code before
 version 4 (commit 31b8915) and were identical; when version 5 was added, the version 1 to 4 plans
-were those of the file before it. Regenerate only to add a version.
+were those of the file before it, and so were versions 1 to 5 when version 6 was added.
+Regenerate only to add a version.
 
     python tests/vectors/generate_adaptive_plans.py
 """
@@ -25,7 +26,8 @@ from dpcdf.release.noise import prf_noise
 
 OUT = Path(__file__).with_name("adaptive_plans_v1.json")
 KEY = hashlib.sha256(b"fss-dpcdf adaptive plan vector key").digest()[:16]
-VERSIONS = (1, 2, 3, 4, 5)
+VERSIONS = (1, 2, 3, 4, 5, 6)
+SHARE_RULE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2}  # the shares' rule each version is planned with (round one: rule 2's)
 
 
 def shapes() -> dict[str, tuple[np.ndarray, int]]:
@@ -56,7 +58,7 @@ def cases() -> list[dict]:
         for relation in ("substitution", "add-remove"):
             for epsilon in (0.1, 0.5, 1.0):
                 noise = lambda ids, scale: prf_noise(KEY, ids, scale)  # noqa: E731
-                mech = AdaptiveMechanism(size, epsilon, relation)
+                mech = AdaptiveMechanism(size, epsilon, relation, plan_version=5, share_rule=2)
                 ones = {"noisy": mech.noisy(prefix, noise).round_one}
                 if name == "narrow spikes":  # round one's exact counts: where only the test for unplaced mass sees them
                     ones["exact"] = np.concatenate([np.diff(np.append(0, prefix[e])) for e in mech.round_one_parts])
@@ -64,7 +66,8 @@ def cases() -> list[dict]:
                 for kind, one in ones.items():
                     plans = {}
                     for version in VERSIONS:
-                        plan = AdaptiveMechanism(size, epsilon, relation, plan_version=version).plan(one, n)
+                        plan = AdaptiveMechanism(size, epsilon, relation, plan_version=version,
+                                                 share_rule=SHARE_RULE[version]).plan(one, n)
                         plans[str(version)] = {"design": plan.design, "ends": list(plan.ends), "fill": plan.fill,
                                                "groups": list(plan.groups)}
                     out.append({"shape": name, "round_one_is": kind, "size": size, "relation": relation, "epsilon": epsilon,

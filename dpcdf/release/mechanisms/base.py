@@ -87,9 +87,10 @@ class Mechanism(ABC):
         `answer(query) -> noisy values`: the analyst's questions to the servers. `n` (public under
         substitution; a number, or a function giving it once asked) and `copies` (how many noises
         each answer carries) as `gather` takes them."""
-        return self.gather(lambda indices: answer(PrefixQuery(indices)), lambda level: answer(NodesQuery(level)),
+        return self.gather(lambda indices: answer(PrefixQuery(indices)),
+                           lambda level, whole=False: answer(NodesQuery(level, whole or None)),
                            lambda: answer(CoordinatesQuery()),
-                           lambda round_, ends, groups=(): answer(BinsQuery(round_, None if round_ == 1 else ends,
+                           lambda round_, ends, groups=(): answer(BinsQuery(round_, None if round_ in (0, 1) else ends,
                                                                             tuple(groups) or None)),
                            n=n, copies=copies)
 

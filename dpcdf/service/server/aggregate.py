@@ -110,11 +110,14 @@ class Aggregator:
         idx = np.asarray(indices, np.int64).reshape(-1)
         return self._add(self.sums(shards, idx), lambda fn: self.mechanism.prefix_noise(idx, fn))
 
-    def node_shares(self, shards: list[KeyBatch], level: int) -> np.ndarray:
-        """Share of (count + this server's noise) for every data-holding node of a tree level.
-        ParameterError unless the mechanism releases that level's node counts (`released_levels`:
-        none for the path mechanism; never an exact root that is not public)."""
-        mech = self.mechanism
+    def node_shares(self, shards: list[KeyBatch], level: int, whole: bool = False) -> np.ndarray:
+        """Share of (count + this server's noise) for every data-holding node of a tree level (`whole`:
+        of an adaptive mechanism's whole tree, plan version 6). ParameterError unless the mechanism
+        releases that level's node counts (`released_levels`: none for the path mechanism; never an
+        exact root that is not public)."""
+        mech = getattr(self.mechanism, "whole", None) if whole else self.mechanism
+        if mech is None:
+            raise ParameterError("this task's mechanism has no whole tree (adaptive, plan version 6, only)")
         if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or int(level) not in mech.released_levels():
             raise ParameterError(f"the {mech.name} mechanism releases node counts of levels {mech.released_levels()} "
                                  f"only, not {level!r}")
@@ -151,7 +154,9 @@ class Aggregator:
         if not hasattr(mech, "round_one_ends") or self.dcf.width != 1:
             raise ParameterError("bins are released by adaptive count tasks only")
         plan = None
-        if round_ == 1:  # its partitions one after another (coarse, then fine: `AdaptiveMechanism.round_one_parts`)
+        if round_ == 0:  # plan version 6, add/remove: the count of the whole grid (`adaptive_route`)
+            parts = [(np.array([mech.size - 1], np.int64), slice(None))]
+        elif round_ == 1:  # its partitions one after another (coarse, then fine: `AdaptiveMechanism.round_one_parts`)
             parts = [(e, slice(None)) for e in mech.round_one_parts]
         else:
             plan = mech.check_plan(RoundTwo("bins", tuple(ends), groups=tuple(groups)))

@@ -24,6 +24,8 @@ KINDS = ("kind must be 'prefix', 'nodes', (factorization tasks) 'coordinates', (
 ADAPTIVE_ONLY = "an adaptive task answers 'bins' and its round-two tree's 'nodes' only, and only it answers 'bins'"
 FACTORIZATION_ONLY = "a factorization task answers 'coordinates' queries only, and only it does"
 SPENT_GROUPS = "this task's groups are already released with other boundaries: the budget is spent"
+SPENT_ROUTE = ("this task's release already took its other route (the whole tree, or round one's bins and round two): "
+               "the budget is spent")
 SPENT_ROUND_TWO = ("this task's round two is already released with another design (other bins, or its tree): "
                    "the budget is spent")
 
@@ -88,17 +90,24 @@ class _Prefix(Handler):
 
 @_handles(NodesQuery)
 class _Nodes(Handler):
-    answered_by = frozenset({"prefix", "adaptive"})  # a tree's, or an adaptive task's round-two tree's
+    answered_by = frozenset({"prefix", "adaptive"})  # a tree's, or an adaptive task's round-two (or whole) tree's
 
     def check(self, q: NodesQuery, config, agg) -> None:
-        if config.mechanism not in ("tree", "adaptive") or q.level not in agg.mechanism.released_levels():
+        if q.whole and getattr(agg.mechanism, "whole", None) is None:
+            raise QueryRefused("only an adaptive task of plan version 6 (with fine bins) has a whole tree")
+        tree = agg.mechanism.whole if q.whole else agg.mechanism
+        if config.mechanism not in ("tree", "adaptive") or q.level not in tree.released_levels():
             raise QueryRefused("node queries need the tree mechanism and a released level")
 
     def designs(self, q: NodesQuery, config) -> list[tuple[str, str, str]]:
-        return [("round-two", json.dumps("tree"), SPENT_ROUND_TWO)] if config.mechanism == "adaptive" else []
+        if config.mechanism != "adaptive":
+            return []
+        if q.whole:  # plan version 6: the whole tree, never round one's bins or round two as well
+            return [("route", json.dumps("whole"), SPENT_ROUTE)]
+        return _rounds(config) + [("round-two", json.dumps("tree"), SPENT_ROUND_TWO)]
 
     def shares(self, q: NodesQuery, config, agg, source) -> np.ndarray:
-        return agg.node_shares(source, q.level)
+        return agg.node_shares(source, q.level, bool(q.whole))
 
 
 @_handles(CoordinatesQuery)
@@ -115,7 +124,10 @@ class _Bins(Handler):
 
     def check(self, q: BinsQuery, config, agg) -> None:
         if (q.round == 2) != (q.ends is not None) or (q.groups is not None and q.round != 2):
-            raise QueryRefused("round 1's bins are the task's (no ends); round 2 names its bins' ends (and groups)")
+            raise QueryRefused("round 1's bins (and round 0's count) are the task's (no ends); round 2 names its bins' ends (and groups)")
+        if q.round == 0 and not getattr(agg.mechanism, "routed", False):
+            raise QueryRefused("round 0 (the count that chooses the route) is an adaptive task's of plan version 6 "
+                               "(with fine bins)")
         if q.ends is not None:
             try:
                 agg.mechanism.check_plan(RoundTwo("bins", q.ends, groups=q.groups or ()))
@@ -124,9 +136,9 @@ class _Bins(Handler):
 
     def designs(self, q: BinsQuery, config) -> list[tuple[str, str, str]]:
         if q.round != 2:
-            return []
+            return _rounds(config) if q.round == 1 else []  # round 0 chooses the route: either may follow
         design = {"ends": list(q.ends), "groups": list(q.groups)} if q.groups else list(q.ends)  # a plan without groups: as before
-        return [("round-two", json.dumps(design), SPENT_ROUND_TWO)]
+        return _rounds(config) + [("round-two", json.dumps(design), SPENT_ROUND_TWO)]
 
     def shares(self, q: BinsQuery, config, agg, source) -> np.ndarray:
         return agg.bin_shares(source, q.round, None if q.ends is None else np.array(q.ends, np.int64), q.groups or ())
@@ -172,6 +184,13 @@ def check(q: Query, config: "TaskConfig", agg: "Aggregator") -> None:
         bins = kind == "adaptive" or h.answered_by == {"adaptive"}  # the rule broken: adaptive's, or factorization's
         raise QueryRefused(ADAPTIVE_ONLY if bins else FACTORIZATION_ONLY)
     h.check(q, config, agg)
+
+
+def _rounds(config: "TaskConfig") -> list[tuple[str, str, str]]:
+    """An adaptive task of plan version 6 answers round one and round two (or the whole tree) on one
+    route only: a query of the rounds fixes that route (`dpcdf.release.adaptive_route`)."""
+    routed = config.adaptive_plan >= 6 and config.fine_bins
+    return [("route", json.dumps("rounds"), SPENT_ROUTE)] if routed else []
 
 
 def designs(q: Query, config: "TaskConfig") -> list[tuple[str, str, str]]:

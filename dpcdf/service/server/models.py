@@ -6,7 +6,7 @@ from __future__ import annotations
 
 from typing import Annotated, Literal, Union
 
-from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictInt, Tag
+from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag
 
 from ...release import queries as plain
 from ..task import MAX_QUERY_POINTS
@@ -137,9 +137,11 @@ class PrefixQuery(QueryModel):
 
 
 class NodesQuery(QueryModel):
-    """Shares of the noisy counts of every data-holding node of one released tree level."""
+    """Shares of the noisy counts of every data-holding node of one released tree level (`whole`: of an
+    adaptive task's whole tree, plan version 6, not its round-two tree; fixes the task's route)."""
     kind: Literal["nodes"]
     level: StrictInt
+    whole: StrictBool | None = None
 
 
 class GroupsQuery(QueryModel):
@@ -154,12 +156,13 @@ class CoordinatesQuery(QueryModel):
 
 
 class BinsQuery(QueryModel):
-    """Adaptive tasks: shares of noisy bin counts. Round 1: the task's fixed equal-width bins (no
+    """Adaptive tasks: shares of noisy bin counts. Round 0 (plan version 6, add/remove): the count of
+    the whole grid (no ends), which chooses the route. Round 1: the task's fixed equal-width bins (no
     ends). Round 2: the bins ending at `ends` (strictly increasing grid indices, the last one the grid's
     last), fixed by the task's first round-two query: a task answers one round-two design only (these
     bins, or its tree's nodes), as another would spend the budget again."""
     kind: Literal["bins"]
-    round: Annotated[StrictInt, Field(ge=1, le=2)]
+    round: Annotated[StrictInt, Field(ge=0, le=2)]
     ends: Annotated[list[StrictInt], Field(max_length=MAX_QUERY_POINTS)] | None = None
     groups: Annotated[list[StrictInt], Field(max_length=MAX_QUERY_POINTS)] | None = None
 

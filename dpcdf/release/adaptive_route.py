@@ -1,0 +1,95 @@
+"""Plan version 6's route: the whole tree on large data, the two rounds on small (`AdaptiveMechanism`).
+
+A histogram's interpolation error grows with the square of the counts; the tree's noise does not grow
+with n. So past some n no histogram round one could find would be chosen (`plan_error`), and round
+one's budget would only be lost: the release then takes the whole tree, with every bit of epsilon.
+Which side of that n the data lies on is known before round one:
+
+- under substitution n is public: the route is a function of it (post-processing of nothing private);
+- under add/remove n is not public: round zero counts the whole grid with `ZERO_SHARE` of epsilon
+  (DLap(1 / eps_0)), and the route is a function of that count (post-processing of round zero).
+
+The rest of epsilon, eps_r = epsilon - eps_0, goes to one route: the whole tree (`TreeMechanism` at
+eps_r) or the two rounds (round one's bins, then a histogram or the round-two tree, at eps_r
+together). A server answers one route per task (the release design fixed at the first query that
+takes one: `dpcdf.service.server.answers`), so the guarantee is eps_0 + max(whole tree, rounds) <=
+epsilon whichever route the analyst takes (adaptive composition of pure DP). Round zero's count,
+answered from the server's PRF noise, is the same at every ask. Every count the release has paid for
+enters its estimate: round zero's and round one's by least squares into the tree that ends it
+(`merge`).
+
+The route's n: `whole_limit`, the n at which a histogram's least hidden error (round one's fine bins
+each holding n / k as a point mass, `plan_error.hidden_miss`), times `plan_error.SAFETY`, reaches the
+whole tree's exact error: sqrt(SAFETY^-1 error / POINT_MASS) k. Above it the rounds would end in the
+tree (at about 1.25x its error, `merge`); below it they may find a histogram.
+"""
+from __future__ import annotations
+
+import math
+from fractions import Fraction
+
+import numpy as np
+
+from . import plan_error
+from .noise import scale_fraction
+
+ZERO_SHARE = 0.02  # add/remove, plan version 6: round zero's share of epsilon (the count of the whole grid)
+ROUND_ZERO_IDS = 1 << 42  # round zero's noise id (round one's bins from 2^40, round two's from 2^41; tree nodes below 2^40 or from 2^56)
+
+
+class RoutedRelease:
+    """The route of plan version 6 (module docstring), mixed into `AdaptiveMechanism`: no state of its own
+    beyond what `route_budget` sets."""
+
+    @property
+    def routed(self) -> bool:
+        return self.plan_version >= 6 and self.fine
+
+    def route_budget(self) -> float:
+        """Sets round zero's budget and scale (add/remove, routed; else none) and returns the rest, the
+        budget of either route, as a float whose exact sum with round zero's is at most epsilon."""
+        self.eps_zero, self.scale_zero = 0.0, None
+        if not self.routed or self.relation != "add-remove":
+            return self.epsilon
+        self.eps_zero = self.epsilon * ZERO_SHARE
+        rest = self.epsilon - self.eps_zero
+        while Fraction(self.eps_zero) + Fraction(rest) > Fraction(self.epsilon):
+            rest = math.nextafter(rest, 0.0)
+        self.scale_zero = scale_fraction(1, self.eps_zero)
+        return rest
+
+    def zero_epsilon(self) -> Fraction:
+        return 1 / self.scale_zero if self.scale_zero is not None else Fraction(0)
+
+    def whole_limit(self, copies: int = 1) -> float:
+        """The n above which the release takes the whole tree (module docstring)."""
+        k = self.fine_ends.size
+        return k * math.sqrt(plan_error.tree_error(self, copies, whole=True) / (plan_error.POINT_MASS * plan_error.SAFETY))
+
+    def take_whole(self, n: float, copies: int = 1) -> bool:
+        """Whether data of n values (under add/remove round zero's noisy count) takes the whole tree."""
+        return float(n) > self.whole_limit(copies)
+
+    def reuse_parts(self, design: str) -> tuple[list[np.ndarray], list[Fraction]]:
+        """(partitions' ends, their noise scales) that the tree ending a routed release of `design`
+        ("tree" or "whole") has not counted itself: round zero's count of the grid (add/remove), and
+        for the round-two tree round one's bins; ([], []) for anything else."""
+        if not self.routed or design not in ("tree", "whole"):
+            return [], []
+        parts, scales = (list(self.round_one_parts), [self.scale_one, self.scale_fine]) if design == "tree" else ([], [])
+        if self.scale_zero is not None:
+            parts, scales = parts + [np.array([self.size - 1])], scales + [self.scale_zero]
+        return parts, scales
+
+    def reused(self, release) -> np.ndarray | None:
+        """The noisy counts of `reuse_parts(release.plan.design)`, in order (None when there are none)."""
+        parts = self.reuse_parts(release.plan.design)[0]
+        if not parts:
+            return None
+        one = [np.asarray(release.round_one, np.float64)] if release.plan.design == "tree" else []
+        zero = [np.array([release.zero], np.float64)] if self.scale_zero is not None else []
+        return np.concatenate(one + zero)
+
+    def route_tree(self, release):
+        """The tree that ends `release`: the whole tree, or round two's."""
+        return self.whole if release.plan.design == "whole" else self.tree

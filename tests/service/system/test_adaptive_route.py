@@ -1,0 +1,86 @@
+"""Plan version 6's route over the two servers (`dpcdf.release.adaptive_route`): on large data the whole
+tree with every bit of epsilon, on small data the two rounds; under add/remove a round-zero count of
+the whole grid chooses. Each server answers one route per task: an analyst (or anyone holding its
+token) who asks for both gets 403 from the second on, so the budget is round zero's plus one route's.
+Real server processes on loopback, real HPKE, real SQLite."""
+from __future__ import annotations
+
+import numpy as np
+import pytest
+
+from dpcdf.analyst import Analyst
+from dpcdf.release.adaptive import AdaptiveMechanism
+from dpcdf.release.ecdf import finish_release, prefix_counts
+from dpcdf.service.client import create_task, submit
+from dpcdf.service.http import ServerError
+from helpers import urls
+from test_adaptive_tasks import GRID8, _both_noises, _uniform
+
+EPSILON = 4.0  # the whole tree from about 550 values (substitution) or 370 (add/remove) on 2^8
+
+
+@pytest.mark.parametrize("relation, n, route", [("substitution", 700, "whole"), ("add-remove", 700, "whole"),
+                                                ("add-remove", 150, "rounds")])
+def test_the_two_server_release_takes_the_route_of_the_central_one(servers, relation, n, route):
+    """The analyst's release equals, value for value, the central release of the same data with both
+    servers' PRF noise (copies = 2), on the same route: the whole tree past the route's n, the rounds
+    below it; under add/remove round zero's count (the same at every ask) is merged into the tree."""
+    pair = servers[0]["noisy"]
+    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", relation, min_batch=0, verify=False)
+    mech = config.make_mechanism()
+    assert isinstance(mech, AdaptiveMechanism) and mech.plan_version == 6 and mech.routed
+    vals = _uniform(n, 8)
+    assert submit(config, vals, batch=200)["complete"] == n
+    rel = Analyst(config, token).release()
+    grid = config.make_grid()
+    central = mech.noisy(prefix_counts(vals, grid), _both_noises(pair, config), copies=2)
+    assert (central.plan.design == "whole") == (route == "whole")
+    assert (central.zero is not None) == (relation == "add-remove")
+    want = finish_release(grid, mech, central, n if relation == "substitution" else 0, copies=2)
+    assert rel.released.zero == central.zero  # round zero's count: the same PRF noise
+    np.testing.assert_allclose(rel.counts, want.counts, atol=1e-6)
+    assert rel.released.plan.design == central.plan.design
+
+
+def test_each_server_answers_one_route_only(servers):
+    """A deviating analyst asks for the whole tree and for round one's bins (both orders, one per
+    server): the second route is refused (403, the budget is spent), the first is answered again the
+    same (PRF noise: nothing spent twice); round zero is answered on either route, the same each time."""
+    pair = servers[0]["noisy"]
+    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "add-remove", min_batch=0, verify=False)
+    submit(config, _uniform(120, 9), batch=120)
+    analyst = Analyst(config, token)
+    zero = analyst._ask({"kind": "bins", "round": 0})[0]
+    assert zero.size == 1
+    nodes = analyst._ask({"kind": "nodes", "level": 0, "whole": True})[0]
+    assert np.array_equal(nodes, analyst._ask({"kind": "nodes", "level": 0, "whole": True})[0])
+    for rounds in ({"kind": "bins", "round": 1}, {"kind": "bins", "round": 2, "ends": [255]}, {"kind": "nodes", "level": 0}):
+        with pytest.raises(ServerError, match="403.*other route"):
+            analyst._ask(rounds)
+    assert np.array_equal(zero, analyst._ask({"kind": "bins", "round": 0})[0])
+
+    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "add-remove", min_batch=0, verify=False)
+    submit(config, _uniform(120, 10), batch=120)
+    analyst = Analyst(config, token)
+    analyst._ask({"kind": "bins", "round": 1})
+    with pytest.raises(ServerError, match="403.*other route"):
+        analyst._ask({"kind": "nodes", "level": 1, "whole": True})
+    analyst._ask({"kind": "bins", "round": 0})  # round zero chooses the route: asked after, it is still answered
+
+
+def test_route_queries_a_task_cannot_answer_are_400(servers):
+    """Under substitution round zero is n itself, exact (public: no budget is spent on it); round zero
+    and the whole tree on a tree task: 400 with a message, nothing fixed."""
+    pair = servers[0]["noisy"]
+    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "substitution", min_batch=0, verify=False)
+    submit(config, _uniform(60, 11), batch=60)
+    analyst = Analyst(config, token)
+    count, n = analyst._ask({"kind": "bins", "round": 0})
+    assert count.tolist() == [60] and n == 60
+    tree, tree_token = create_task(urls(pair), GRID8, EPSILON, "tree", "substitution", min_batch=0, verify=False)
+    submit(tree, _uniform(60, 12), batch=60)
+    with pytest.raises(ServerError, match="400.*whole tree"):
+        Analyst(tree, tree_token)._ask({"kind": "nodes", "level": 0, "whole": True})
+    with pytest.raises(ServerError, match="400"):
+        Analyst(tree, tree_token)._ask({"kind": "bins", "round": 0})
+    assert analyst._ask({"kind": "bins", "round": 1})[0].size > 0  # nothing was fixed by the refusals
