@@ -157,3 +157,17 @@ def test_no_two_test_modules_share_a_name():
     name in different folders make a collection error that stops the whole run."""
     names = [p.name for p in (ROOT / "tests").rglob("test_*.py")]
     assert sorted({n for n in names if names.count(n) > 1}) == []
+
+
+def test_the_adaptive_plans_rules_are_data():
+    """Issue 41/43: each plan version is a row of `PLAN_RULES`; the planning code reads the row, never
+    compares version numbers."""
+    import re
+
+    from dpcdf.release.adaptive_plan import PLAN_RULES
+
+    assert sorted(PLAN_RULES) == list(range(1, max(PLAN_RULES) + 1))
+    release = ROOT / "dpcdf" / "release"
+    compared = [f"{p.name}:{i}" for p in release.glob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
+                if re.search(r"plan_version\s*[<>]=?|plan_version\s*==\s*\d", line)]
+    assert compared == []

@@ -76,7 +76,7 @@ from .histogram import (FILLS, UNIFORM_SHARE, bins_noise, equal_width_ends, fill
 from .noise import MIN_EPSILON, check_epsilon, dlaplace_variance, scale_fraction
 from .adaptive_plan import (FINE_SDS, FLAT_BINS, FLAT_LIMIT, GROUP_SHARE, GROUP_SHARE_5, GROUPED_NARROW_SDS, ISOLATED_SDS,  # noqa: F401
                             MASS_BINS, MAX_PLANNED_BINS, MAX_REFINED_BINS, NARROW_SDS, REFINED_WIDTH, ROUND_ONE_BINS, TREE_SDS,
-                            WIDE_SDS, RoundOnePlanner, RoundTwo)
+                            WIDE_SDS, PLAN_RULES, RoundOnePlanner, RoundTwo)
 
 ROUND_ONE_SHARE = 0.15  # of epsilon, for round one's coarse bins
 FINE_SHARE = 0.05  # of epsilon, for round one's fine bins (`fine`)
@@ -180,11 +180,11 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         if self.epsilon * (FINE_SHARE if self.fine else ROUND_ONE_SHARE) < MIN_EPSILON:
             raise ParameterError(f"the adaptive mechanism needs epsilon >= {MIN_ADAPTIVE_EPSILON:.3g} (round one's share "
                                  f"at least {MIN_EPSILON:g}), got {self.epsilon!r}")
-        if not isinstance(self.plan_version, int) or isinstance(self.plan_version, bool) or self.plan_version not in (1, 2, 3, 4, 5, 6):
-            raise ParameterError(f"the adaptive plan's version is 1 to 6, got {self.plan_version!r:.40}")
+        if not isinstance(self.plan_version, int) or isinstance(self.plan_version, bool) or self.plan_version not in PLAN_RULES:
+            raise ParameterError(f"the adaptive plan's version is 1 to {max(PLAN_RULES)}, got {self.plan_version!r:.40}")
+        self.rules = PLAN_RULES[self.plan_version]
         if not isinstance(self.share_rule, int) or isinstance(self.share_rule, bool) or self.share_rule not in (1, 2):
             raise ParameterError(f"the adaptive shares' rule is 1 or 2, got {self.share_rule!r:.40}")
-        self.refined_width = REFINED_WIDTH if self.plan_version >= 2 else 2
         budget = self.route_budget()  # the rounds' (and the whole tree's) budget: epsilon less round zero's
         one_share, fine_share = round_one_shares(self.epsilon, self.relation, self.share_rule if self.fine else 1)
         self.eps_fine = budget * fine_share if self.fine else 0.0
@@ -204,8 +204,8 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
             eps_root, eps_bins = split_budget(self.eps_two, ROOT_SHARE_TWO)
             self.scale_two, self.scale_root = scale_fraction(delta, eps_bins), scale_fraction(delta, eps_root)
         self.scale_group = self.scale_inner = self.group_share = None
-        if self.fine and self.plan_version >= 3:  # a split group's total, and its bins, share a bin's budget
-            self.group_share = GROUP_SHARE_5 if self.plan_version >= 5 else GROUP_SHARE
+        if self.fine and self.rules.groups:  # a split group's total, and its bins, share a bin's budget
+            self.group_share = self.rules.group_share
             eps_group, eps_inner = split_budget(eps_bins, self.group_share)
             self.scale_group, self.scale_inner = scale_fraction(delta, eps_group), scale_fraction(delta, eps_inner)
         self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
@@ -223,7 +223,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         """Round two's design (`RoundOnePlanner.plan`); from plan version 6 a histogram only where its
         estimated error, times `plan_error.SAFETY`, is below the tree's (`plan_error`), else the tree."""
         proposal = super().plan(round_one, n, copies)
-        if self.plan_version < 6 or proposal.design == "tree":
+        if not self.rules.gate or proposal.design == "tree":
             return proposal
         known = float(n) if self.relation == "substitution" else None
         counts = np.asarray(round_one, dtype=np.float64).reshape(-1)

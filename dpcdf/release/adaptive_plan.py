@@ -58,6 +58,34 @@ FLAT_LIMIT = 1 + 3 * np.sqrt(5 / (ROUND_ONE_BINS - 1))  # 3 sds of flat_statisti
 
 
 @dataclass(frozen=True)
+class PlanRules:
+    """The rules of one plan version (a row of `PLAN_RULES`): a task pins its version, so a server and
+    the analyst plan round two alike whatever version is newest. The constants each rule uses are above."""
+
+    refined_width: int  # a spike's bins inside a fine bin (version 1: 2 points; `refined_ends`)
+    unplaced: bool  # mass round one cannot place is cut at the fine bins (`unplaced`; from version 2)
+    groups: bool  # each cut run of fine bins a split group with its total counted (`split_groups`; from version 3)
+    flat_bins: tuple[int, ...]  # flat data's bin counts (`POWER_BINS` before version 3, then `FLAT_BINS`)
+    narrow_sds: float  # 2-point spike bins above this many noise sds (`NARROW_SDS`, `GROUPED_NARROW_SDS` from version 3)
+    graded: bool  # version 4: graded mass bins (`GRADE`), up to `GRADED_PLANNED_BINS` of them, `busy_ends`,
+    # `heavy_ends`, and the tree for unplaced mass alone under add/remove
+    group_share: float | None  # a split group's total's share of a bin's budget (`GROUP_SHARE`, `GROUP_SHARE_5`)
+    min_flat_bins: int  # under substitution, flat data's fewest bins (`MIN_FLAT_BINS` from version 5)
+    gate: bool  # version 6: a histogram only where its estimated error beats the tree's (`plan_error`)
+    route: bool  # version 6: the whole tree on large data, round zero under add/remove (`adaptive_route`)
+
+
+PLAN_RULES = {
+    1: PlanRules(2, False, False, POWER_BINS, NARROW_SDS, False, None, 1, False, False),
+    2: PlanRules(REFINED_WIDTH, True, False, POWER_BINS, NARROW_SDS, False, None, 1, False, False),
+    3: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, False, GROUP_SHARE, 1, False, False),
+    4: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE, 1, False, False),
+    5: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, False, False),
+    6: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, True, True),
+}
+
+
+@dataclass(frozen=True)
 class RoundTwo:
     """Round two's design: "bins" (a histogram whose bins end at `ends`, filled in "linear"ly or by
     "pchip") or "tree" (`AdaptiveMechanism.tree` on the whole grid). `groups` (plan version 3; empty:
@@ -137,13 +165,13 @@ class RoundOnePlanner:
         total = float(n) if bridge else max(float(counts.sum()), 1.0)
         var = self.noise_variance(2, copies)
         if self.flat_statistic(counts, total, copies) < FLAT_LIMIT:
-            flat = FLAT_BINS if self.plan_version >= 3 else POWER_BINS
+            flat = self.rules.flat_bins
             options = [equal_width_ends(self.size, k) for k in flat if k <= self.size // 2]
             risks = [total / (6 * e.size) + self.missed_structure(counts[:ROUND_ONE_BINS], total, e, copies)
                      + bins_noise(e, self.size, var, bridge) for e in options]
             best = int(np.argmin(risks))
-            if self.plan_version >= 5 and bridge:  # `flat` ascends, and every count up to 128 fits a grid of 256
-                best = max(best, flat.index(MIN_FLAT_BINS))
+            if bridge:  # `flat` ascends, and every count up to 128 fits a grid of 256
+                best = max(best, flat.index(self.rules.min_flat_bins))
             return RoundTwo("bins", tuple(int(i) for i in options[best]), "linear")
         estimate = self.round_one_estimate(counts, total, copies)
         options = [mass_ends(estimate, total, k) for k in MASS_BINS if k <= self.size // 2]
@@ -151,18 +179,18 @@ class RoundOnePlanner:
                  + bins_noise(e, self.size, var, bridge) for e in options]
         best = int(np.argmin(risks))
         refined = self.refined_ends(counts, copies) if self.fine else None
-        planned = MAX_PLANNED_BINS if self.plan_version < 4 else GRADED_PLANNED_BINS
+        planned = GRADED_PLANNED_BINS if self.rules.graded else MAX_PLANNED_BINS
         histogram = refined is not None or MASS_BINS[best] <= planned  # else the tree, below
-        unplaced = self.unplaced(counts, refined, copies) if self.fine and self.plan_version >= 2 and histogram else None
-        if self.plan_version >= 4 and not bridge and refined is None and unplaced is not None and MASS_BINS[best] > MAX_PLANNED_BINS:
+        unplaced = self.unplaced(counts, refined, copies) if self.fine and self.rules.unplaced and histogram else None
+        if self.rules.graded and not bridge and refined is None and unplaced is not None and MASS_BINS[best] > MAX_PLANNED_BINS:
             return RoundTwo("tree")  # narrow spikes the spike test misses, under add/remove: the tree (`GRADED_PLANNED_BINS`)
         if refined is not None or unplaced is not None:  # a spike: the histogram, cut finely where round one sees it
             base = options[min(best, MASS_BINS.index(MAX_PLANNED_BINS))]  # 32 beside a spike's cuts (`GRADED_PLANNED_BINS`)
             if unplaced is not None:  # round one's coarse ends around mass it cannot place (version 4: and the
                 # mass plan's elsewhere, `busy_ends`)
-                base = self.round_one_ends if self.plan_version < 4 else self.busy_ends(counts, base, unplaced, copies)
+                base = self.busy_ends(counts, base, unplaced, copies) if self.rules.graded else self.round_one_ends
             found = np.isin(self.fine_ends, unplaced) if unplaced is not None else None  # `unplaced_bins`' mask
-            heavy = self.heavy_ends(counts, found, copies) if found is not None and self.plan_version >= 4 else None
+            heavy = self.heavy_ends(counts, found, copies) if found is not None and self.rules.graded else None
             ends = functools.reduce(np.union1d, [e for e in (base, refined, unplaced, heavy) if e is not None])
             crowded = counts[ROUND_ONE_BINS:].max() > TREE_SDS * np.sqrt(var)  # a small bin's interpolation would cost more
             if ends.size > MAX_REFINED_BINS or crowded:
@@ -172,12 +200,12 @@ class RoundOnePlanner:
                 runs |= self.spike_bins(counts, copies)
             if unplaced is not None:
                 runs |= found
-            groups = self.split_groups(ends, runs) if self.plan_version >= 3 else ends
+            groups = self.split_groups(ends, runs) if self.rules.groups else ends
             split = tuple(int(i) for i in groups) if groups.size < ends.size else ()  # () when no run holds two bins
             return RoundTwo("bins", tuple(int(i) for i in ends), "pchip", split)
         if not histogram:
             return RoundTwo("tree")
-        ends = graded_ends(options[best], GRADE) if self.plan_version >= 4 else options[best]
+        ends = graded_ends(options[best], GRADE) if self.rules.graded else options[best]
         return RoundTwo("bins", tuple(int(i) for i in ends), "pchip")
 
     def refined_ends(self, counts: np.ndarray, copies: int = 1, kept: np.ndarray | None = None) -> np.ndarray | None:
@@ -193,10 +221,9 @@ class RoundOnePlanner:
         fine = np.asarray(counts, dtype=np.float64)[ROUND_ONE_BINS:]
         starts = np.append(0, self.fine_ends[:-1] + 1)
         heaviest = fine[kept].max() / np.sqrt(self.noise_variance(2, copies))  # in round-two noise sds
-        narrow = GROUPED_NARROW_SDS if self.plan_version >= 3 else NARROW_SDS
-        w = 2 if heaviest > narrow else self.refined_width  # 2-point bins where a spike is heavy (interpolation)
+        w = 2 if heaviest > self.rules.narrow_sds else self.rules.refined_width  # 2-point bins where a spike is heavy (interpolation)
         if self.share_rule >= 2 and self.fine and self.relation == "add-remove" and heaviest < WIDE_SDS:
-            w = 2 * self.refined_width  # ... and 8-point bins where it is light (fewer noises in its sum)
+            w = 2 * self.rules.refined_width  # ... and 8-point bins where it is light (fewer noises in its sum)
         ends = [np.arange(a + w - 1, b, w) for a, b in zip(starts[kept], self.fine_ends[kept])]
         ends = np.unique(np.concatenate(ends + [starts[kept] - 1, self.fine_ends[kept], [self.size - 1]]))
         return ends[ends >= 0]

@@ -43,7 +43,7 @@ class RoutedRelease:
 
     @property
     def routed(self) -> bool:
-        return self.plan_version >= 6 and self.fine
+        return self.rules.route and self.fine
 
     def route_budget(self) -> float:
         """Sets round zero's budget and scale (add/remove, routed; else none) and returns the rest, the
