@@ -235,9 +235,11 @@ def cmd_query(args) -> None:
         return
     source = analyst if args.bisect else analyst.release(args.postprocess)
     band = None if args.bisect or not args.ecdf else source.confidence_band(0.95, ts=args.ecdf)  # post-processing
+    read = [float(r) for r in source.read_at(args.ecdf)] if hasattr(source, "read_at") else list(args.ecdf)
     for k, (t_, f_) in enumerate(zip(args.ecdf, source.ecdf(args.ecdf))):
-        print(f"F({t_:g}) = {f_:.4f}" + ("" if band is None else f"  +/- {(band[1][k] - band[0][k]) / 2:.4f} (95% simultaneous "
-                                        f"band {band[0][k]:.4f} to {band[1][k]:.4f})"))
+        at = "" if read[k] == t_ else (f" (read at the threshold {read[k]:g}: values in ({read[k]:g}, {t_:g}] count at the next one)"
+                                        if math.isfinite(read[k]) else " (below the grid's first threshold)")
+        print(f"F({t_:g}) = {f_:.4f}{at}" + ("" if band is None else f"; 95% simultaneous band {band[0][k]:.4f} to {band[1][k]:.4f}"))
     for p_, q_ in zip(args.quantiles, source.quantile(args.quantiles)):
         print(f"q({p_:g}) = {q_:g}")
     print(analyst.mechanism.statement())

@@ -345,9 +345,12 @@ def confidence_band(rel, level: float = 0.95, target: str = "sample", ts=None,
     t = np.asarray(ts, dtype=np.float64)
     if np.isnan(t).any():
         raise ParameterError("band points must not be NaN")
+    # between thresholds t_i < t < t_(i+1) the data's F(t) lies between F(t_i) and F(t_(i+1)) (a value in
+    # (t_i, t] is counted at t_(i+1)): the band there spans both thresholds' bands, on the same event
     i = np.searchsorted(rel.grid.thresholds, t, side="right") - 1
-    j = np.clip(i, 0, None)
-    return np.where(i >= 0, f_lo[j], 0.0), f_hi[j]
+    on = (i >= 0) & (rel.grid.thresholds[np.clip(i, 0, None)] == t)
+    upper = np.clip(np.where(on, i, i + 1), 0, rel.grid.size - 1)
+    return np.where(i >= 0, f_lo[np.clip(i, 0, None)], 0.0), np.where(i >= rel.grid.size - 1, 1.0, f_hi[upper])
 
 
 def plot_band(rel, ax=None, level: float = 0.95, target: str = "sample", label: str | None = None):

@@ -56,13 +56,23 @@ class Release:
         return self.counts / self.total if self.total > 0 else np.zeros_like(self.counts)
 
     def ecdf(self, ts) -> np.ndarray:
-        """F(t) for any values t: the released F at the largest threshold <= t (0 below t_0)."""
+        """F(t) for any values t: the released F at the largest threshold <= t (0 below t_0; `read_at`
+        names it). Between thresholds t_i < t < t_(i+1) the data's F(t) may be anywhere from F(t_i) to
+        F(t_(i+1)) (values in (t_i, t] are counted at t_(i+1)): `confidence_band(ts=...)` spans both."""
+        i = self._below(ts)
+        f = self.cdf()
+        return np.where(i >= 0, f[np.clip(i, 0, None)], 0.0)
+
+    def read_at(self, ts) -> np.ndarray:
+        """The threshold each `ecdf(t)` answer reads (the largest <= t; NaN below t_0)."""
+        i = self._below(ts)
+        return np.where(i >= 0, self.grid.thresholds[np.clip(i, 0, None)], np.nan)
+
+    def _below(self, ts) -> np.ndarray:
         t = np.asarray(ts, dtype=np.float64)
         if np.isnan(t).any():
             raise ParameterError("ecdf points must not be NaN")
-        i = np.searchsorted(self.grid.thresholds, t, side="right") - 1
-        f = self.cdf()
-        return np.where(i >= 0, f[np.clip(i, 0, None)], 0.0)
+        return np.searchsorted(self.grid.thresholds, t, side="right") - 1
 
     def quantile(self, ps, method: str = "exact") -> np.ndarray:
         """The smallest threshold t with F(t) >= p, per p in [0, 1] (non-decreasing in p, and each

@@ -53,11 +53,20 @@ class Grid:
         return cls(thresholds, strict)
 
     @classmethod
-    def integers(cls, size: int) -> "Grid":
-        """Thresholds 0, 1, ..., size - 1: data that are already indices."""
-        if not isinstance(size, int) or size < 2:
-            raise ParameterError(f"size must be an int >= 2, got {size!r}")
-        return cls(np.arange(size, dtype=np.float64), strict=True)
+    def integers(cls, size_or_lo: int, hi: int | None = None, strict: bool = True) -> "Grid":
+        """Integer thresholds: `integers(size)` is 0, 1, ..., size - 1 (data that are already indices);
+        `integers(lo, hi)` is lo, lo + 1, ..., hi (integer data such as ages: every answer at an integer
+        is then exact, no value is shifted to a neighbouring threshold). Values outside raise
+        `DomainError` (strict) unless strict=False, which clamps those above hi."""
+        if hi is None:
+            lo, hi = 0, size_or_lo - 1 if isinstance(size_or_lo, int) and not isinstance(size_or_lo, bool) else None
+            if hi is None or hi < 1:
+                raise ParameterError(f"size must be an int >= 2, got {size_or_lo!r}")
+        else:
+            lo = size_or_lo
+        if any(not isinstance(v, (int, np.integer)) or isinstance(v, bool) for v in (lo, hi)) or hi <= lo:
+            raise ParameterError(f"integers(lo, hi) takes two integers lo < hi, got {size_or_lo!r}, {hi!r}")
+        return cls(np.arange(int(lo), int(hi) + 1, dtype=np.float64), strict=strict)
 
     @property
     def size(self) -> int:

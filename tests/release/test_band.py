@@ -302,3 +302,40 @@ def test_the_analysts_two_server_release_is_covered():
         assert rel.copies == 2
         hits += covered(rel, truth)
     assert hits / runs >= floor(runs)
+
+
+def test_the_band_at_values_between_thresholds_covers_the_datas_ecdf_there():
+    """Issue 46: integer data (ages) on a grid whose thresholds are not integers (2^8 over [18, 90],
+    spacing 0.28): `ecdf(45)` reads the threshold 44.82 (`read_at`), which leaves out everyone aged 45,
+    but the band at 45 spans the bands of the thresholds around it, so it contains the data's F(45):
+    at 100 random points at once in at least the level's share of releases; the answer at a
+    threshold itself is unchanged."""
+    rng = np.random.default_rng(8)  # the data set and the points, not privacy noise
+    ages = np.clip(np.rint(rng.normal(45, 12, 5000)), 18, 90)
+    grid, runs = Grid.uniform(18, 90, 8), 120
+    ts = np.concatenate([[30.0, 45.0, 60.0], rng.uniform(10, 95, 97)])
+    truth = np.array([(ages <= t).mean() for t in ts])
+    rels = [dpcdf.release_ecdf(ages, grid, 1.0, "tree") for _ in range(runs)]
+    assert rels[0].read_at([45.0, grid.thresholds[3], 10.0])[:2].tolist() == [grid.thresholds[95], grid.thresholds[3]]
+    assert np.isnan(rels[0].read_at([10.0])[0]) and (ages <= grid.thresholds[95]).mean() < truth[1] - 0.02
+    hits = 0
+    for rel in rels:
+        lo, hi = rel.confidence_band(ts=ts)
+        hits += bool(np.all((lo <= truth + 1e-12) & (truth <= hi + 1e-12)))
+        on_grid = rel.confidence_band(ts=grid.thresholds[:5])
+        np.testing.assert_array_equal(np.stack(on_grid), np.stack(rel.confidence_band())[:, :5])
+    assert hits / runs >= floor(runs)
+
+
+def test_an_integer_grid_answers_at_the_integers():
+    """`Grid.integers(lo, hi)`: thresholds lo .. hi, so F(45) counts everyone aged 45 and quantiles are
+    integers; bad bounds are typed errors."""
+    ages = np.array([18, 30, 45, 45, 45, 60, 90])
+    grid = Grid.integers(18, 90)
+    assert grid.size == 73 and grid.thresholds[0] == 18 and grid.thresholds[-1] == 90
+    rel = dpcdf.release_ecdf(ages, grid, 50.0, "tree")
+    assert rel.read_at([45.0])[0] == 45.0 and np.all(rel.quantile([0.1, 0.5, 0.9]) % 1 == 0)
+    assert Grid.integers(64).thresholds.tolist() == list(range(64))
+    for bad in ((5, 5), (5, 2), (1.5, 9), (True, 9), (0,)):
+        with pytest.raises(ParameterError):
+            Grid.integers(*bad)
