@@ -9,7 +9,10 @@ heavy-tailed, integer values on a finer grid, zero-inflated, gaps, a comb, spike
 Each cell (data, n, relation, eps) runs `--runs` releases of each method; counts MSE over all 4,096
 prefixes, and the quantile error in grid units (p = 0.01 .. 0.99). Methods: ours, the default
 (`mechanism="auto"`), the previous default (plan version 5) with --v5, the b-ary tree (`"tree"`), each
-released centrally with CSPRNG noise; OpenDP's make_b_ary_tree + then_laplace + consistency at
+released centrally, in each run from one fresh secret PRF key (`prf_noise`, as a server draws its noise):
+common random numbers, so that a node that two methods release at one scale gets the same noise in
+both (the default's whole tree is then the tree itself, ratio 1) and the runs' ratios are paired, while
+each method's noise law is exactly its own; OpenDP's make_b_ary_tree + then_laplace + consistency at
 b = 2, 4, 8, 16, 32, of which each cell reports the best (an oracle choice, which favours it).
 
 Printed: one row per cell (ratios of mean MSE, with the standard error of the default's log ratio to
@@ -21,6 +24,7 @@ from __future__ import annotations
 import argparse
 import functools
 import math
+import secrets
 from pathlib import Path
 
 import numpy as np
@@ -28,7 +32,8 @@ import numpy as np
 import dpcdf
 from dpcdf import Grid, metrics
 from dpcdf.release.adaptive import AdaptiveMechanism
-from dpcdf.release.ecdf import finish_release, secure_node_noise
+from dpcdf.release.ecdf import finish_release
+from dpcdf.release.noise import prf_noise
 
 SIZE = 4096
 PS = np.linspace(0.01, 0.99, 99)
@@ -94,8 +99,8 @@ def quantile_error(prefix: np.ndarray, est) -> float:
     return float(np.mean(np.abs(truth - np.minimum(np.searchsorted(f, PS, side="left"), SIZE - 1))))
 
 
-def ours(prefix: np.ndarray, mech, grid: Grid) -> dpcdf.Release:
-    return finish_release(grid, mech, mech.noisy(prefix, secure_node_noise), int(prefix[-1]))
+def ours(prefix: np.ndarray, mech, grid: Grid, key: bytes) -> dpcdf.Release:
+    return finish_release(grid, mech, mech.noisy(prefix, lambda ids, scale: prf_noise(key, ids, scale)), int(prefix[-1]))
 
 
 def cell(hist: np.ndarray, eps: float, rel: str, runs: int, v5: bool) -> dict[str, tuple[np.ndarray, float]]:
@@ -106,8 +111,9 @@ def cell(hist: np.ndarray, eps: float, rel: str, runs: int, v5: bool) -> dict[st
     if v5:
         mechs["v5"] = AdaptiveMechanism(SIZE, eps, rel, plan_version=5, share_rule=2)
     out = {}
+    keys = [secrets.token_bytes(16) for _ in range(runs)]  # one PRF key per run, shared by our methods
     for label, mech in mechs.items():
-        rels = [ours(prefix, mech, grid) for _ in range(runs)]
+        rels = [ours(prefix, mech, grid, key) for key in keys]
         out[label] = (np.array([metrics.mse_counts(prefix, r.counts) for r in rels]),
                       float(np.mean([quantile_error(prefix, r) for r in rels])))
         if label == "default":  # how often the default's plan was a histogram

@@ -325,6 +325,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
                     raise ParameterError(f"round zero is one count of the whole grid, got shape {asked.shape}")
                 route_n = float(asked[0])
                 zero = route_n if self.scale_zero is not None else None  # under substitution n, exact: nothing to merge
+                n = n if n is not None or zero is not None else route_n  # ... which plans round two too
             if self.take_whole(route_n, copies):
                 whole = self.whole.gather(prefix_at, lambda level: nodes_at(level, whole=True))
                 return AdaptiveRelease(np.zeros(0), RoundTwo("whole"), whole, zero=zero)

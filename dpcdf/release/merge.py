@@ -37,13 +37,23 @@ def range_matrix(ends: np.ndarray, size: int) -> np.ndarray:
     return out
 
 
-def response(tree: TreeMechanism, leaves: np.ndarray, copies: int = 1) -> np.ndarray:
+def bin_sums(prefix: np.ndarray, ends: np.ndarray) -> np.ndarray:
+    """B x from prefix sums (size, ...) of x: each bin's sum, bins ending at `ends` (all partitions' in a row)."""
+    at = prefix[np.asarray(ends, np.int64)]
+    before = np.concatenate([np.zeros((1,) + at.shape[1:]), at[:-1]])
+    return at - np.where((np.diff(np.append(-1, ends)) > 0).reshape((-1,) + (1,) * (at.ndim - 1)), before, 0.0)
+
+
+def response(tree: TreeMechanism, leaves, copies: int = 1, columns: int | None = None) -> np.ndarray:
     """S v for each column v of `leaves` (size, k), as prefix sums (size, k): the consistent estimate
-    of node counts that are zero but at the leaves, there v times the leaves' variance."""
+    of node counts that are zero but at the leaves, there v times the leaves' variance. `leaves` may
+    be a function of a column range (start, stop) giving those columns (with `columns` their number),
+    so that they are never all in memory at once."""
     var_leaf = tree.variances()[0] * copies
-    out = np.empty((tree.size, leaves.shape[1]))
-    for start in range(0, leaves.shape[1], _COLUMNS):
-        block = leaves[:, start:start + _COLUMNS]
+    k = leaves.shape[1] if columns is None else columns
+    out = np.empty((tree.size, k))
+    for start in range(0, k, _COLUMNS):
+        block = leaves(start, min(k, start + _COLUMNS)) if callable(leaves) else leaves[:, start:start + _COLUMNS]
         nodes = [block * var_leaf] + [np.zeros((tree.level_nodes(lv), block.shape[1]))
                                       for lv in range(1, tree.shape.height + 1)]
         out[:, start:start + _COLUMNS] = tree.consistent(nodes, copies)
@@ -62,19 +72,22 @@ class RoundOneMerge:
 
     def __post_init__(self) -> None:
         size = self.tree.size
-        self.rows = np.vstack([range_matrix(e, size) for e in self.parts])  # B
+        self.ends = np.concatenate([np.asarray(e, np.int64) for e in self.parts])  # B, as its bins' ends
+        starts = np.concatenate([np.append(0, np.asarray(e, np.int64)[:-1] + 1) for e in self.parts])
         noise = np.concatenate([np.full(len(e), v * self.copies) for e, v in zip(self.parts, self.variances)])  # D
-        self.gain_prefix = response(self.tree, self.rows.T, self.copies)  # S B' as prefix sums, (size, bins)
-        s_b = np.diff(np.vstack([np.zeros((1, self.rows.shape[0])), self.gain_prefix]), axis=0)  # S B', leaves
-        self.inner = self.rows @ s_b + np.diag(noise)  # B S B' + D
+
+        def rows(a: int, b: int) -> np.ndarray:  # B' columns a..b-1, (size, b - a)
+            x = np.arange(size)[:, None]
+            return ((x >= starts[None, a:b]) & (x <= self.ends[None, a:b])).astype(np.float64)
+        self.gain_prefix = response(self.tree, rows, self.copies, self.ends.size)  # S B' as prefix sums, (size, bins)
+        self.inner = bin_sums(self.gain_prefix, self.ends) + np.diag(noise)  # B S B' + D
         self.inner_inv = np.linalg.inv(self.inner)
 
     def apply(self, fitted: np.ndarray, round_one: np.ndarray) -> np.ndarray:
         """The merged prefix counts from the tree's consistent prefix counts `fitted` and round one's
         bin counts (both may carry a batch axis: (size, B) and (bins, B))."""
         fitted = np.asarray(fitted, np.float64)
-        leaves = np.diff(np.concatenate([np.zeros((1,) + fitted.shape[1:]), fitted]), axis=0)
-        residual = np.asarray(round_one, np.float64) - self.rows @ leaves
+        residual = np.asarray(round_one, np.float64) - bin_sums(fitted, self.ends)
         return fitted + self.gain_prefix @ (self.inner_inv @ residual)
 
     def variance_drop(self, at: np.ndarray) -> np.ndarray:

@@ -29,6 +29,8 @@ from .noise import dlaplace_variance
 SAFETY = 4.0  # a histogram is kept when its estimated error times this is below the tree's
 POINT_MASS = 1 / 6  # mean over a point mass's place in a bin of its interpolation error's mean square, over c^2
 _SAMPLE = 128  # prefixes at which the tree's exact variance is averaged
+MAX_REUSE_GRID = 1 << 14  # larger grids: no reuse, and the tree's error is its covering estimate's (`tree_error`):
+# the merge's S B' is grid x 288 floats and the exact variance grid x 128 (2^20 points: 10 GB and 96 s, review)
 _TREE_ERRORS: dict[tuple, float] = {}
 
 
@@ -88,6 +90,8 @@ def tree_error(mech, copies: int = 1, whole: bool = False) -> float:
     prefixes spread over the grid): round two's with round one's counts (and round zero's) reused
     (`merge`), or with `whole` the whole tree's (plan version 6's route). Public: cached per mechanism."""
     key = _key(mech, copies) + (whole,)
+    if key not in _TREE_ERRORS and mech.size > MAX_REUSE_GRID:  # exact for the covering estimate, an upper bound
+        _TREE_ERRORS[key] = copies * (mech.whole if whole else mech.tree).expected_mse()
     if key not in _TREE_ERRORS:
         at = np.unique(np.linspace(0, mech.size - 2, _SAMPLE).astype(np.int64))  # the last prefix (n) aside
         if whole:
@@ -108,7 +112,9 @@ def _key(mech, copies: int) -> tuple:
 
 def reuse_merge(mech, design: str, copies: int = 1) -> RoundOneMerge | None:
     """The `RoundOneMerge` of the counts a routed release of `design` reuses (`reuse_parts`) into its
-    tree; None when there are none. Public parameters only: cached."""
+    tree; None when there are none, or on grids above `MAX_REUSE_GRID`. Public parameters only: cached."""
+    if mech.size > MAX_REUSE_GRID:
+        return None
     key = _key(mech, copies) + (design,)
     if key not in _MERGES:
         if len(_MERGES) >= 32:

@@ -204,7 +204,7 @@ def test_band_shape_points_and_monotonicity():
     assert lo.shape == hi.shape == (64,) and np.all(lo <= hi) and np.all(np.diff(lo) >= 0) and np.all(np.diff(hi) >= 0)
     assert 0 <= lo.min() and hi.max() <= 1 and lo[-1] == hi[-1] == 1.0
     at_lo, at_hi = rel.confidence_band(ts=[-1.0, 3.5, 63])
-    assert at_lo[0] == 0.0 and at_lo[1] == lo[3] and at_hi[1] == hi[3] and at_hi[2] == 1.0
+    assert at_lo[0] == 0.0 and at_lo[1] == lo[3] and at_hi[1] == hi[4] and at_hi[2] == 1.0  # between 3 and 4: both bands
     narrow = rel.confidence_band(0.5)
     assert np.all(narrow[0] >= lo) and np.all(narrow[1] <= hi)
 

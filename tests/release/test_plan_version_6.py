@@ -168,3 +168,33 @@ def test_smooth_small_data_keeps_its_histogram():
         designs = [mech.noisy(prefix, lambda ids, scale, k=k: prf_noise(bytes([k]) * 16, ids, scale)).plan.design
                    for k in range(20)]
         assert designs.count("bins") >= 12, (relation, designs)
+
+
+def test_planning_on_the_largest_grids_stays_small():
+    """Review of version 6: the merge and the exact tree error are grid x 288 and grid x 128 floats (2^20
+    points: 10 GB, 96 s); above `MAX_REUSE_GRID` the plan uses the covering estimate's exact error and
+    no reuse, so planning a 2^20 grid takes little memory (peak measured 25 MB)."""
+    import tracemalloc
+
+    tracemalloc.start()
+    try:
+        mech = AdaptiveMechanism(1 << 20, 1.0, "add-remove")
+        limit, error = mech.whole_limit(2), plan_error.tree_error(mech, 2)
+        assert plan_error.reuse_merge(mech, "tree", 2) is None and limit > 0 and error == 2 * mech.tree.expected_mse()
+        assert tracemalloc.get_traced_memory()[1] < 200e6
+    finally:
+        tracemalloc.stop()
+
+
+def test_an_analyst_without_n_plans_with_round_zeros_exact_n():
+    """Review of version 6: under substitution with n unknown to the caller (None), round zero gives n
+    exactly and round two is planned with it."""
+    values = np.random.default_rng(4).integers(0, 256, 300)  # the data set
+    prefix = dpcdf.prefix_counts(values, Grid.integers(256))
+    mech = AdaptiveMechanism(256, 1.0)
+
+    def bins_at(round_, ends, groups=()):
+        return np.diff(np.append(0, prefix[np.asarray(ends)])).astype(float) if round_ != 2 else \
+            np.zeros(len(ends) + len(groups) if len(groups) else len(ends))
+    release = mech.gather(None, mech.tree.central_nodes(prefix, _prf), None, bins_at, None)
+    assert release.plan.design in ("bins", "tree") and release.zero is None
