@@ -6,6 +6,7 @@ function, except those under `if TYPE_CHECKING:`), so a lazy import cannot hide 
 from __future__ import annotations
 
 import ast
+import warnings
 from pathlib import Path
 
 import pytest
@@ -123,7 +124,7 @@ def test_the_checker_sees_cycles_and_lazy_imports():
 
 # --- the service in rooms (issue 23) -----------------------------------------------------------------
 SERVICE = ROOT / "dpcdf" / "service"
-MAX_LINES = 450
+MAX_LINES, LONG_LINES = 600, 450  # a module over LONG_LINES warns (split it by concept when you next touch it); over MAX_LINES fails
 
 
 def test_the_service_is_in_rooms():
@@ -147,9 +148,13 @@ def test_routers_reach_the_store_and_protocols_only_through_the_state():
 
 
 @pytest.mark.parametrize("module", sorted(m for m in modules() if m.startswith("dpcdf")))
-def test_no_module_is_longer_than_450_lines(module):
+def test_no_module_is_longer_than_600_lines(module):
+    """Issue 43: a hard cap of 450 lines rewarded compression (one-liners, mixins made to get under it);
+    450 now warns and 600 fails."""
     lines = len(modules()[module].read_text().splitlines())
     assert lines <= MAX_LINES, f"{module} has {lines} lines (at most {MAX_LINES}: split it by concept)"
+    if lines > LONG_LINES:
+        warnings.warn(f"{module} has {lines} lines (over {LONG_LINES}: split it by concept when you next touch it)")
 
 
 def test_no_two_test_modules_share_a_name():

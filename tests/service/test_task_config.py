@@ -140,8 +140,9 @@ def test_the_client_refuses_one_server_before_it_seals_anything(monkeypatch):
 
 def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_1():
     """A server fixes round two's design the first time it is asked, so an analyst must plan from round
-    one with the rules the task was made with: a new adaptive task pins `adaptive_plan` 5 (at least
-    `MIN_FLAT_BINS` flat bins under substitution); a config written with version 4 keeps it (graded
+    one with the rules the task was made with: a new adaptive task pins `adaptive_plan` 6 (the route and
+    the plan by estimated error); one written with version 5 (at least `MIN_FLAT_BINS` flat bins under
+    substitution) keeps it, and so does a config written with version 4 (graded
     bins, 1 or 2 flat bins), one with version 3 (a spike's run of bins also counted whole: split groups) keeps it
     (its mechanism plans by version 3); a config written with version 2 (mass round one cannot
     place cut at the fine bins, spikes into 4-point bins) keeps it, with no groups, and its servers refuse
@@ -149,7 +150,10 @@ def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_
     with the same JSON and fingerprint (the review of issue 25 found 37 of 200 such tasks' plans refused
     with 403 after the change)."""
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0}))
-    assert config.adaptive_plan == 5 and json.loads(config.to_json())["adaptive_plan"] == 5
+    assert config.adaptive_plan == 6 and json.loads(config.to_json())["adaptive_plan"] == 6 and config.make_mechanism().routed
+    five = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":6,', '"adaptive_plan":5,'))
+    assert five.make_mechanism().plan_version == 5 and not five.make_mechanism().routed and five.fingerprint != config.fingerprint
+    config = five
     four = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":5,', '"adaptive_plan":4,'))
     assert four.adaptive_plan == 4 and four.make_mechanism().plan_version == 4 and four.fingerprint != config.fingerprint
     three = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":5,', '"adaptive_plan":3,'))
@@ -173,7 +177,7 @@ def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_
     assert new.check_plan(plan) == plan
     with pytest.raises(ParameterError, match="no split groups"):
         second.check_plan(plan)
-    for bad in (6, 0, True, "2"):
+    for bad in (7, 0, True, "2"):
         with pytest.raises(ParameterError, match="version"):
             TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0, "adaptive_plan": bad}))
     tree = TaskConfig(**(BASE | {"relation": "substitution"}))
@@ -187,7 +191,7 @@ def test_an_adaptive_task_pins_round_ones_fine_bins_and_an_older_config_keeps_it
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "substitution"}))
     assert config.fine_bins and json.loads(config.to_json())["fine_bins"] is True
     assert config.make_mechanism().bins_one == 32 + 64 and TaskConfig.from_json(config.to_json()) == config
-    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":5,', "").replace('"adaptive_shares":2,', "")
+    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":6,', "").replace('"adaptive_shares":2,', "")
     old = TaskConfig.from_json(old_json)
     assert old.fine_bins is False and old.to_json() == old_json and old.fingerprint != config.fingerprint
     # without fine bins round one has rule 1's shares whatever the field says: one config, one fingerprint
