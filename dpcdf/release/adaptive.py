@@ -491,8 +491,13 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
     def _describe(self) -> str:
         fine = f" and {self.fine_ends.size} with eps {self.eps_fine:.4g}" if self.fine else ""
         root = f" (a histogram also counts n with {ROOT_SHARE_TWO:g} of it)" if self.root else ""
-        return (f"adaptive: {ROUND_ONE_BINS} bins with eps {self.eps_one:.4g}{fine}, then a histogram or the b-ary tree "
-                f"chosen from them with eps {self.eps_two:.4g}{root}")
+        rounds = (f"{ROUND_ONE_BINS} bins with eps {self.eps_one:.4g}{fine}, then a histogram or the b-ary tree "
+                  f"chosen from them with eps {self.eps_two:.4g}{root}")
+        if not self.routed:
+            return f"adaptive: {rounds}"
+        zero = f"a count of n with eps {self.eps_zero:.4g}, then " if self.scale_zero is not None else ""
+        return (f"adaptive (plan version {self.plan_version}): {zero}on large data the b-ary tree with eps "
+                f"{self.whole.epsilon:.4g}, else {rounds}")
 
     def _no_guarantee(self) -> str:
         return self.tree._no_guarantee()
