@@ -14,11 +14,14 @@ the prefix counts per grid index, in counts:
   nothing is seen, and the estimate takes each fine bin's mass as a point mass at an unknown place
   (the worst case real data shows: integer or rounded values on a finer grid, one value holding most
   of the records), which costs c^2 / 6 per grid index of the bin it lies in, on average over its
-  place (`hidden_miss`). That errs towards the tree.
+  place (`hidden_miss`). That errs towards the tree, and so does taking the seen miss one sd of its
+  estimate high (`SEEN_SDS`): at small epsilon round one's noise hides what a few bins miss.
 
 Post-processing of round one: no privacy cost.
 """
 from __future__ import annotations
+
+import math
 
 import numpy as np
 
@@ -26,7 +29,9 @@ from .histogram import bins_noise, linear_energy, linear_map
 from .merge import RoundOneMerge, tree_prefix_variance
 from .noise import dlaplace_variance
 
-SAFETY = 4.0  # a histogram is kept when its estimated error times this is below the tree's
+SAFETY = 2.0  # a histogram is kept when its estimated error times this is below the tree's (whose smoothed error is
+# often well below its noise variance, the reference here)
+SEEN_SDS = 1.0  # ... its estimated miss taken one sd of that estimate high (round one's noise may hide a miss)
 POINT_MASS = 1 / 6  # mean over a point mass's place in a bin of its interpolation error's mean square, over c^2
 _SAMPLE = 128  # prefixes at which the tree's exact variance is averaged
 MAX_REUSE_GRID = 1 << 14  # larger grids: no reuse, and the tree's error is its covering estimate's (`tree_error`):
@@ -35,11 +40,13 @@ _TREE_ERRORS: dict[tuple, float] = {}
 
 
 def interpolation_miss(counts: np.ndarray, at: np.ndarray, knots: np.ndarray, variance: float, size: int,
-                       n: float | None) -> float:
+                       n: float | None, sds: float = 0.0) -> float:
     """An unbiased estimate (clipped at 0) of the mean square, per grid index, of what linear
     interpolation between `knots` misses of the cumulative of noisy `counts` of bins ending at `at`
     (linear between them): its squared departure less the exact part the counts' noise (`variance`
-    each) explains; `n` (substitution) conditions the counts on it. O(bins^2), whatever the grid."""
+    each) explains; `n` (substitution) conditions the counts on it; plus `sds` standard deviations of
+    that estimate (the noise's share of a quadratic form: 2 var^2 |G|_F^2 + 4 var |N' Q m|^2, as for
+    Gaussian noise), so that a miss round one's noise hides counts. O(bins^2), whatever the grid."""
     if np.isin(at, knots).all():
         return 0.0
     k = counts.size
@@ -52,7 +59,27 @@ def interpolation_miss(counts: np.ndarray, at: np.ndarray, knots: np.ndarray, va
     values = np.vstack([np.zeros((1, k + 1)), np.column_stack([np.cumsum(counts), cum])])  # estimate, then noise
     miss = (linear_map(at, union) - linear_map(knots, union) @ linear_map(at, knots)) @ values
     energy = linear_energy(miss, np.diff(union))
-    return max(0.0, float(energy[0] - variance * energy[1:].sum()) / size)
+    estimate = float(energy[0] - variance * energy[1:].sum())
+    if sds:
+        q = energy_form(np.diff(union))
+        noise = miss[:, 1:]
+        gram = noise.T @ q @ noise
+        spread = 2 * variance**2 * float(np.sum(gram**2)) + 4 * variance * float(np.sum((noise.T @ q @ miss[:, 0]) ** 2))
+        estimate += sds * math.sqrt(max(spread, 0.0))
+    return max(0.0, estimate) / size
+
+
+def energy_form(widths: np.ndarray) -> np.ndarray:
+    """Q with v' Q v = `linear_energy` of values v at knots whose gaps are `widths` (the first knot at -1)."""
+    L = np.asarray(widths, np.float64)
+    c = (L + 1) * (2 * L + 1) / (6 * L)
+    q = np.zeros((L.size + 1, L.size + 1))
+    i = np.arange(L.size)
+    np.add.at(q, (i, i), c - 1)
+    np.add.at(q, (i + 1, i + 1), c)
+    np.add.at(q, (i, i + 1), ((L + 1) - 2 * c) / 2)
+    np.add.at(q, (i + 1, i), ((L + 1) - 2 * c) / 2)
+    return q
 
 
 def hidden_miss(counts: np.ndarray, at: np.ndarray, knots: np.ndarray, variance: float, size: int) -> float:
@@ -78,7 +105,7 @@ def histogram_error(mech, counts: np.ndarray, knots: np.ndarray, n: float | None
     counts = np.asarray(counts, np.float64)
     noise = bins_noise(np.asarray(knots, np.int64), mech.size, mech.noise_variance(2, copies), n is not None)
     coarse, var_coarse = mech.coarse_counts(counts, copies)
-    seen = interpolation_miss(coarse, mech.round_one_ends, knots, var_coarse, mech.size, n)
+    seen = interpolation_miss(coarse, mech.round_one_ends, knots, var_coarse, mech.size, n, SEEN_SDS)
     if not mech.fine:
         return noise + seen + hidden_miss(coarse, mech.round_one_ends, knots, var_coarse, mech.size)
     fine = counts[len(mech.round_one_ends):]

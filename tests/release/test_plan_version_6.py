@@ -141,33 +141,50 @@ def test_on_large_data_the_default_is_the_tree_with_the_whole_budget():
     assert dlaplace_variance(ar.scale_zero) > 50 * dlaplace_variance(ar.whole.scales[ar.whole.shape.height])  # a cheap count
 
 
+def _paired_mse(prefix, grid, mechs, runs: int) -> list[float]:
+    """Mean counts MSE of each mechanism over `runs` releases, run k of every one from the same fixed PRF
+    key (deterministic; common random numbers, as bench/accuracy_sweep.py pairs them)."""
+    out = []
+    for mech in mechs:
+        rels = [finish_release(grid, mech, mech.noisy(prefix, lambda ids, scale, k=k: prf_noise(bytes([k, 7]) * 8, ids, scale)),
+                               int(prefix[-1])) for k in range(runs)]
+        out.append(float(np.mean([dpcdf.metrics.mse_counts(prefix, r.counts) for r in rels])))
+    return out
+
+
 @pytest.mark.parametrize("relation", ["substitution", "add-remove"])
 def test_point_masses_are_not_interpolated_across_at_any_scale(relation):
     """Integer data on a finer grid (issue 41: a normal rounded to integers, about 22 distinct values, on
     a uniform grid of 2^12 points over [0, 100]): version 5 planned histograms across the point masses
-    (552x the tree's error at n = 10^5); version 6 takes the round-two tree at n = 3,000 (the plan's
-    estimate of the hidden error) and the whole tree at n = 10^5 (the route)."""
+    (552x the tree's error at n = 10^5); version 6 takes the whole tree at n = 10^5 (the route), and at
+    n = 3,000 its error stays within about twice the tree's (12 paired releases: measured 1.6x and 2.0x,
+    round one's 20% lost when the plan ends in the tree; version 5 there: up to 5x, docs/accuracy.md)."""
     rng = np.random.default_rng(3)  # the data sets
     grid = Grid.uniform(0, 100, 12)
-    for n, design in ((3_000, "tree"), (100_000, "whole")):
-        prefix = dpcdf.prefix_counts(np.rint(rng.normal(50, 3, n)), grid)
-        v6, v5 = AdaptiveMechanism(4096, 1.0, relation), adaptive_v5(4096, 1.0, relation)
-        assert [v6.noisy(prefix, secure_node_noise).plan.design for _ in range(6)] == [design] * 6, n
-        assert "bins" in [v5.noisy(prefix, secure_node_noise).plan.design for _ in range(6)]
+    v6, v5 = AdaptiveMechanism(4096, 1.0, relation), adaptive_v5(4096, 1.0, relation)
+    prefix = dpcdf.prefix_counts(np.rint(rng.normal(50, 3, 100_000)), grid)
+    assert [v6.noisy(prefix, secure_node_noise).plan.design for _ in range(4)] == ["whole"] * 4
+    assert "bins" in [v5.noisy(prefix, secure_node_noise).plan.design for _ in range(4)]
+    prefix = dpcdf.prefix_counts(np.rint(rng.normal(50, 3, 3_000)), grid)
+    ours, tree = _paired_mse(prefix, grid, [v6, TreeMechanism(4096, 1.0, relation)], 12)
+    assert ours < 2.5 * tree, (ours, tree)
 
 
 def test_smooth_small_data_keeps_its_histogram():
     """The paper's data (Poisson(3) counts on 2^10, n about 3,000) at eps 0.1, both relations: the plan
-    mostly keeps a histogram (its estimated error, bias included, is far below the tree's). PRF noise
-    from fixed keys: deterministic."""
+    often keeps a histogram (its estimated error, bias included, is far below the tree's), and the
+    release's error is below the tree's (20 paired releases; measured 0.35x and 0.8x)."""
     rng = np.random.default_rng(7)  # the data set
     values = np.repeat(np.arange(1024), rng.poisson(3, 1024))
-    prefix = dpcdf.prefix_counts(values, Grid.integers(1024))
+    grid = Grid.integers(1024)
+    prefix = dpcdf.prefix_counts(values, grid)
     for relation in ("substitution", "add-remove"):
         mech = AdaptiveMechanism(1024, 0.1, relation)
         designs = [mech.noisy(prefix, lambda ids, scale, k=k: prf_noise(bytes([k]) * 16, ids, scale)).plan.design
                    for k in range(20)]
-        assert designs.count("bins") >= 12, (relation, designs)
+        assert designs.count("bins") >= 5, (relation, designs)
+        ours, tree = _paired_mse(prefix, grid, [mech, TreeMechanism(1024, 0.1, relation)], 20)
+        assert ours < 0.9 * tree, (relation, ours, tree)
 
 
 def test_planning_on_the_largest_grids_stays_small():
