@@ -134,8 +134,7 @@ def cell(hist: np.ndarray, eps: float, rel: str, runs: int, v5: bool) -> dict[st
 def report(cells: dict, label: str) -> None:
     """The distribution over cells, per relation and eps."""
     print(f"\n{label}: distribution over cells (ratios of mean counts MSE)")
-    print(f"{'relation':<13}{'eps':>5}{'cells':>6}  {'default/tree: gmean median worst':>34}  "
-          f"{'default/OpenDP: gmean median worst':>36}  {'<=1.1x tree':>11}  {'q <= OpenDP+0.5':>15}")
+    print(f"{'relation':<13}{'eps':>5}{'cells':>6}  {'default/tree: gmean median worst':>34}  {'default/OpenDP: gmean median worst':>36}  {'<=1.1x tree':>11}  {'q <= OpenDP+0.5':>15}")  # noqa: E501 (one header, one line)
     for rel in ("substitution", "add-remove"):
         for eps in sorted({k[2] for k in cells}):
             got = [v for k, v in cells.items() if k[1] == rel and k[2] == eps]
@@ -176,8 +175,7 @@ def main() -> None:
     sets = {k: v for k, v in sets.items() if args.only in k}
     epss = [float(e) for e in args.eps.split(",")]
     print(f"{args.runs} runs a cell, grid 2^12; ratios of mean counts MSE; +-: standard error of the mean log ratio")
-    print(f"{'data@n':<26}{'relation':<13}{'eps':>5}{'default/tree':>16}{'def/OpenDP':>11}{'tree/OpenDP':>12}"
-          + ("{:>9}".format("v5/tree") if args.v5 else "") + f"{'hist':>6}{'q: def, tree, OpenDP (b)':>30}")
+    print(f"{'data@n':<26}{'relation':<13}{'eps':>5}{'default/tree':>16}{'def/OpenDP':>11}{'tree/OpenDP':>12}{'v5/tree':>9}{'hist':>6}{'q: def, tree, OpenDP (b)':>30}")  # noqa: E501
     cells = {}
     for name, hist in sets.items():
         for rel in args.relations.split(","):
@@ -186,7 +184,7 @@ def main() -> None:
                 cells[(name, rel, eps)] = c
                 d, t, o = c["default"], c["tree"], c["opendp"]
                 se = float(np.std(np.log(d[0]) - np.log(t[0])) / math.sqrt(args.runs))
-                v5 = f"{c['v5'][0].mean() / t[0].mean():>9.3f}" if args.v5 else ""
+                v5 = f"{c['v5'][0].mean() / t[0].mean():>9.3f}" if args.v5 else f"{'-':>9}"
                 print(f"{name:<26}{rel:<13}{eps:>5}{d[0].mean() / t[0].mean():>10.3f} +-{se:.2f}"
                       f"{d[0].mean() / o[0].mean():>11.3f}{t[0].mean() / o[0].mean():>12.3f}{v5}{c['histograms']:>6.0%}"
                       f"{d[1]:>10.2f} {t[1]:>6.2f} {o[1]:>6.2f} ({c['opendp_b']})", flush=True)
