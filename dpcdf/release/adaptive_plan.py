@@ -10,7 +10,8 @@ import numpy as np
 
 from ..errors import ParameterError
 from . import postprocess
-from .histogram import bins_noise, equal_width_ends, fill_pchip, graded_ends, linear_energy, linear_map, mass_ends
+from .histogram import bins_noise, equal_width_ends, fill_pchip, graded_ends, mass_ends
+from .plan_error import interpolation_miss
 
 ROUND_ONE_BINS = 32  # round one's coarse bins
 MAX_PLANNED_BINS = 32  # non-flat designs needing more bins measure the whole tree instead
@@ -138,20 +139,8 @@ class RoundOnePlanner:
         equal-width (`equal_width_ends`): the departure is linear between round one's ends and `ends`
         together, and its sum of squares has a closed form (`linear_energy`): O(bins^2), whatever the
         grid (nothing is missed when `ends` include round one's)."""
-        one = self.round_one_ends
-        if np.isin(one, ends).all():
-            return 0.0
-        k = counts.size
-        cum = np.tril(np.ones((k, k)))
-        if self.relation == "substitution":  # conditioned on n: the noise enters as (I - 11^T / k) z
-            counts = counts + (n - counts.sum()) / k
-            cum = cum @ (np.eye(k) - 1.0 / k)
-        at, knots = np.append(-1, one), np.append(-1, ends)
-        union = np.union1d(at, knots)  # the departure is linear between these
-        values = np.vstack([np.zeros((1, k + 1)), np.column_stack([np.cumsum(counts), cum])])  # estimate, then noise
-        miss = (linear_map(at, union) - linear_map(knots, union) @ linear_map(at, knots)) @ values
-        energy = linear_energy(miss, np.diff(union))
-        return max(0.0, float(energy[0] - self.noise_variance(1, copies) * energy[1:].sum()) / self.size)
+        known = n if self.relation == "substitution" else None  # conditioned on n
+        return interpolation_miss(counts, self.round_one_ends, ends, self.noise_variance(1, copies), self.size, known)
 
     def plan(self, round_one: np.ndarray, n: float | None = None, copies: int = 1) -> RoundTwo:
         """Round two's design from round one's noisy bin counts (and n, public under substitution;
