@@ -17,7 +17,7 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import DomainError, DpcdfError, ParameterError
+from .errors import DomainError, DpcdfError, IntegerGridWarning, ParameterError
 
 # public name -> the module that defines it (loaded at first use)
 _LAZY = {
@@ -36,7 +36,7 @@ _LAZY = {
 _SUBMODULES = {"metrics": ".release.metrics", "reconcile": ".service.protocols.reconciliation.maths", "release": ".release",
                "service": ".service", "apps": ".apps", "errors": ".errors"}
 
-__all__ = sorted(["DomainError", "DpcdfError", "ParameterError", "metrics", *(n for n in _LAZY if n != "Analyst")])
+__all__ = sorted(["DomainError", "DpcdfError", "IntegerGridWarning", "ParameterError", "metrics", *(n for n in _LAZY if n != "Analyst")])
 
 
 def __getattr__(name: str):

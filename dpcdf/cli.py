@@ -148,6 +148,10 @@ def cmd_submit(args) -> None:
     from .service.client import UploadIncomplete, submit
 
     config = load_task(args.task)
+    if config.make_grid().shifts_integers(values):
+        print("warning: the values look like integers and some fall between the task's grid thresholds: F(t) at such an "
+              "integer t is read at the threshold below it (values equal to t count at the next one); a grid with "
+              "a threshold on every integer answers exactly (dpcdf task --grid integers:LO:HI)", file=sys.stderr)
     needs_labels = config.payload in ("label", "calibration")
     if needs_labels and args.label_column is None:
         raise CliError(f"this is a {config.payload} task: each value needs its 0/1 label (--label-column NAME)")
@@ -314,7 +318,8 @@ def build_parser() -> Parser:
                        "task config (give it to every client) and the analyst token (keep it: it alone can close and query).")
     t.add_argument("--servers", nargs=2, required=True, metavar="URL", help="server 0's and server 1's URLs")
     t.add_argument("--grid", required=True, help="the thresholds: uniform:LO:HI:BITS, log:LO:HI:BITS (2^BITS "
-                   "points from LO to HI) or thresholds:T1,T2,...; values above the last are counted at it")
+                   "points from LO to HI), integers:LO:HI (every integer: integer data answered exactly at each) "
+                   "or thresholds:T1,T2,...; values above the last are counted at it")
     budget = t.add_mutually_exclusive_group(required=True)
     budget.add_argument("--epsilon", type=float, help="epsilon-DP, discrete Laplace noise")
     budget.add_argument("--rho", type=float, help="rho-zCDP, discrete Gaussian noise (grids of up to 2^16 points)")

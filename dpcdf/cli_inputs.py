@@ -14,10 +14,17 @@ class CliError(DpcdfError):
 
 
 def parse_grid(spec: str) -> dict:
-    """uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,..."""
-    usage = f"--grid must be uniform:LO:HI:BITS, log:LO:HI:BITS or thresholds:T1,T2,... (e.g. uniform:0:100:10), got {spec!r}"
+    """uniform:LO:HI:BITS, log:LO:HI:BITS, integers:LO:HI (a threshold on every integer from LO to HI:
+    integer data such as ages, answered exactly at each integer) or thresholds:T1,T2,..."""
+    usage = (f"--grid must be uniform:LO:HI:BITS, log:LO:HI:BITS, integers:LO:HI or thresholds:T1,T2,... "
+             f"(e.g. uniform:0:100:10, integers:18:90), got {spec!r}")
     kind, _, rest = spec.partition(":")
     try:
+        if kind == "integers":
+            lo, hi = (int(v) for v in rest.split(":"))
+            if not lo < hi or hi - lo >= 1 << 24:
+                raise CliError(f"--grid {spec}: LO must be below HI, at most 2^24 integers")
+            return {"kind": "thresholds", "values": [float(v) for v in range(lo, hi + 1)]}
         if kind in ("uniform", "log"):
             lo, hi, bits = rest.split(":")
             out = {"kind": kind, "lo": float(lo), "hi": float(hi), "bits": int(bits)}

@@ -11,3 +11,8 @@ class ParameterError(DpcdfError, ValueError):
 
 class DomainError(DpcdfError, ValueError):
     """A value lies outside the grid's range in strict mode."""
+
+
+class IntegerGridWarning(UserWarning):
+    """Integer data on a grid whose thresholds miss some of its integers: F(t) at such an integer t is
+    read at the threshold below it (`Grid.shifts_integers`, `Grid.integers(lo, hi)`)."""

@@ -2,13 +2,14 @@
 post-processing. The two-server protocol produces the same kind of `Release` from key shares."""
 from __future__ import annotations
 
+import warnings
 from dataclasses import dataclass, field, replace
 from fractions import Fraction
 
 import numpy as np
 
 from . import postprocess, smoothing
-from ..errors import ParameterError
+from ..errors import IntegerGridWarning, ParameterError
 from .grid import Grid
 from .mechanisms import Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
 from .adaptive import AdaptiveMechanism
@@ -220,6 +221,10 @@ def release_ecdf(
     if v.size == 0:
         raise ParameterError("need at least one value")
     prefix = prefix_counts(v, grid)
+    if grid.shifts_integers(v):
+        warnings.warn("the values look like integers and some fall between the grid's thresholds: F(t) at such an "
+                      "integer t is read at the threshold below it (Release.read_at); Grid.integers(lo, hi) answers "
+                      "each integer exactly", IntegerGridWarning, stacklevel=2)
     if mech is None:
         tree_fit = postprocess_with not in ("auto", "monotone", "none")  # a tree's post-processing: "auto" is the tree
         mech = _mechanism("tree" if tree_fit and mechanism == "auto" else mechanism, grid.size, epsilon, relation)

@@ -68,6 +68,18 @@ class Grid:
             raise ParameterError(f"integers(lo, hi) takes two integers lo < hi, got {size_or_lo!r}, {hi!r}")
         return cls(np.arange(int(lo), int(hi) + 1, dtype=np.float64), strict=strict)
 
+    def shifts_integers(self, values) -> bool:
+        """Whether `values` look like integers (every one a whole number) while some of them inside the
+        grid's range fall between thresholds: F(t) at such an integer t is read at the threshold below
+        it, and the values equal to t count at the next one (`Release.read_at`). A grid with a threshold on
+        every integer (`Grid.integers(lo, hi)`) answers them exactly."""
+        v = np.asarray(values, dtype=np.float64).reshape(-1)
+        v = v[np.isfinite(v)]
+        if v.size == 0 or not np.all(v == np.round(v)):
+            return False
+        inside = np.unique(v[(v >= self.thresholds[0]) & (v <= self.thresholds[-1])])
+        return bool(inside.size) and not np.all(np.isin(inside, self.thresholds))
+
     @property
     def size(self) -> int:
         return self.thresholds.size

@@ -339,3 +339,26 @@ def test_an_integer_grid_answers_at_the_integers():
     for bad in ((5, 5), (5, 2), (1.5, 9), (True, 9), (0,)):
         with pytest.raises(ParameterError):
             Grid.integers(*bad)
+
+
+def test_integer_data_on_a_grid_between_integers_is_warned_about():
+    """Issue 46: a central release of integer values on a grid some of whose integers are not thresholds
+    warns (`IntegerGridWarning`, naming `Grid.integers`); on `Grid.integers(lo, hi)`, or for values that
+    are not whole numbers, it does not. The CLI spells that grid `integers:LO:HI` (a task's thresholds)."""
+    import warnings
+
+    from dpcdf.cli_inputs import CliError, parse_grid
+
+    ages = np.array([18, 30, 45, 45, 90.0])
+    with pytest.warns(dpcdf.IntegerGridWarning, match="Grid.integers"):
+        dpcdf.release_ecdf(ages, Grid.uniform(18, 90, 8), 1.0)
+    with warnings.catch_warnings():
+        warnings.simplefilter("error")
+        dpcdf.release_ecdf(ages, Grid.integers(18, 90), 1.0)
+        dpcdf.release_ecdf(ages + 0.5, Grid.uniform(18, 91, 8), 1.0)
+    assert Grid.uniform(18, 90, 8).shifts_integers(ages) and not Grid.uniform(0, 100, 3).shifts_integers([0.0, 100.0])
+    spec = parse_grid("integers:18:90")
+    assert spec == {"kind": "thresholds", "values": [float(v) for v in range(18, 91)]}
+    for bad in ("integers:5:5", "integers:1.5:9", "integers:3", "integers:0:99999999"):
+        with pytest.raises(CliError, match="grid"):
+            parse_grid(bad)
