@@ -262,6 +262,12 @@ def test_cli_query_prints_quantiles(servers, tmp_path):
     q = run("query", "--task", str(tmp_path / "task.json"), "--ecdf", "50", "--quantiles", "0.5", "--postprocess", "monotone")
     assert q.returncode == 0 and "q(0.5) =" in q.stdout and "DP under substitution" in q.stdout
     assert "verified: the servers checked every report; excluded 0" in q.stdout
+    # issue 46: 50 lies between the thresholds 49.21 and 50.79 of this grid: the line says which one F(50)
+    # read, and its band (an interval, not +/-) spans both, so it contains the data's own F(50)
+    line = q.stdout.split("F(50) = ")[1].splitlines()[0]
+    assert "read at the threshold 49.2063" in line and "+/-" not in line
+    lo, hi = (float(x) for x in line.split("simultaneous band ")[1].split(" to "))
+    assert lo <= float(np.mean(values(60, 7) <= 50)) <= hi
     b = run("query", "--task", str(tmp_path / "task.json"), "--quantiles", "0.5", "--bisect")
     assert b.returncode == 0 and b.stdout.split("q(0.5) = ")[1].split()[0] == q.stdout.split("q(0.5) = ")[1].split()[0]
 
