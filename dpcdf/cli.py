@@ -213,6 +213,8 @@ def cmd_query(args) -> None:
         raise CliError(f"--bisect asks prefix queries (Algorithm 1), which this task's {mech.name} mechanism does not "
                        "answer; run the same query without --bisect (its full-grid release answers every threshold and "
                        "quantile)")
+    if args.json and (args.roc or args.hosmer_lemeshow is not None):
+        raise CliError("--json prints ECDF values and quantiles; ask --roc and --hosmer-lemeshow without it")
     if args.roc or args.hosmer_lemeshow is not None:
         want = "label" if args.roc else "calibration"
         if config.payload != want:
@@ -240,6 +242,14 @@ def cmd_query(args) -> None:
     source = analyst if args.bisect else analyst.release(args.postprocess)
     band = None if args.bisect or not args.ecdf else source.confidence_band(0.95, ts=args.ecdf)  # post-processing
     read = [float(r) for r in source.read_at(args.ecdf)] if hasattr(source, "read_at") else list(args.ecdf)
+    if args.json:  # the same numbers as the Python API's (`dpcdf.Analyst(...).release()`), for a program to keep
+        ecdf = [{"t": t_, "F": float(f_), "read_at": read[k] if math.isfinite(read[k]) else None}
+                | ({} if band is None else {"band95": [float(band[0][k]), float(band[1][k])]})
+                for k, (t_, f_) in enumerate(zip(args.ecdf, source.ecdf(args.ecdf)))]
+        quantiles = [{"p": p_, "q": float(q_)} for p_, q_ in zip(args.quantiles, source.quantile(args.quantiles))]
+        print(json.dumps({"task_id": config.task_id, "ecdf": ecdf, "quantiles": quantiles,
+                          "statement": analyst.mechanism.statement(), "rejected": analyst.rejected}))
+        return
     for k, (t_, f_) in enumerate(zip(args.ecdf, source.ecdf(args.ecdf))):
         at = "" if read[k] == t_ else (f" (read at the threshold {read[k]:g}: values in ({read[k]:g}, {t_:g}] count at the next one)"
                                         if math.isfinite(read[k]) else " (below the grid's first threshold)")
@@ -380,6 +390,8 @@ def build_parser() -> Parser:
         q.add_argument("--ecdf", nargs="*", type=float, default=[], metavar="T", help="values t at which to print F(t) (default: none)")
         q.add_argument("--quantiles", nargs="*", type=float, default=[0.1, 0.25, 0.5, 0.75, 0.9], metavar="P",
                        help="levels p in [0, 1] at which to print the quantile")
+        q.add_argument("--json", action="store_true", help="print the F(t) values (with the threshold read and the "
+                       "95%% band) and the quantiles as one JSON object, the Python API's numbers")
         q.add_argument("--bisect", action="store_true",
                        help="answer from prefix queries (Algorithm 1) instead of a post-processed full-grid release; "
                        "tree and path tasks only")

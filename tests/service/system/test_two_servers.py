@@ -268,6 +268,17 @@ def test_cli_query_prints_quantiles(servers, tmp_path):
     assert "read at the threshold 49.2063" in line and "+/-" not in line
     lo, hi = (float(x) for x in line.split("simultaneous band ")[1].split(" to "))
     assert lo <= float(np.mean(values(60, 7) <= 50)) <= hi
+    # --json: the Python API's numbers, one JSON object (issue 46)
+    j = run("query", "--task", str(tmp_path / "task.json"), "--ecdf", "50", "-5", "--quantiles", "0.5", "--json")
+    assert j.returncode == 0, j.stderr
+    got = json.loads(j.stdout)
+    rel = Analyst(config, token).release()
+    lo_hi = rel.confidence_band(0.95, ts=[50, -5])
+    assert [e["F"] for e in got["ecdf"]] == rel.ecdf([50, -5]).tolist() and got["ecdf"][1]["read_at"] is None
+    assert got["ecdf"][0]["read_at"] == rel.read_at([50])[0] and got["ecdf"][0]["band95"] == [lo_hi[0][0], lo_hi[1][0]]
+    assert got["quantiles"] == [{"p": 0.5, "q": float(rel.quantile([0.5])[0])}] and got["task_id"] == config.task_id
+    bad = run("query", "--task", str(tmp_path / "task.json"), "--roc", "--json")
+    assert bad.returncode != 0 and "--json prints ECDF values" in bad.stderr
     b = run("query", "--task", str(tmp_path / "task.json"), "--quantiles", "0.5", "--bisect")
     assert b.returncode == 0 and b.stdout.split("q(0.5) = ")[1].split()[0] == q.stdout.split("q(0.5) = ")[1].split()[0]
 
