@@ -235,8 +235,9 @@ def cmd_query(args) -> None:
         return
     if args.hosmer_lemeshow is not None:
         hl = analyst.hosmer_lemeshow(args.hosmer_lemeshow)
-        print(f"Hosmer-Lemeshow H = {hl.statistic:.3f}, p = {hl.p_value:.4f}"
-              + (f", noise-aware p = {hl.noise_aware_p_value:.4f}" if getattr(hl, "noise_aware_p_value", None) is not None else ""))
+        aware = getattr(hl, "noise_aware_p_value", None)  # the raw p ignores the noise in H (too small): it goes last
+        print(f"Hosmer-Lemeshow H = {hl.statistic:.3f}, " + (f"noise-aware p = {aware:.4f} (p = {hl.p_value:.4f} if H had no "
+              "noise)" if aware is not None else f"p = {hl.p_value:.4f}"))
         print(hl.statement)  # the ECDF's and the group sums' guarantee together
         return
     source = analyst if args.bisect else analyst.release(args.postprocess)
