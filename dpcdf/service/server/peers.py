@@ -42,6 +42,9 @@ def _post(url: str, message: bytes, patient: bool = False) -> bytes:
                 continue
             if exc.status == 409:
                 raise Refused(f"server 1 refused: {exc}") from None
+            if exc.status in (400, 404, 410):  # it cannot open or no longer has the task: no retry can succeed (issue 46)
+                raise PeerFailed(f"server 1 refused the close ({exc}); closing again cannot succeed while it does (if its "
+                                 "operator deleted the task, run the collection again as a new task on both servers)") from None
             raise PeerFailed(f"server 1 did not take part in the close ({exc}); close again to retry") from None
 
 

@@ -76,6 +76,20 @@ def test_the_admin_commands_list_close_and_delete_a_task(servers):
     assert missing.returncode == 2 and "404" in missing.stderr and missing.stderr.count("\n") == 1
 
 
+def test_a_close_after_a_delete_on_server_1_says_a_retry_cannot_work(servers):
+    """Issue 46: the operator of server 1 deleted the task; the analyst's close fails (502) and says that
+    closing again cannot succeed (server 1 cannot open the message for a task it no longer has), not
+    "close again to retry"."""
+    procs, _ = servers
+    pair = urls(procs["exact"])
+    config, token = create_task(pair, GRID, 1.0, "tree", "substitution", min_batch=1)
+    submit(config, values(20, 23))
+    assert _dpcdf("admin", "delete", "--server", pair[1], config.task_id).returncode == 0
+    with pytest.raises(ServerError, match="closing again cannot succeed") as failed:
+        Analyst(config, token).close()
+    assert "close again to retry" not in str(failed.value) and "502" in str(failed.value)
+
+
 def test_wrong_tokens_on_metrics_and_admin_routes_tell_nothing(servers):
     procs, _ = servers
     pair = urls(procs["exact"])
