@@ -17,7 +17,7 @@ import pytest
 
 from dpcdf.cli import POSTPROCESS_CHOICES, build_parser
 from dpcdf.release.ecdf import POSTPROCESS
-from dpcdf.service.http import http
+from dpcdf.service.http import ServerError, http
 from dpcdf.service.task import TaskConfig
 from helpers import TESTING, dpcdf_cli, urls, values
 
@@ -307,11 +307,17 @@ def test_serve_logs_where_it_is_and_one_line_per_request(servers, tmp_path):
     text = (base / "exact0.log").read_text()
     assert f"dpcdf server 0 at {url}; data {procs['exact'][0][2]}" in text and "operator token in" in text
     assert '"GET /health HTTP/1.1" 200' in text
+    with pytest.raises(ServerError, match="404"):  # issue 46: a refusal's reason is logged too, not only its status
+        http("GET", f"{url}/tasks/{'0' * 32}/not-a-route")
+    text = (base / "exact0.log").read_text()
+    assert '"event": "refused"' in text and '"status": 404' in text and "/not-a-route" in text
     log = open(tmp_path / "json.log", "wb")
     proc, json_url = start_server(1, str(tmp_path / "srv"), log=log, extra_env=TESTING, args=["--log-format", "json"],
                                   noise=False)
     try:
         http("GET", f"{json_url}/hpke")
+        with pytest.raises(ServerError, match="401"):
+            http("GET", f"{json_url}/tasks/{'0' * 32}")
     finally:
         stop(proc)
         log.close()
@@ -319,6 +325,8 @@ def test_serve_logs_where_it_is_and_one_line_per_request(servers, tmp_path):
     start = next(ln for ln in lines if ln.get("event") == "start")
     assert start["url"] == json_url and start["party"] == 1 and start["data"] == str((tmp_path / "srv").resolve())
     assert any(ln.get("event") == "request" and ln["path"] == "/hpke" and ln["status"] == 200 for ln in lines)
+    refused = [ln for ln in lines if ln.get("event") == "refused"]
+    assert [(r["status"], r["method"]) for r in refused] == [(401, "GET")] and "token" in refused[0]["reason"]
 
 
 def test_label_and_calibration_tasks_from_the_command_line(servers, tmp_path):

@@ -4,6 +4,9 @@ validation, and Starlette's own errors (unknown route, unreadable body) into one
 {"error": message}, that clients read (`dpcdf.service.http`)."""
 from __future__ import annotations
 
+import json
+import logging
+
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
 from fastapi.responses import JSONResponse
@@ -46,22 +49,32 @@ def status_of(exc: DpcdfError) -> int:
     return next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
 
 
+def _answer(request: Request, status: int, reason: str, headers: dict | None = None) -> JSONResponse:
+    """The error's JSON answer, and one log line with its reason (issue 46: the access log has the status
+    only): the reason is the text the client gets too, which names no secret and no report's contents;
+    a failed call to the other server is its 502 here. JSON, so that `--log-format json` merges it."""
+    log = logging.getLogger("dpcdf.requests")
+    (log.warning if status >= 500 else log.info)(json.dumps(
+        {"event": "refused", "method": request.method, "path": request.url.path, "status": status, "reason": reason}))
+    return JSONResponse({"error": reason}, status_code=status, headers=headers)
+
+
 async def domain_error(request: Request, exc: DpcdfError) -> JSONResponse:
-    return JSONResponse({"error": str(exc)}, status_code=status_of(exc))
+    return _answer(request, status_of(exc), str(exc))
 
 
 async def http_error(request: Request, exc: HttpError) -> JSONResponse:
-    return JSONResponse({"error": exc.message}, status_code=exc.status, headers=exc.headers)
+    return _answer(request, exc.status, exc.message, exc.headers)
 
 
 async def invalid_request(request: Request, exc: RequestValidationError) -> JSONResponse:
-    return JSONResponse({"error": problem(exc.errors()[0])}, status_code=400)
+    return _answer(request, 400, problem(exc.errors()[0]))
 
 
 async def starlette_error(request: Request, exc: HTTPException) -> JSONResponse:
     # FastAPI answers a body it cannot parse (nested too deep for json) with this 400
     message = NOT_JSON if exc.detail == "There was an error parsing the body" else str(exc.detail)
-    return JSONResponse({"error": message}, status_code=exc.status_code, headers=exc.headers)
+    return _answer(request, exc.status_code, message, exc.headers)
 
 
 HANDLERS = {HttpError: http_error, RequestValidationError: invalid_request, HTTPException: starlette_error,
