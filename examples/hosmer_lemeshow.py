@@ -10,9 +10,13 @@ default cap per group).
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
-from sklearn.linear_model import LogisticRegression
+try:  # the one extra these examples need: pip install -e '.[examples]'
+    from sklearn.linear_model import LogisticRegression
+except ImportError:
+    sys.exit("this example needs scikit-learn: pip install -e '.[examples]' (or pip install scikit-learn)")
 
 import dpcdf
 from dpcdf.apps.hosmer_lemeshow import exact_hosmer_lemeshow

@@ -6,14 +6,18 @@
 from __future__ import annotations
 
 import argparse
+import sys
 
 import numpy as np
-from sklearn.datasets import load_breast_cancer
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import roc_auc_score
-from sklearn.model_selection import train_test_split
-from sklearn.pipeline import make_pipeline
-from sklearn.preprocessing import StandardScaler
+try:  # the one extra these examples need: pip install -e '.[examples]'
+    from sklearn.datasets import load_breast_cancer
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score
+    from sklearn.model_selection import train_test_split
+    from sklearn.pipeline import make_pipeline
+    from sklearn.preprocessing import StandardScaler
+except ImportError:
+    sys.exit("this example needs scikit-learn: pip install -e '.[examples]' (or pip install scikit-learn)")
 
 import dpcdf
 from dpcdf.apps.plots import save_roc

@@ -6,12 +6,16 @@ payload (label, 1 - label); the analyst gets both curves at once and never sees 
 from __future__ import annotations
 
 import argparse
+import sys
 import tempfile
 
 import numpy as np
-from sklearn.datasets import make_classification
-from sklearn.linear_model import LogisticRegression
-from sklearn.metrics import roc_auc_score, roc_curve
+try:  # the one extra these examples need: pip install -e '.[examples]'
+    from sklearn.datasets import make_classification
+    from sklearn.linear_model import LogisticRegression
+    from sklearn.metrics import roc_auc_score, roc_curve
+except ImportError:
+    sys.exit("this example needs scikit-learn: pip install -e '.[examples]' (or pip install scikit-learn)")
 
 from dpcdf.analyst import Analyst
 from dpcdf.service.client import create_task, submit

@@ -34,3 +34,12 @@ def test_two_server_roc_example_runs(tmp_path):
     run = subprocess.run([sys.executable, str(ROOT / "examples" / "two_server_roc.py"), "--out", str(out)],
                          capture_output=True, text=True, check=True, timeout=600)
     assert "DP AUC" in run.stdout and out.stat().st_size > 1000
+
+
+def test_examples_that_need_scikit_learn_name_their_extra_when_it_is_missing():
+    """Issue 46: the README's install brings no scikit-learn; the three examples that use it say which
+    extra brings it (`.[examples]`) and exit, rather than end in an ImportError's traceback."""
+    block = "import sys; sys.modules['sklearn'] = None; import runpy; runpy.run_path(sys.argv[1], run_name='__main__')"
+    for script in ("roc_curve.py", "hosmer_lemeshow.py", "two_server_roc.py"):
+        run = subprocess.run([sys.executable, "-c", block, str(ROOT / "examples" / script)], capture_output=True, text=True)
+        assert run.returncode == 1 and "pip install -e '.[examples]'" in run.stderr and "Traceback" not in run.stderr, script
