@@ -31,10 +31,17 @@ from fractions import Fraction
 import numpy as np
 
 from . import plan_error
+from .adaptive_plan import PLAN_RULES
 from .noise import scale_fraction
 
 ZERO_SHARE = 0.02  # add/remove, plan version 6: round zero's share of epsilon (the count of the whole grid)
 ROUND_ZERO_IDS = 1 << 42  # round zero's noise id (round one's bins from 2^40, round two's from 2^41; tree nodes below 2^40 or from 2^56)
+
+
+def takes_routes(plan_version: int, fine: bool) -> bool:
+    """Whether a release of this plan version (and round one with or without fine bins) has the route:
+    the one rule the mechanism (`RoutedRelease.routed`) and the servers' route fix both read."""
+    return PLAN_RULES[plan_version].route and fine
 
 
 class RoutedRelease:
@@ -43,7 +50,7 @@ class RoutedRelease:
 
     @property
     def routed(self) -> bool:
-        return self.rules.route and self.fine
+        return takes_routes(self.plan_version, self.fine)
 
     def route_budget(self) -> float:
         """Sets round zero's budget and scale (add/remove, routed; else none) and returns the rest, the

@@ -89,6 +89,19 @@ def linear_energy(values: np.ndarray, widths: np.ndarray) -> np.ndarray:
     return (L * a**2 + a * d * (L + 1) + d**2 * (L + 1) * (2 * L + 1) / (6 * L)).sum(axis=0)
 
 
+def energy_form(widths: np.ndarray) -> np.ndarray:
+    """Q with v' Q v = `linear_energy` of values v at knots whose gaps are `widths` (the first knot at -1)."""
+    L = np.asarray(widths, np.float64)
+    c = (L + 1) * (2 * L + 1) / (6 * L)
+    q = np.zeros((L.size + 1, L.size + 1))
+    i = np.arange(L.size)
+    np.add.at(q, (i, i), c - 1)
+    np.add.at(q, (i + 1, i + 1), c)
+    np.add.at(q, (i, i + 1), ((L + 1) - 2 * c) / 2)
+    np.add.at(q, (i + 1, i), ((L + 1) - 2 * c) / 2)
+    return q
+
+
 def graded_ends(ends: np.ndarray, ratio: float) -> np.ndarray:
     """`ends` with each bin more than `ratio` times as wide as its neighbour cut into pieces growing by
     `ratio` away from it (left to right, then right to left; the last piece of a cut bin takes the

@@ -27,16 +27,6 @@ from .mechanisms import TreeMechanism
 _COLUMNS = 64  # columns of S B' per call of `consistent` (memory: size x _COLUMNS per level)
 
 
-def range_matrix(ends: np.ndarray, size: int) -> np.ndarray:
-    """(bins, size) 0/1 rows: bin j holds the grid points (ends[j-1], ends[j]] (ends[-1] = size - 1)."""
-    ends = np.asarray(ends, np.int64)
-    x = np.arange(size)
-    bin_of = np.searchsorted(ends, x)
-    out = np.zeros((ends.size, size))
-    out[bin_of, x] = 1.0
-    return out
-
-
 def bin_sums(prefix: np.ndarray, ends: np.ndarray) -> np.ndarray:
     """B x from prefix sums (size, ...) of x: each bin's sum, bins ending at `ends` (all partitions' in a row)."""
     at = prefix[np.asarray(ends, np.int64)]

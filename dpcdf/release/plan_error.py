@@ -25,7 +25,7 @@ import math
 
 import numpy as np
 
-from .histogram import bins_noise, linear_energy, linear_map
+from .histogram import bins_noise, energy_form, linear_energy, linear_map
 from .merge import RoundOneMerge, tree_prefix_variance
 from .noise import dlaplace_variance
 
@@ -67,19 +67,6 @@ def interpolation_miss(counts: np.ndarray, at: np.ndarray, knots: np.ndarray, va
         spread = 2 * variance**2 * float(np.sum(gram**2)) + 4 * variance * float(np.sum((noise.T @ q @ miss[:, 0]) ** 2))
         estimate += sds * math.sqrt(max(spread, 0.0))
     return max(0.0, estimate) / size
-
-
-def energy_form(widths: np.ndarray) -> np.ndarray:
-    """Q with v' Q v = `linear_energy` of values v at knots whose gaps are `widths` (the first knot at -1)."""
-    L = np.asarray(widths, np.float64)
-    c = (L + 1) * (2 * L + 1) / (6 * L)
-    q = np.zeros((L.size + 1, L.size + 1))
-    i = np.arange(L.size)
-    np.add.at(q, (i, i), c - 1)
-    np.add.at(q, (i + 1, i + 1), c)
-    np.add.at(q, (i, i + 1), ((L + 1) - 2 * c) / 2)
-    np.add.at(q, (i + 1, i), ((L + 1) - 2 * c) / 2)
-    return q
 
 
 def hidden_miss(counts: np.ndarray, at: np.ndarray, knots: np.ndarray, variance: float, size: int) -> float:

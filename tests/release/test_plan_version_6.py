@@ -18,7 +18,7 @@ from dpcdf.release.adaptive_route import ROUND_ZERO_IDS, ZERO_SHARE
 from dpcdf.release.band import draw_noise
 from dpcdf.release.ecdf import finish_release, secure_node_noise
 from dpcdf.release.histogram import equal_width_ends
-from dpcdf.release.merge import RoundOneMerge, range_matrix, tree_prefix_variance
+from dpcdf.release.merge import RoundOneMerge, tree_prefix_variance
 from dpcdf.release.noise import dlaplace_variance, prf_noise
 from helpers import adaptive_v5
 
@@ -27,6 +27,15 @@ KEY = bytes(range(16))
 
 def _prf(ids, scale):
     return prf_noise(KEY, ids, scale)
+
+
+def range_matrix(ends: np.ndarray, size: int) -> np.ndarray:
+    """(bins, size) 0/1 rows: bin j holds the grid points (ends[j-1], ends[j]] (ends[-1] = size - 1)."""
+    ends = np.asarray(ends, np.int64)
+    x = np.arange(size)
+    out = np.zeros((ends.size, size))
+    out[np.searchsorted(ends, x), x] = 1.0
+    return out
 
 
 def _tree_rows(tree: TreeMechanism):
@@ -215,3 +224,12 @@ def test_an_analyst_without_n_plans_with_round_zeros_exact_n():
             np.zeros(len(ends) + len(groups) if len(groups) else len(ends))
     release = mech.gather(None, mech.tree.central_nodes(prefix, _prf), None, bins_at, None)
     assert release.plan.design in ("bins", "tree") and release.zero is None
+
+
+def test_the_energy_form_is_linear_energys_quadratic_form():
+    """`histogram.energy_form` (the plan's sd of a seen miss) is the matrix of `linear_energy`."""
+    from dpcdf.release.histogram import energy_form, linear_energy
+
+    rng = np.random.default_rng(0)  # test data
+    widths, values = rng.integers(1, 40, 9), rng.normal(size=(10, 4))
+    np.testing.assert_allclose(np.einsum("ij,ik,kj->j", values, energy_form(widths), values), linear_energy(values, widths))

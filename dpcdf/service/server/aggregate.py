@@ -154,7 +154,7 @@ class Aggregator:
         if not hasattr(mech, "round_one_ends") or self.dcf.width != 1:
             raise ParameterError("bins are released by adaptive count tasks only")
         plan = None
-        if round_ == 0:  # plan version 6, add/remove: the count of the whole grid (`adaptive_route`)
+        if round_ == 0:  # plan version 6: the count of the whole grid (`adaptive_route`; exact under substitution)
             parts = [(np.array([mech.size - 1], np.int64), slice(None))]
         elif round_ == 1:  # its partitions one after another (coarse, then fine: `AdaptiveMechanism.round_one_parts`)
             parts = [(e, slice(None)) for e in mech.round_one_parts]

@@ -12,7 +12,8 @@ from typing import TYPE_CHECKING, Callable, ClassVar
 import numpy as np
 
 from ...errors import ParameterError
-from ...release.adaptive import PLAN_RULES, RoundTwo
+from ...release.adaptive import RoundTwo
+from ...release.adaptive_route import takes_routes
 from ...release.queries import QUERY_TYPES, BinsQuery, CoordinatesQuery, GroupsQuery, NodesQuery, PrefixQuery, Query
 
 if TYPE_CHECKING:
@@ -189,7 +190,7 @@ def check(q: Query, config: "TaskConfig", agg: "Aggregator") -> None:
 def _rounds(config: "TaskConfig") -> list[tuple[str, str, str]]:
     """An adaptive task of plan version 6 answers round one and round two (or the whole tree) on one
     route only: a query of the rounds fixes that route (`dpcdf.release.adaptive_route`)."""
-    routed = config.mechanism == "adaptive" and config.fine_bins and PLAN_RULES[config.adaptive_plan].route  # as `routed`
+    routed = config.mechanism == "adaptive" and takes_routes(config.adaptive_plan, config.fine_bins)
     return [("route", json.dumps("rounds"), SPENT_ROUTE)] if routed else []
 
 

@@ -156,8 +156,8 @@ class CoordinatesQuery(QueryModel):
 
 
 class BinsQuery(QueryModel):
-    """Adaptive tasks: shares of noisy bin counts. Round 0 (plan version 6, add/remove): the count of
-    the whole grid (no ends), which chooses the route. Round 1: the task's fixed equal-width bins (no
+    """Adaptive tasks: shares of noisy bin counts. Round 0 (plan version 6): the count of the whole grid
+    (no ends), which chooses the route (noisy under add/remove, n itself under substitution). Round 1: the task's fixed equal-width bins (no
     ends). Round 2: the bins ending at `ends` (strictly increasing grid indices, the last one the grid's
     last), fixed by the task's first round-two query: a task answers one round-two design only (these
     bins, or its tree's nodes), as another would spend the budget again."""
