@@ -55,7 +55,7 @@ exact guarantee is round one's plus the larger of the two round-two designs', ea
 rational scale, so at most epsilon whichever design the data picks. Over two servers each round is
 fixed once per task (`dpcdf.service`): a server answers round one's bins, and one round-two design,
 from its own PRF noise, so an analyst cannot spend more; a task pins `fine` (`TaskConfig.fine_bins`),
-the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`: 5 since `MIN_FLAT_BINS`) and the shares' rule (`share_rule`,
+the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`: 7 since round zero's screen, `adaptive_route`) and the shares' rule (`share_rule`,
 `TaskConfig.adaptive_shares`).
 Measured against OpenDP and the Sarus methods in docs/accuracy.md.
 """
@@ -87,7 +87,7 @@ ROOT_EPSILON = 0.5  # ... from this epsilon up (at 0.25 it cost the skewed data 
 FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 256 of them (`fine_bins`)
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
 MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
-PLAN_VERSION = 6  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
+PLAN_VERSION = 7  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
 EMPTY_SDS = 4.0  # a round-two bin of a non-flat plan within this many noise sds of zero is taken as empty (flat data's
 # equal-width bins never are); 2 before: an empty bin's noise passed 2 sds in 6% of bins and then entered every later prefix
 # (measurements in docs/accuracy.md, "Split groups")
@@ -112,7 +112,7 @@ class AdaptiveRelease:
     round_two: np.ndarray | list[np.ndarray]
     root: float | None = None  # a round-two histogram's noisy count of the whole grid (`AdaptiveMechanism.root`)
     groups: np.ndarray | None = None  # its split groups' noisy totals (plan version 3: `RoundTwo.groups`)
-    zero: float | None = None  # round zero's noisy count of the whole grid (plan version 6, add/remove: `adaptive_route`)
+    zero: np.ndarray | None = None  # round zero's noisy counts (add/remove: of the grid, from plan version 7 of the fine bins)
 
 
 def round_one_shares(epsilon: float, relation: str, rule: int = SHARE_RULE) -> tuple[float, float]:
@@ -299,12 +299,14 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
             for at, z in parts:
                 out[at] = z
             return out
-        if round_ == 0:  # round zero's count of the whole grid (`adaptive_route`): n, exact under substitution
-            if not self.routed or count != 1:
-                raise ParameterError("round zero is one count of the whole grid, in a release of plan version 6 only")
+        if round_ == 0:  # round zero's counts (`adaptive_route`): n, exact under substitution; from version 7 the fine bins'
+            k = self.zero_ends.size if self.routed else 0
+            if not self.routed or count != k:
+                raise ParameterError("round zero is the count of the whole grid (or from plan version 7 under add/remove of "
+                                     "round one's fine bins), in a release of plan version 6 or later only")
             if self.scale_zero is None:
                 return np.zeros(1, np.int64)
-            return noise(np.array([ROUND_ZERO_IDS], np.int64), self.scale_zero)
+            return noise(ROUND_ZERO_IDS + np.arange(k, dtype=np.int64), self.scale_zero)
         ids = ROUND_ONE_IDS + np.arange(count, dtype=np.int64)
         out = noise(ids[:ROUND_ONE_BINS], self.scale_one)
         return out if count <= ROUND_ONE_BINS else np.concatenate([out, noise(ids[ROUND_ONE_BINS:], self.scale_fine)])
@@ -320,13 +322,14 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         if self.routed:  # plan version 6: the whole tree on large data (`adaptive_route`)
             route_n = n
             if self.scale_zero is not None or n is None or callable(n):  # round zero: n, noisy under add/remove
-                asked = np.asarray(bins_at(0, np.array([self.size - 1])), dtype=np.float64).reshape(-1)
-                if asked.size != 1 or not np.isfinite(asked).all():
-                    raise ParameterError(f"round zero is one count of the whole grid, got shape {asked.shape}")
-                route_n = float(asked[0])
-                zero = route_n if self.scale_zero is not None else None  # under substitution n, exact: nothing to merge
+                ends = self.zero_ends
+                asked = np.asarray(bins_at(0, ends), dtype=np.float64).reshape(-1)
+                if asked.size != ends.size or not np.isfinite(asked).all():
+                    raise ParameterError(f"round zero has {ends.size} counts, got shape {asked.shape}")
+                zero = asked if self.scale_zero is not None else None  # under substitution n, exact: nothing to merge
+                route_n = self.zero_n(asked, copies) if zero is not None else float(asked.sum())
                 n = n if n is not None or zero is not None else route_n  # ... which plans round two too
-            if self.take_whole(route_n, copies):
+            if self.take_whole(route_n, copies) or (zero is not None and self.screened(zero, copies)):
                 whole = self.whole.gather(prefix_at, lambda level: nodes_at(level, whole=True))
                 return AdaptiveRelease(np.zeros(0), RoundTwo("whole"), whole, zero=zero)
         one = np.asarray(bins_at(1, np.concatenate(self.round_one_parts)), dtype=np.float64)

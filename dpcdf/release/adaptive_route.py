@@ -18,6 +18,15 @@ answered from the server's PRF noise, is the same at every ask. Every count the 
 enters its estimate: round zero's and round one's by least squares into the tree that ends it
 (`merge`).
 
+Plan version 7 (`PlanRules.screen`), add/remove: round zero counts round one's fine bins instead of
+the grid (the same share: the fine bins partition the grid, so their counts move by 1 in L1), n is
+their sum, and the release also takes the whole tree where those counts show point masses that no
+histogram round one could propose would be kept by (`screened`): a fine bin's mass costs a histogram
+at least POINT_MASS c^2 over the `MIN_REACH` grid indices of its narrowest bin, the same term
+`plan_error.hidden_miss` adds when the rounds choose. Real data (integers, rounded values, one
+popular value) mostly are such; there the rounds would end in the tree, at 1.3 to 2x its error on
+the DPBench sets at 10^4 records, and the screen keeps the whole tree's (bench/accuracy_sweep.py).
+
 The route's n: `whole_limit`, the n at which a histogram's least hidden error (round one's fine bins
 each holding n / k as a point mass, `plan_error.hidden_miss`), times `plan_error.SAFETY`, reaches the
 whole tree's exact error: sqrt(SAFETY^-1 error / POINT_MASS) k. Above it the rounds would end in the
@@ -32,10 +41,12 @@ import numpy as np
 
 from . import plan_error
 from .adaptive_plan import PLAN_RULES
-from .noise import scale_fraction
+from .noise import dlaplace_variance, scale_fraction
 
 ZERO_SHARE = 0.02  # add/remove, plan version 6: round zero's share of epsilon (the count of the whole grid)
-ROUND_ZERO_IDS = 1 << 42  # round zero's noise id (round one's bins from 2^40, round two's from 2^41; tree nodes below 2^40 or from 2^56)
+MIN_REACH = 2  # the fewest grid indices a proposed histogram's bin around a point mass spans (`refined_ends`: 2-point bins)
+SCREEN_SDS = 1.0  # round zero's estimate of the point masses' squares taken this many of its sds low (towards the rounds)
+ROUND_ZERO_IDS = 1 << 42  # round zero's noise ids (round one's bins from 2^40, round two's from 2^41; tree nodes below 2^40 or from 2^56)
 
 
 def takes_routes(plan_version: int, fine: bool) -> bool:
@@ -65,6 +76,34 @@ class RoutedRelease:
         self.scale_zero = scale_fraction(1, self.eps_zero)
         return rest
 
+    @property
+    def zero_ends(self) -> np.ndarray:
+        """Round zero's partition: the whole grid, or (plan version 7, add/remove) round one's fine bins."""
+        return self.fine_ends if self.rules.screen and self.relation == "add-remove" else np.array([self.size - 1], np.int64)
+
+    def zero_n(self, zero: np.ndarray, copies: int = 1) -> float:
+        """The n round zero's counts give the route (`take_whole`): their sum; from plan version 7 (many
+        counts, whose sum is noisier than one count of the grid) `SCREEN_SDS` of its sds low, so that
+        small data do not take the whole tree on noise (the rounds can find a histogram there)."""
+        zero = np.asarray(zero, np.float64)
+        low = SCREEN_SDS * math.sqrt(zero.size * copies * dlaplace_variance(self.scale_zero)) if self.rules.screen else 0.0
+        return float(zero.sum()) - low
+
+    def screened(self, zero: np.ndarray, copies: int = 1) -> bool:
+        """Plan version 7: whether round zero's fine counts show point masses whose least cost to any
+        histogram the rounds could keep, times `plan_error.SAFETY`, is above the tree's error (module
+        docstring): sum c^2 estimated without bias (each count squared less its noise variance), taken
+        `SCREEN_SDS` of its sds low (Var of a noisy square: 4 c^2 var + 5 var^2, Laplace), so that where
+        round zero's noise hides the masses the rounds still choose. Post-processing of round zero."""
+        if not self.rules.screen or self.scale_zero is None:
+            return False
+        var = copies * dlaplace_variance(self.scale_zero)
+        zero = np.asarray(zero, np.float64)
+        squares = float(np.sum(zero**2 - var))
+        sd = math.sqrt(float(np.sum(4 * np.maximum(zero**2 - var, 0.0) * var + 5 * var**2)))
+        least = plan_error.POINT_MASS * MIN_REACH * max(0.0, squares - SCREEN_SDS * sd) / self.size
+        return plan_error.SAFETY * least > plan_error.tree_error(self, copies)
+
     def zero_epsilon(self) -> Fraction:
         return 1 / self.scale_zero if self.scale_zero is not None else Fraction(0)
 
@@ -79,13 +118,13 @@ class RoutedRelease:
 
     def reuse_parts(self, design: str) -> tuple[list[np.ndarray], list[Fraction]]:
         """(partitions' ends, their noise scales) that the tree ending a routed release of `design`
-        ("tree" or "whole") has not counted itself: round zero's count of the grid (add/remove), and
+        ("tree" or "whole") has not counted itself: round zero's counts (add/remove), and
         for the round-two tree round one's bins; ([], []) for anything else."""
         if not self.routed or design not in ("tree", "whole"):
             return [], []
         parts, scales = (list(self.round_one_parts), [self.scale_one, self.scale_fine]) if design == "tree" else ([], [])
         if self.scale_zero is not None:
-            parts, scales = parts + [np.array([self.size - 1])], scales + [self.scale_zero]
+            parts, scales = parts + [self.zero_ends], scales + [self.scale_zero]
         return parts, scales
 
     def reused(self, release) -> np.ndarray | None:
@@ -94,7 +133,7 @@ class RoutedRelease:
         if not parts:
             return None
         one = [np.asarray(release.round_one, np.float64)] if release.plan.design == "tree" else []
-        zero = [np.array([release.zero], np.float64)] if self.scale_zero is not None else []
+        zero = [np.atleast_1d(np.asarray(release.zero, np.float64))] if self.scale_zero is not None else []
         return np.concatenate(one + zero)
 
     def route_tree(self, release):

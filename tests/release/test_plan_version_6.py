@@ -144,10 +144,16 @@ def test_on_large_data_the_default_is_the_tree_with_the_whole_budget():
     theirs = finish_release(grid, tree, tree.noisy(prefix, _prf), values.size)
     assert ours.released.plan.design == "whole" and ours.released.round_one.size == 0
     np.testing.assert_array_equal(ours.counts, theirs.counts)
-    ar = AdaptiveMechanism(1024, 1.0, "add-remove")
+    ar = AdaptiveMechanism(1024, 1.0, "add-remove", plan_version=6)
     release = ar.noisy(prefix, _prf)
     assert release.plan.design == "whole" and release.zero == values.size + _prf(np.array([ROUND_ZERO_IDS]), ar.scale_zero)[0]
     assert dlaplace_variance(ar.scale_zero) > 50 * dlaplace_variance(ar.whole.scales[ar.whole.shape.height])  # a cheap count
+    seven = AdaptiveMechanism(1024, 1.0, "add-remove")  # version 7: round zero counts the fine bins, at the same scale
+    release = seven.noisy(prefix, _prf)
+    fine = np.diff(np.append(0, prefix[seven.fine_ends]))
+    want = fine + _prf(ROUND_ZERO_IDS + np.arange(fine.size), seven.scale_zero)
+    assert seven.plan_version == 7 and seven.scale_zero == ar.scale_zero and fine.size == seven.fine_ends.size > 1
+    assert release.plan.design == "whole" and np.array_equal(release.zero, want)
 
 
 def _paired_mse(prefix, grid, mechs, runs: int) -> list[float]:

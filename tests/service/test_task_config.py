@@ -150,8 +150,10 @@ def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_
     with the same JSON and fingerprint (the review of issue 25 found 37 of 200 such tasks' plans refused
     with 403 after the change)."""
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0}))
-    assert config.adaptive_plan == 6 and json.loads(config.to_json())["adaptive_plan"] == 6 and config.make_mechanism().routed
-    five = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":6,', '"adaptive_plan":5,'))
+    assert config.adaptive_plan == 7 and json.loads(config.to_json())["adaptive_plan"] == 7 and config.make_mechanism().routed
+    six = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":7,', '"adaptive_plan":6,'))
+    assert six.make_mechanism().plan_version == 6 and six.make_mechanism().zero_ends.size == 1 and six.fingerprint != config.fingerprint
+    five = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":7,', '"adaptive_plan":5,'))
     assert five.make_mechanism().plan_version == 5 and not five.make_mechanism().routed and five.fingerprint != config.fingerprint
     config = five
     four = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":5,', '"adaptive_plan":4,'))
@@ -177,7 +179,7 @@ def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_
     assert new.check_plan(plan) == plan
     with pytest.raises(ParameterError, match="no split groups"):
         second.check_plan(plan)
-    for bad in (7, 0, True, "2"):
+    for bad in (8, 0, True, "2"):
         with pytest.raises(ParameterError, match="version"):
             TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0, "adaptive_plan": bad}))
     tree = TaskConfig(**(BASE | {"relation": "substitution"}))
@@ -191,7 +193,7 @@ def test_an_adaptive_task_pins_round_ones_fine_bins_and_an_older_config_keeps_it
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "substitution"}))
     assert config.fine_bins and json.loads(config.to_json())["fine_bins"] is True
     assert config.make_mechanism().bins_one == 32 + 64 and TaskConfig.from_json(config.to_json()) == config
-    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":6,', "").replace('"adaptive_shares":2,', "")
+    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":7,', "").replace('"adaptive_shares":2,', "")
     old = TaskConfig.from_json(old_json)
     assert old.fine_bins is False and old.to_json() == old_json and old.fingerprint != config.fingerprint
     # without fine bins round one has rule 1's shares whatever the field says: one config, one fingerprint

@@ -154,8 +154,8 @@ class Aggregator:
         if not hasattr(mech, "round_one_ends") or self.dcf.width != 1:
             raise ParameterError("bins are released by adaptive count tasks only")
         plan = None
-        if round_ == 0:  # plan version 6: the count of the whole grid (`adaptive_route`; exact under substitution)
-            parts = [(np.array([mech.size - 1], np.int64), slice(None))]
+        if round_ == 0:  # plan version 6: the count of the whole grid (`adaptive_route`; exact under substitution), from 7
+            parts = [(mech.zero_ends, slice(None))]  # under add/remove the fine bins' counts
         elif round_ == 1:  # its partitions one after another (coarse, then fine: `AdaptiveMechanism.round_one_parts`)
             parts = [(e, slice(None)) for e in mech.round_one_parts]
         else:

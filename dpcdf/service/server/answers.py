@@ -127,7 +127,7 @@ class _Bins(Handler):
         if (q.round == 2) != (q.ends is not None) or (q.groups is not None and q.round != 2):
             raise QueryRefused("round 1's bins (and round 0's count) are the task's (no ends); round 2 names its bins' ends (and groups)")
         if q.round == 0 and not getattr(agg.mechanism, "routed", False):
-            raise QueryRefused("round 0 (the count that chooses the route) is an adaptive task's of plan version 6 "
+            raise QueryRefused("round 0 (the counts that choose the route) is an adaptive task's of plan version 6 or later "
                                "(with fine bins)")
         if q.ends is not None:
             try:
