@@ -85,6 +85,7 @@ from dpcdf.service.http import ServerError, http
 from dpcdf.service.processes import free_port, start_server, stop
 from dpcdf.service.storage.store import Store
 from dpcdf.service.task import TaskConfig, token_hash
+from dpcdf.release.calibration import fixed_point
 from dpcdf.service.wire import join_share, split_share
 
 E2E_BITS = 10
@@ -169,17 +170,18 @@ def server_section(repeats: int) -> float:
           f"{peak / 1e6:.0f} M blocks/s\n")
     print(f"{'payload':<7} {'grid':>5} {'keys':>5} {'decode/s':>9} {'eval/s':>8} {'check/s':>9} {'verify/s':>8} {'eval %':>6} {'AES blocks':>10} {'AES bound/s':>11} {'of bound':>8} {'at peak/s':>9}")  # noqa: E501
     headline, headline_peak = 0.0, 0.0
-    for payload in ("count", "label"):
+    for payload in ("count", "label", "calibration"):
         for bits in (10, 16):
             cfg = TaskConfig(grid(bits), 1.0, "path", "substitution", 1, ("a", "b"), ("00", "01"), "00",
                              payload=payload, verify=True)
             dcf, check, size = cfg.key_dcf(), cfg.check(), cfg.make_grid().size  # keys with the MAC's payload
             n = round_one.keys_per_pass(size, dcf.width)  # one batch of `round_one.step`
             rng = np.random.default_rng(bits)
-            labels = rng.integers(0, 2, n)
-            rows = np.ones((n, 1), np.int64) if payload == "count" else np.stack([labels, 1 - labels], axis=1)
+            labels, values = rng.integers(0, 2, n), rng.uniform(0, 1, n)
+            rows = {"count": np.ones((n, 1), np.int64), "label": np.stack([labels, 1 - labels], axis=1),
+                    "calibration": np.stack([np.ones(n, np.int64), labels, fixed_point(values).astype(np.int64)], axis=1)}[payload]
             key_betas, x0, _ = check.client_report(rows)
-            k0, _ = dcf.gen_batch(rng.integers(0, size, n), key_betas)
+            k0, _ = dcf.gen_batch(cfg.make_grid().index(values), key_betas)
             shares = [join_share(k0[i].to_bytes(), x0[i]) for i in range(n)]
             ch = check.challenges(secrets.token_bytes(32), b"bench")
             state = {}

@@ -23,7 +23,7 @@ def test_selection_and_errors():
 @pytest.mark.parametrize(
     "fn",
     [DCF(32), DCF(1), DCF(8, 16, 2, cmp="ge"), DCF(13, 64, 3, cmp="le", signed=True), DCF(64, 7, 4, cmp="gt"),
-     DPF(10), DPF(9, 20, 4, signed=True), DCF(6, 64, 5)],
+     DPF(10), DPF(9, 20, 4, signed=True), DCF(6, 64, 5), DCF(7, 33, 7, cmp="ge"), DPF(8, 64, 8)],
     ids=repr,
 )
 @pytest.mark.parametrize("n", [1, 15, 16, 17, 100])

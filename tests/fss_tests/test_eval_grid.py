@@ -121,7 +121,8 @@ def test_every_alpha_every_size_on_small_domains(kind, signed, group):
 @pytest.mark.parametrize("fn", [DCF(10, group="p61", cmp="ge"), DCF(10, group="p61", cmp="ge", width=2),
                                 DCF(10, group="p61", cmp="ge", width=2, version=1), DCF(8, group="p61", cmp="lt", version=1),
                                 DCF(11, 64, 1, cmp="gt"), DCF(9, 20, 3, cmp="le", signed=True),
-                                DPF(10, group="p61", width=3)],
+                                DPF(10, group="p61", width=3), DCF(10, group="p61", cmp="ge", width=6),
+                                DCF(7, 64, 8, cmp="lt"), DCF(6, 64, 9, cmp="ge")],  # 6: a verified calibration task's keys; 9: portable
                          ids=repr)
 def test_every_backend_equals_portable(fn):
     n = 37  # two full groups of 16 and a partial one
