@@ -14,8 +14,9 @@ import sys
 from pathlib import Path
 
 from .cli_admin import add_parser as add_admin_parser, cmd_admin
-from .cli_inputs import CliError, load_task, parse_grid, read_csv, read_number, read_text
+from .cli_inputs import CliError, parse_grid, read_csv, read_number
 from .errors import DpcdfError, ParameterError
+from .service.task_file import load_task, read_text
 
 DEBUG_ENV = "DPCDF_DEBUG"
 POSTPROCESS_CHOICES = ["auto", "none", "monotone", "monotone-l1", "sparse", "smooth"]  # dpcdf.release.ecdf.POSTPROCESS (a test checks)
@@ -179,14 +180,9 @@ def cmd_submit(args) -> None:
 
 
 def _analyst(args):
-    read_text(args.task, "task file")
-    token_file = args.token_file or args.task + ".token"
-    token = read_text(token_file, "analyst token file").strip()
-    if not token:
-        raise CliError(f"analyst token file {token_file} is empty")
     from .analyst import Analyst
 
-    return Analyst(load_task(args.task), token, token_file=token_file)
+    return Analyst.from_task_file(args.task, args.token_file)
 
 
 def cmd_close(args) -> None:

@@ -4,9 +4,9 @@ from __future__ import annotations
 
 import csv
 import math
-from pathlib import Path
 
 from .errors import DpcdfError
+from .service.task_file import read_text
 
 
 class CliError(DpcdfError):
@@ -41,29 +41,6 @@ def parse_grid(spec: str) -> dict:
     except ValueError:
         raise CliError(usage) from None
     raise CliError(usage)
-
-
-def read_text(path: str, what: str) -> str:
-    try:
-        return Path(path).read_text()
-    except FileNotFoundError:
-        raise CliError(f"{what} {path}: no such file") from None
-    except IsADirectoryError:
-        raise CliError(f"{what} {path} is a directory, not a file") from None
-    except (OSError, UnicodeDecodeError) as exc:
-        raise CliError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
-
-
-def load_task(path: str):
-    from .service.task import TaskConfig
-
-    text = read_text(path, "task file")
-    try:
-        return TaskConfig.from_json(text)
-    except DpcdfError as exc:
-        raise CliError(f"task file {path} is not a task config: {exc}") from None
-    except (ValueError, KeyError, TypeError) as exc:
-        raise CliError(f"task file {path} is not a task config ({exc.__class__.__name__}: {exc})") from None
 
 
 def read_number(text: str, where: str) -> float:

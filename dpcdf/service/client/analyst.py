@@ -14,6 +14,7 @@ from ...release.ecdf import Release, finish_release
 from ...release.queries import GroupsQuery, PrefixQuery, Query, to_dict
 from ..http import ServerError, http
 from ..task import MAX_QUERY_POINTS, TaskConfig
+from ..task_file import load_task, read_text, read_token, token_path
 
 
 class TokenRefused(ServerError):
@@ -29,6 +30,20 @@ class Analyst:
         self.dcf = config.dcf()  # its group: how the two servers' shares add up
         self._closed = False
         self.rejected: dict[str, int] | None = None  # per reason class, once a verified task is closed
+
+    @classmethod
+    def from_task_file(cls, task_file: str, token_file: str | None = None):
+        """The analyst of the task `dpcdf task` wrote to `task_file`, with the token in `token_file`
+        (default: TASK.token beside it, as `dpcdf task` writes it); `TaskFileError` (a ParameterError)
+        naming the file that is missing, unreadable, empty or not a task config. The task file is
+        read before the token, so a wrong task path is named as such.
+
+            analyst = dpcdf.Analyst.from_task_file("task.json")
+            release = analyst.release()"""
+        read_text(task_file, "task file")
+        where = token_path(task_file, token_file)
+        token = read_token(where)
+        return cls(load_task(task_file), token, token_file=where)
 
     def close(self) -> int | None:
         """Closes the collection: server 0 reconciles the report sets with server 1 directly

@@ -272,7 +272,7 @@ def test_cli_query_prints_quantiles(servers, tmp_path):
     j = run("query", "--task", str(tmp_path / "task.json"), "--ecdf", "50", "-5", "--quantiles", "0.5", "--json")
     assert j.returncode == 0, j.stderr
     got = json.loads(j.stdout)
-    rel = Analyst(config, token).release()
+    rel = Analyst.from_task_file(str(tmp_path / "task.json")).release()  # the files the CLI read, the token beside them
     lo_hi = rel.confidence_band(0.95, ts=[50, -5])
     assert [e["F"] for e in got["ecdf"]] == rel.ecdf([50, -5]).tolist() and got["ecdf"][1]["read_at"] is None
     assert got["ecdf"][0]["read_at"] == rel.read_at([50])[0] and got["ecdf"][0]["band95"] == [lo_hi[0][0], lo_hi[1][0]]
