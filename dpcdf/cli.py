@@ -70,7 +70,7 @@ def cmd_serve(args) -> None:
         raise ParameterError(f"--sweep-every must be a positive number of seconds, got {args.sweep_every}")
     serve(args.party, args.port, args.data, args.host, noise=not args.no_noise,
           admin_token_file=args.admin_token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
-          dask=args.dask, log_format=args.log_format, retention=retention, sweep_every=args.sweep_every)
+          dask=args.dask, log_format=args.log_format, retention=retention, sweep_every=args.sweep_every, dask_insecure=args.dask_insecure)
 
 
 def cmd_task(args) -> None:
@@ -174,9 +174,10 @@ def cmd_submit(args) -> None:
     for note in summary.pop("notes", []):
         print(f"note: {note}", file=sys.stderr)
     print(json.dumps(summary))
-    if summary["rejected"]:
-        raise CliError(f"the servers refused {summary['rejected']} reports for good ({summary['first_refusal']}); they "
-                       "are not counted, and a re-run does not send them again")
+    if summary["rejected"]:  # conflicts too (issue 42): another's share holds their ids, so they will not count
+        taken = summary["conflicts"] and f"{summary['conflicts']} reports conflicted (report id taken by other content); "
+        raise CliError(f"{taken or ''}the servers refused {summary['rejected']} reports for good ({summary['first_refusal']}); "
+                       "they are not counted, and a re-run does not send them again")
 
 
 def _analyst(args):
@@ -311,8 +312,10 @@ def build_parser() -> Parser:
     s.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (and --tls-key); default: plain HTTP")
     s.add_argument("--tls-key", help="the certificate's PEM private key")
     s.add_argument("--dask", metavar="ADDRESS", help="evaluate on a Dask cluster: a scheduler's address "
-                   "(tcp://HOST:8786; workers must see DATA/segments at the same path) or local:N (N worker "
-                   "processes here); default: in-process")
+                   "(tls://HOST:8786, certificates in Dask's configuration; workers must see DATA/segments at the "
+                   "same path) or local:N (N worker processes here); default: in-process")
+    s.add_argument("--dask-insecure", action="store_true", help="allow a plain scheduler (tcp://HOST:8786): whoever reaches "
+                   "it runs code on the workers, which hold this server's key shares, and in this server")
     s.add_argument("--log-format", default="text", choices=["text", "json"],
                    help="text: uvicorn's access log, one line per request; json: one JSON object per line")
     s.add_argument("--retention", metavar="DURATION", help="delete a task's reports and key shares once it is this old "

@@ -54,6 +54,7 @@ KEY_BYTES = 16  # the capsule's AES-128 key
 TAG_BYTES = 16  # AES-128-GCM's tag (after the capsule's key and after each share)
 MAX_BATCH = 1 << 16  # reports per batch upload
 FOREIGN = "report is for another task"  # also a server's answer for a task id it does not know
+TAKEN = "report id taken by other content"  # a server holds another share under this id (issue 42)
 NOT_OPENED = "the share does not open with this server's key"
 NOT_FIELD = "the share's check values must be field elements (below 2^61 - 1)"
 HEAD = 4 + 32 + ID_BYTES  # magic, fingerprint, report id

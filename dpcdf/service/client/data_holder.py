@@ -23,7 +23,7 @@ from ...errors import DomainError, DpcdfError, ParameterError
 from .. import hpke
 from ..http import ServerError, http
 from ..task import TaskConfig, check_distinct_servers, token_hash
-from ..wire import ID_BYTES, MAX_BATCH, NONCE_BYTES, Report, Sealer, encode_batch
+from ..wire import ID_BYTES, MAX_BATCH, NONCE_BYTES, TAKEN, Report, Sealer, encode_batch
 from .spool import Spool, SpoolStatus, ranges, shown
 
 
@@ -186,7 +186,8 @@ def submit(config: TaskConfig, values, batch: int = 1000, progress: bool = False
 
     Resumable and idempotent: with a spool file, a re-run (after any crash of a server, the network or
     this process) makes no new report for a spooled row and sends each server only what it has not
-    acknowledged; a report a server already stored comes back as a duplicate, which acknowledges it.
+    acknowledged; a report a server already stored comes back as a duplicate, which acknowledges it (the
+    same bytes only: a server holding another share under its id answers a conflict, below).
     The spool knows rows by content (`dpcdf.service.client.spool`): the same input again sends nothing new, an
     input from `source` that extends what was spooled from it makes only the new rows, and rows equal
     to rows spooled from another source raise `DuplicateRows` unless `allow_duplicates` (`contents`:
@@ -200,7 +201,10 @@ def submit(config: TaskConfig, values, batch: int = 1000, progress: bool = False
     spool path the spool is in memory: nothing survives this process.
     Returns counts: rows (of this input), new (reports made now), already_spooled (rows of this input
     spooled before), duplicates_allowed; over the whole spool: reports, complete (both servers),
-    pending, rejected; outside; the spool's path; notes (sentences for the user)."""
+    pending, rejected, conflicts; outside; the spool's path; notes (sentences for the user).
+    `conflicts` (also in `rejected`): reports whose id a server holds with other content (issue 42:
+    someone who learned the id first sent their own report under it); such a report is not stored
+    there, will not count, and is never taken as acknowledged (`dpcdf submit` exits non-zero)."""
     values = np.asarray(values, dtype=np.float64).reshape(-1)
     labels = None if labels is None else np.asarray(labels).reshape(-1)
     if not 1 <= batch <= MAX_BATCH:
@@ -254,9 +258,14 @@ def submit(config: TaskConfig, values, batch: int = 1000, progress: bool = False
         refusals = store.rejections()
     finally:
         store.close()
+    taken = len({row for row, _, why in refusals if why.startswith(TAKEN)})  # a conflict at either server
+    if taken:
+        at = " and ".join(f"server {p}" for p in sorted({party for _, party, why in refusals if why.startswith(TAKEN)}))
+        notes.append(f"{taken} reports conflicted ({TAKEN} at {at}): someone who learned their report ids sent reports "
+                     "of their own under them first; these are not acknowledged and will not count")
     summary = {"rows": int(values.size), "new": int(new.size), "already_spooled": admission.spooled,
                "duplicates_allowed": len(admission.duplicates), "reports": status.rows, "complete": status.complete,
-               "pending": status.pending, "rejected": status.rejected,
+               "pending": status.pending, "rejected": status.rejected, "conflicts": taken,
                "outside": {"below": out["below"], "above": out["above"], "handled": outside},
                "spool": None if spool is None else str(spool), "notes": notes}
     if refusals:  # why the first refused report was refused (by which server)

@@ -31,13 +31,14 @@ TESTING_ENV = "DPCDF_TESTING"
 def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bool = True,
                admin_token_file: str | Path | None = None, dask: str | None = None,
                limits: Limits | None = None, retention: float | None = None,
-               sweep_every: float = SWEEP_EVERY) -> FastAPI:
+               sweep_every: float = SWEEP_EVERY, dask_insecure: bool = False) -> FastAPI:
     """Server `party` (0 or 1) over the store in `data_dir`. `noise=False` is a test-only setting
     (it needs DPCDF_TESTING=1); `warm_up` compiles the kernels in the background at once. The
     operator's token (needed to register tasks) comes from `admin_token_file`, else the environment's
     DPCDF_ADMIN_TOKEN, else a token made at the first start in DATA/admin.token (0600). `dask`: evaluate
-    on a Dask cluster, a scheduler's address ("tcp://host:8786") or "local:N" (a LocalCluster of N
-    worker processes), see `dpcdf.service.server.dask_eval`; None evaluates in-process. `limits`: what one
+    on a Dask cluster, a scheduler's address ("tls://host:8786"; a plain tcp:// one only with
+    `dask_insecure`) or "local:N" (a LocalCluster of N worker processes), see
+    `dpcdf.service.server.dask_eval`; None evaluates in-process. `limits`: what one
     client may hold (`limits.Limits`; its defaults are the documented ones). `retention`: seconds after
     which a task's key shares are deleted if still stored, None for never (`housekeeping`; verified
     tasks' are deleted once their release is final, whatever it is); the sweep runs every `sweep_every`
@@ -54,7 +55,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bo
     app.state.failures = failures = Failures(limits)
     app.state.bodies = private_dir(Path(data_dir) / "incoming")  # bodies over limits.memory_bytes, unlinked files
     mark_unmarked(data_dir)  # a backup made before restore marks, first served: marked before its Store opens
-    app.state.server = Server(party, data_dir, noise, admin_token_file, dask=dask)
+    app.state.server = Server(party, data_dir, noise, admin_token_file, dask=dask, dask_insecure=dask_insecure)
     app.router.on_shutdown.append(app.state.server.close)
     app.state.metrics = metrics.Metrics()  # issue 24: GET /metrics, retention and the admin routes
     metrics.attach(app.state.metrics)
@@ -96,7 +97,7 @@ def _schema(app: FastAPI):
 def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: bool = True,
           admin_token_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
           dask: str | None = None, log_format: str = "text", retention: float | None = None,
-          sweep_every: float = SWEEP_EVERY) -> None:
+          sweep_every: float = SWEEP_EVERY, dask_insecure: bool = False) -> None:
     """Runs the server with uvicorn; with `tls_cert` and `tls_key` (PEM files) over HTTPS. Clients and
     the other server verify the certificate against the system's CAs, or SSL_CERT_FILE's.
 
@@ -110,11 +111,15 @@ def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: 
         raise DpcdfError("TLS needs both --tls-cert and --tls-key")
     if log_format not in ("text", "json"):
         raise DpcdfError(f"log_format must be text or json, got {log_format!r}")
+    if dask is not None:  # before anything starts: a plain tcp:// scheduler only with dask_insecure (issue 42)
+        from .dask_eval import check_address
+
+        check_address(dask, dask_insecure)
     _check_listen(host, port)
     private_dir(data_dir)
     lock = hold(Path(data_dir))  # noqa: F841 (held until this process ends: one server per data directory)
     app = create_app(party, data_dir, noise, admin_token_file=admin_token_file, dask=dask, retention=retention,
-                     sweep_every=sweep_every)
+                     sweep_every=sweep_every, dask_insecure=dask_insecure)
     if admin_token_file is not None:
         token_at = admin_token_file
     elif os.environ.get("DPCDF_ADMIN_TOKEN"):

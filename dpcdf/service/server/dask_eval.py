@@ -1,7 +1,7 @@
 """A server's evaluation on a Dask cluster (`dask.distributed`): the map over key shards and the sum
 of `aggregate.partial_sums`, spread over workers.
 
-    evaluator = DaskEvaluator("tcp://scheduler:8786")   # or "local:N": a LocalCluster of N processes
+    evaluator = DaskEvaluator("tls://scheduler:8786")   # or "local:N": a LocalCluster of N processes
     Aggregator(dcf, mechanism, seed, task_id, evaluator=evaluator)
 
 Each shard of a task's segments (`storage.segments`) is cut into pieces of whole key groups; a task per
@@ -52,14 +52,36 @@ TRANSPORTS = ("path", "scatter")
 
 
 class DaskError(DpcdfError):
-    """The Dask cluster cannot be reached or used, or an address is malformed."""
+    """The Dask cluster cannot be reached or used, or an address is malformed or refused."""
+
+
+ENCRYPTED = ("tls://", "local:")  # schemes taken without --dask-insecure (local:N runs mutual TLS, below)
+
+
+def check_address(address: str, insecure: bool = False) -> None:
+    """Refuses a scheduler address this server must not use (DaskError). A Dask cluster is part of the
+    server (issue 42): its workers map the server's key shares, and the server unpickles what they send
+    back, so whoever reaches the scheduler runs code on those workers and, through a result, in the
+    server itself (its HPKE key, its noise seeds). Over plain TCP (tcp://, ws://, ucx://,
+    ...) that is anyone on the network path: refused unless `insecure` (`--dask-insecure`) says the
+    network is the operator's own. tls:// (with the certificates of Dask's configuration) and local:N
+    are taken."""
+    if "://" not in address and not address.startswith("local:"):
+        raise DaskError(f"--dask takes a scheduler address (tls://host:8786) or local:N, got {address!r}")
+    if not address.startswith(ENCRYPTED) and not insecure:
+        raise DaskError(f"--dask {address}: refused, not encrypted: anyone who reaches a plain scheduler runs code on "
+                        "the workers, which map this server's key shares, and in this server (it unpickles their results); "
+                        "use a tls:// scheduler (certificates in Dask's configuration, docs/scaling.md) or local:N, or "
+                        "add --dask-insecure if only you can reach that scheduler")
 
 
 class DaskEvaluator:
-    """`aggregate.Evaluator` on a Dask cluster: `address` is a scheduler's ("tcp://host:8786") or
-    "local:N" for a LocalCluster of N single-threaded worker processes on this machine."""
+    """`aggregate.Evaluator` on a Dask cluster: `address` is a scheduler's ("tls://host:8786"; a plain
+    one such as "tcp://host:8786" only with `insecure`, `check_address`) or "local:N" for a LocalCluster
+    of N single-threaded worker processes on this machine."""
 
-    def __init__(self, address: str, transport: str = "path", timeout: float = 60.0):
+    def __init__(self, address: str, transport: str = "path", timeout: float = 60.0, insecure: bool = False):
+        check_address(address, insecure)  # before anything is imported or reached
         try:
             import dask
             from distributed import Client, LocalCluster
@@ -84,8 +106,6 @@ class DaskEvaluator:
             # TLS), not through the scheduler's copy (`dask_check.RoundOneMap._submit`)
             self.client = Client(self.cluster, security=security, timeout=timeout, direct_to_workers=True)
         else:
-            if "://" not in address:
-                raise DaskError(f"--dask takes a scheduler address (tcp://host:8786) or local:N, got {address!r}")
             try:
                 self.client = Client(address, timeout=timeout)
             except (OSError, TimeoutError) as exc:

@@ -14,6 +14,7 @@ from starlette.exceptions import HTTPException
 
 from ...errors import DpcdfError
 from ..storage.restore import Restored
+from ..wire import TAKEN
 from .answers import QueryRefused
 from .context import BudgetSpent, CloseRefused, NotClosed, PeerFailed, TaskNotFound, TooFewReports
 
@@ -26,6 +27,15 @@ class HttpError(DpcdfError):
     def __init__(self, status: int, message: str, headers: dict[str, str] | None = None):
         super().__init__(message)
         self.status, self.message, self.headers = status, message, headers
+
+
+class ReportIdTaken(HttpError):
+    """409: this server holds another share under the upload's report id (issue 42). Someone who learned
+    the id first (a deviating other server, a logging proxy) stored theirs: the upload is not stored, and
+    its sender must hear so (never "duplicate", which acknowledges), since the report will not count."""
+
+    def __init__(self):
+        super().__init__(409, f"{TAKEN}: this server holds another share under this id; this report is not stored")
 
 
 def problem(error: dict) -> str:

@@ -29,10 +29,12 @@ UPLOAD_REFUSALS = {400: "malformed", 408: "slow_body", 409: "closed", 411: "no_l
 
 def reason(error: str) -> str:
     """A refused report's reason class, from its error (`routers.reports.accept`)."""
-    from ..wire import FOREIGN
+    from ..wire import FOREIGN, TAKEN
 
     if error == FOREIGN:
         return "foreign_task"
+    if error == TAKEN:
+        return "id_taken"
     if "sealed share must be" in error:
         return "wrong_length"
     if "not a key of this task" in error:
@@ -91,7 +93,7 @@ class Metrics:
             out.sample("dpcdf_http_request_duration_seconds_count", labels, cumulative)
         out.family("dpcdf_reports_accepted_total", "counter", "reports stored (new report ids)")
         out.sample("dpcdf_reports_accepted_total", {}, reports.get(("accepted", ""), 0))
-        out.family("dpcdf_reports_duplicate_total", "counter", "reports whose id was stored already (counted once)")
+        out.family("dpcdf_reports_duplicate_total", "counter", "reports stored already with the same bytes (counted once)")
         out.sample("dpcdf_reports_duplicate_total", {}, reports.get(("duplicate", ""), 0))
         out.family("dpcdf_reports_refused_total", "counter", "reports refused one by one, by reason")
         for (kind, why), n in sorted(reports.items()):

@@ -87,8 +87,10 @@ class Rejected(BaseModel):
 
 class BatchAccepted(BaseModel):
     accepted: int
-    duplicates: int
-    rejected: list[Rejected]
+    duplicates: int = Field(description="reports stored before with these very bytes: acknowledged, counted once")
+    rejected: list[Rejected] = Field(description="reports not stored, by index: refused, or their id taken (`conflicts`)")
+    conflicts: int = Field(0, description="reports whose id this server holds with another share: not stored, not "
+                           "acknowledged (each is in `rejected` too, error 'report id taken by other content')")
 
 
 class CloseResponse(BaseModel):

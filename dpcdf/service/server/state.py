@@ -346,7 +346,7 @@ class Server:
     """One server's shared state (`app.state.server`); `noise=False` is the test-only switch."""
 
     def __init__(self, party: int, data_dir: str | Path, noise: bool = True, admin_token_file: str | Path | None = None,
-                 dask: str | None = None):
+                 dask: str | None = None, dask_insecure: bool = False):
         data = Path(data_dir)
         data.mkdir(parents=True, exist_ok=True)
         self.party, self.noise = party, noise
@@ -354,12 +354,12 @@ class Server:
         self.store = Store(data / "server.sqlite")
         self.keys = ServerKeys(data)
         claim_party(data, party, (r[0] for r in self.store.db.execute("SELECT config FROM tasks")), self.keys.public_hex("x25519"))
-        # evaluation on a Dask cluster ("tcp://host:8786" or "local:N"), else in-process; the noise stays here
+        # evaluation on a Dask cluster ("tls://host:8786" or "local:N"), else in-process; the noise stays here
         self.evaluator = None
         if dask is not None:
             from .dask_eval import DaskEvaluator
 
-            self.evaluator = DaskEvaluator(dask)
+            self.evaluator = DaskEvaluator(dask, insecure=dask_insecure)
         self.warm = threading.Event()
         try:
             limit = int(os.environ.get(ANALYST_LIMIT_ENV, ANALYST_LIMIT))
@@ -432,15 +432,16 @@ class Server:
         if self.store.add_task(config.task_id, config.to_json(), config.fingerprint, secrets.token_bytes(32)) is not None:
             raise HttpError(409, f"task {config.task_id} exists with another configuration")
 
-    def add_reports(self, st: TaskState, items: list[tuple[bytes, bytes]], batch: bool = True) -> int:
-        """Stores checked reports (report id, sealed share) in one transaction; how many were new
-        (duplicates are stored and counted once). 409 (CLOSED) once the collection is closed. Round
-        one of a verified task's new reports starts now, in the background, not at the close."""
+    def add_reports(self, st: TaskState, items: list[tuple[bytes, bytes]], taken: list[int] | None = None) -> int:
+        """Stores checked reports (report id, opened share) in one transaction; how many were new (the same
+        bytes again are stored and counted once; `taken` gets the index of each whose id holds another share,
+        `Store.add_many`). 409 (CLOSED) once the collection is closed. Round one of a verified task's new reports
+        starts now, in the background, not at the close."""
         if not items:
             return 0
         task_id = st.config.task_id
         try:
-            added = self.store.add_many(task_id, items) if batch else sum(self.store.add_reports(task_id, items))
+            added = self.store.add_many(task_id, items, taken)
         except CollectionClosed:
             raise HttpError(409, closed_because(self, task_id)) from None
         if added and st.config.verify:

@@ -13,6 +13,7 @@ import sqlite3
 import threading
 import time
 from contextlib import contextmanager
+from hmac import compare_digest
 from itertools import chain
 from pathlib import Path
 from typing import Callable, Iterator, Sequence
@@ -196,26 +197,25 @@ class Store:
             self.db.execute(f"UPDATE tasks SET {column} = ? WHERE task_id = ? AND {column} IS NULL", (time.time(), task_id))
 
     def add_reports(self, task_id: str, items: Sequence[tuple[bytes, bytes]]) -> list[bool]:
-        """Inserts (report id, key share) pairs in one committed transaction; False where the id
-        was already there (a replay: stored once, counted once). Raises CollectionClosed once the
-        task's collection is closed."""
+        """`add_many` item by item in one committed transaction: False where the id was already there
+        (a replay: stored once, counted once). Raises CollectionClosed once the collection is closed."""
         with self._transaction():
-            if self._state(task_id)[0] is not None:
-                raise CollectionClosed(task_id)
-            now = time.time()
-            insert = "INSERT OR IGNORE INTO reports (task_id, report_id, key_share, received) VALUES (?, ?, ?, ?)"
-            return [self.db.execute(insert, (task_id, bytes(rid), bytes(share), now)).rowcount == 1 for rid, share in items]
+            return [self.add_many(task_id, [item]) == 1 for item in items]
 
-    def add_many(self, task_id: str, items: Sequence[tuple[bytes, bytes]]) -> int:
-        """Like add_reports in one committed transaction; returns how many were new."""
+    def add_many(self, task_id: str, items: Sequence[tuple[bytes, bytes]], taken: list[int] | None = None) -> int:
+        """Inserts (report id, key share) pairs in one committed transaction; returns how many were new. `taken`
+        (if given) gets the index of each item whose id holds another share (issue 42), compared in constant time."""
         with self._transaction():
             if self._state(task_id)[0] is not None:
                 raise CollectionClosed(task_id)
-            now = time.time()
-            before = self.db.total_changes
+            now, before = time.time(), self.db.total_changes
             self.db.executemany("INSERT OR IGNORE INTO reports (task_id, report_id, key_share, received) VALUES (?, ?, ?, ?)",
                                 ((task_id, bytes(rid), bytes(share), now) for rid, share in items))
-            return self.db.total_changes - before
+            added = self.db.total_changes - before
+            if taken is not None and added < len(items):  # some ids were stored: by these very bytes, or by others
+                have = self.shares_by_id(task_id, [rid for rid, _ in items])
+                taken += [i for i, ((_, share), had) in enumerate(zip(items, have)) if not compare_digest(had, bytes(share))]
+            return added
 
     def rejections(self, task_id: str) -> dict[str, int]:
         """How many reports the report check excluded, per reason class (reconciliation drops not

@@ -20,11 +20,11 @@ from dpcdf.service.wire import join_share
 from dpcdf.service.server.aggregate import Aggregator
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.server import dask_check
-from dpcdf.service.server.dask_eval import DaskError, DaskEvaluator
-from dpcdf.service.processes import start_server, stop
+from dpcdf.service.server.dask_eval import DaskError, DaskEvaluator, check_address
+from dpcdf.service.processes import free_port, start_server, stop
 from fss import DCF
 from dpcdf.service.http import ServerError, http
-from helpers import GRID, OPERATOR, TESTING, values
+from helpers import GRID, OPERATOR, TESTING, dpcdf_cli, values
 
 
 @pytest.fixture(scope="module")
@@ -147,6 +147,38 @@ def test_bad_addresses_are_refused():
     for address in ("local:0", "local:x", "somewhere:8786"):
         with pytest.raises(DaskError):
             DaskEvaluator(address)
+    for address in ("tcp://scheduler:8786", "ws://scheduler:8786", "ucx://scheduler:8786"):  # plain: on request only
+        with pytest.raises(DaskError, match="refused, not encrypted: .* add --dask-insecure"):
+            DaskEvaluator(address)
+        check_address(address, insecure=True)
+    check_address("tls://scheduler:8786")
+
+
+def test_dask_over_plain_tcp_only_with_dask_insecure(tmp_path):
+    """Issue 42, item 5: whoever reaches a plain scheduler runs code on the workers (which map the
+    server's key shares) and, through the results it unpickles, in the server. `dpcdf serve --dask
+    tcp://...` is refused with that reason before anything starts; with --dask-insecure it starts."""
+    from distributed import LocalCluster
+
+    data = tmp_path / "s0"
+    refused = dpcdf_cli("serve", "--party", "0", "--port", str(free_port()), "--data", str(data), "--dask",
+                        "tcp://127.0.0.1:8786")
+    assert refused.returncode != 0
+    assert "refused, not encrypted: anyone who reaches a plain scheduler runs code on the workers" in refused.stderr
+    assert "--dask-insecure" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
+    assert not data.exists()  # refused before the server made anything
+    cluster = LocalCluster(n_workers=0, processes=False, protocol="tcp://", dashboard_address=None, silence_logs=40)
+    try:
+        with open(tmp_path / "s0.log", "wb") as log:
+            proc, url = start_server(0, str(data), noise=False, log=log, extra_env=TESTING,
+                                     args=["--dask", cluster.scheduler_address, "--dask-insecure"])
+        try:
+            assert http("GET", f"{url}/health")["status"] == "ok"
+        finally:
+            stop(proc)
+        assert f"Dask {cluster.scheduler_address}" in (tmp_path / "s0.log").read_text()
+    finally:
+        cluster.close()
 
 
 def test_two_servers_one_on_a_local_cluster_answer_the_exact_counts(tmp_path):

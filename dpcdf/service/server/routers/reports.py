@@ -2,6 +2,14 @@
 bodies. A report is acknowledged only once its key share is committed; a malformed, truncated,
 wrongly sealed, foreign or duplicate one is refused with its reason and not stored.
 
+Only the same bytes are a duplicate (issue 42): a report whose id this server already holds is
+acknowledged ("duplicate") only if the stored share is byte-identical to this one's (a spooled report
+sent again after a crash); under another share, whoever learned the id first stored theirs, and this
+report is answered 409 "report id taken by other content" (one upload) or listed in `rejected` and
+counted in `conflicts` (a batch), never acknowledged, so its client knows it will not count. Each
+server compares its own share; conflicts are not charged to the address (the honest sender of a
+front-run report would be charged for the attacker's doing).
+
 Refusing junk is cheap and costs its sender (`limits`): the cheap checks come first (the batch's
 framing, each report's framing, its task fingerprint, the sealed shares' lengths), then a closed
 collection is refused, and only then is any share opened with this server's key (a format 2
@@ -23,9 +31,9 @@ import numpy as np
 from fss import FssError
 from fss.errors import KeyFormatError
 
-from ...wire import FOREIGN, TAG_BYTES, Layout, Opener, Report, ReportError, capsule_length, decode_batch, split_shares
+from ...wire import FOREIGN, TAG_BYTES, TAKEN, Layout, Opener, Report, ReportError, capsule_length, decode_batch, split_shares
 from ..deps import RawBody, ServerDep
-from ..errors import HttpError, TaskNotFound
+from ..errors import HttpError, ReportIdTaken, TaskNotFound
 from ..limits import client_address
 from ..models import Accepted, BatchAccepted, Error, Rejected, errors
 from ..state import CLOSED, Server, TaskState, closed_because
@@ -70,8 +78,11 @@ def upload(task_id: str, request: Request, srv: ServerDep, raw: RawBody) -> Acce
     if rejected:
         metrics.count_reports(0, 0, [rejected[0].error])
         raise HttpError(400, rejected[0].error)
-    if not srv.add_reports(st, good, batch=False):
-        metrics.count_reports(0, 1, [])
+    taken: list[int] = []
+    if not srv.add_reports(st, good, taken):
+        metrics.count_reports(0, 0 if taken else 1, [TAKEN] if taken else [])
+        if taken:  # another share under this id: not this report (issue 42)
+            raise ReportIdTaken()
         raise HttpError(409, "duplicate report id: already stored and counted once")
     metrics.count_reports(1, 0, [])
     return Accepted()
@@ -81,7 +92,8 @@ def upload(task_id: str, request: Request, srv: ServerDep, raw: RawBody) -> Acce
              openapi_extra=_binary("reports in one batch (`wire.encode_batch`)"))
 def upload_batch(task_id: str, request: Request, srv: ServerDep, raw: RawBody) -> BatchAccepted:
     """Stores the good reports of the batch; names each refused one by its index (at most
-    REJECTS_PER_BATCH of them: a batch with more is refused whole)."""
+    REJECTS_PER_BATCH of them: a batch with more is refused whole), and each whose id this server
+    holds with another share (`conflicts`, also in `rejected`: an earlier client reads them as refused)."""
     address, failures = client_address(request.scope), request.app.state.failures
     try:
         raws = decode_batch(raw)
@@ -90,14 +102,21 @@ def upload_batch(task_id: str, request: Request, srv: ServerDep, raw: RawBody) -
         raise HttpError(400, str(exc)) from None
     st = known_task(task_id, srv)
     good, rejected = accept(srv, st, raws, address, failures)
-    added = srv.add_reports(st, good)  # and round one of a verified task's new reports, now
-    request.app.state.metrics.count_reports(added, len(good) - added, [r.error for r in rejected])
-    return BatchAccepted(accepted=added, duplicates=len(good) - added, rejected=rejected)
+    taken: list[int] = []
+    added = srv.add_reports(st, good, taken)  # and round one of a verified task's new reports, now
+    refused = {r.index for r in rejected}
+    at = [i for i in range(len(raws)) if i not in refused]  # good's indices in the batch (`accept` keeps its order)
+    conflicts = [Rejected(index=at[k], error=TAKEN) for k in taken]
+    duplicates = len(good) - added - len(taken)
+    request.app.state.metrics.count_reports(added, duplicates, [r.error for r in rejected + conflicts])
+    return BatchAccepted(accepted=added, duplicates=duplicates, rejected=sorted(rejected + conflicts, key=lambda r: r.index),
+                         conflicts=len(taken))
 
 
 def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, failures) -> tuple[list[tuple[bytes, bytes]], list[Rejected]]:
     """Checks each report, cheap checks first, then opens its share and checks that it is a key of
-    this task's DCF for this server (one vectorized decode for the whole batch; per key only to name
+    this task's DCF for this server: (good, rejected), every report in one of them, good ones (report id,
+    opened share) in batch order (one vectorized decode for the whole batch; per key only to name
     a bad one). Charges the address one failure per refused report; raises 400 past
     REJECTS_PER_BATCH refusals, 409 for a closed collection (or one restored unfinished from a backup),
     429 when the address runs out of failures while shares are opened (its allowance is read again after each of this batch's
