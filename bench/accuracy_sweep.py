@@ -1,7 +1,7 @@
 """The default release against our tree, OpenDP's b-ary tree at its best b, on real data and over n.
 
-    python bench/accuracy_sweep.py --real [--runs 20] [--sizes full,10000] [--eps 0.1,0.5,1]
-    python bench/accuracy_sweep.py --sweep [--runs 20] [--ns 1e3,1e4,1e5,1e6,1e7]
+    python bench/accuracy_sweep.py --real [--runs 20] [--sizes full,10000] [--eps 0.1,0.5,1] [--dawa]
+    python bench/accuracy_sweep.py --sweep [--runs 20] [--ns 1e3,1e4,1e5,1e6,1e7] [--dawa]
 
 --real: the nine DPBench histograms in ../shared/data/dpbench/ (or --data DIR), 4,096 bins each, at full
 size and at subsamples drawn without replacement; --sweep: synthetic shapes on 2^12 at each n (smooth,
@@ -13,11 +13,17 @@ released centrally, in each run from one fresh secret PRF key (`prf_noise`, as a
 common random numbers, so that a node that two methods release at one scale gets the same noise in
 both (the default's whole tree is then the tree itself, ratio 1) and the runs' ratios are paired, while
 each method's noise law is exactly its own; OpenDP's make_b_ary_tree + then_laplace + consistency at
-b = 2, 4, 8, 16, 32, of which each cell reports the best (an oracle choice, which favours it).
+b = 2, 4, 8, 16, 32, of which each cell reports the best (an oracle choice, which favours it). With
+--dawa, also DAWA (bench/dawa.py: Li, Hay, Miklau, Wang, VLDB 2014, its partition as the authors' code
+runs it, a b-ary tree over its buckets in place of GreedyH; its own fresh noise, so not paired).
 
 Printed: one row per cell (ratios of mean MSE, with the standard error of the default's log ratio to
 the tree from the runs), then per relation and eps the distribution over cells (geometric mean, median,
 worst) of default / tree and default / OpenDP's best, and how many cells meet the goals of issue 41.
+With --dawa each row ends with default / DAWA and DAWA's quantile error (the header row stays the one
+without it, which the docs' checker matches), and each line of the distribution is followed by one for
+default / DAWA: geometric mean, median, worst, the cells where the default's MSE is at most DAWA's, and
+those where its quantile error is at most DAWA's + 0.5.
 """
 from __future__ import annotations
 
@@ -103,7 +109,8 @@ def ours(prefix: np.ndarray, mech, grid: Grid, key: bytes) -> dpcdf.Release:
     return finish_release(grid, mech, mech.noisy(prefix, lambda ids, scale: prf_noise(key, ids, scale)), int(prefix[-1]))
 
 
-def cell(hist: np.ndarray, eps: float, rel: str, runs: int, v5: bool) -> dict[str, tuple[np.ndarray, float]]:
+def cell(hist: np.ndarray, eps: float, rel: str, runs: int, v5: bool,
+         dawa: bool = False) -> dict[str, tuple[np.ndarray, float]]:
     """{method: (per-run MSEs, mean quantile error)}."""
     grid = Grid.integers(SIZE)
     prefix = np.cumsum(hist)
@@ -128,6 +135,12 @@ def cell(hist: np.ndarray, eps: float, rel: str, runs: int, v5: bool) -> dict[st
             best = (mse, float(np.mean([quantile_error(prefix, e) for e in ests])), b)
     out["opendp"] = best[:2]
     out["opendp_b"] = best[2]
+    if dawa:
+        from dawa import dawa_prefix  # bench/dawa.py, beside this script
+
+        ests = [dawa_prefix(hist, eps, rel) for _ in range(runs)]
+        out["dawa"] = (np.array([metrics.mse_counts(prefix, e) for e in ests]),
+                       float(np.mean([quantile_error(prefix, e) for e in ests])))
     return out
 
 
@@ -146,6 +159,12 @@ def report(cells: dict, label: str) -> None:
             print(f"{rel:<13}{eps:>5}{len(got):>6}  {gmean(vs_tree):>12.3f} {np.median(vs_tree):>8.3f} {vs_tree.max():>10.3f}  "
                   f"{gmean(vs_dp):>14.3f} {np.median(vs_dp):>8.3f} {vs_dp.max():>10.3f}  "
                   f"{int((vs_tree <= 1.1).sum()):>5}/{len(got):<5}  {q_ok:>8}/{len(got)}")
+            if all("dawa" in v for v in got):
+                vs_dawa = np.array([v["default"][0].mean() / v["dawa"][0].mean() for v in got])
+                q_dawa = sum(v["default"][1] <= v["dawa"][1] + 0.5 for v in got)
+                print(" " * 24 + f"default/DAWA: gmean {gmean(vs_dawa):.3f} median {np.median(vs_dawa):.3f} worst "
+                      f"{vs_dawa.max():.3f}; default <= DAWA in {int((vs_dawa <= 1).sum())}/{len(got)} cells; "
+                      f"q <= DAWA+0.5 in {q_dawa}/{len(got)}")
 
 
 def gmean(x: np.ndarray) -> float:
@@ -164,6 +183,7 @@ def main() -> None:
     ap.add_argument("--data", type=Path, default=DATA)
     ap.add_argument("--only", default="", help="only data sets whose name contains this")
     ap.add_argument("--v5", action="store_true", help="also the previous default (plan version 5, share rule 2)")
+    ap.add_argument("--dawa", action="store_true", help="also DAWA (bench/dawa.py): default/DAWA, its quantile error")
     args = ap.parse_args()
     rng = np.random.default_rng(2026)  # data only (subsamples, synthetic draws)
     sets = {}
@@ -175,19 +195,23 @@ def main() -> None:
     sets = {k: v for k, v in sets.items() if args.only in k}
     epss = [float(e) for e in args.eps.split(",")]
     print(f"{args.runs} runs a cell, grid 2^12; ratios of mean counts MSE; +-: standard error of the mean log ratio")
+    if args.dawa:
+        print("--dawa: each row ends with default/DAWA (ratio of mean counts MSE) and DAWA's quantile error")
     print(f"{'data@n':<26}{'relation':<13}{'eps':>5}{'default/tree':>16}{'def/OpenDP':>11}{'tree/OpenDP':>12}{'v5/tree':>9}{'hist':>6}{'q: def, tree, OpenDP (b)':>30}")  # noqa: E501
     cells = {}
     for name, hist in sets.items():
         for rel in args.relations.split(","):
             for eps in epss:
-                c = cell(hist, eps, rel, args.runs, args.v5)
+                c = cell(hist, eps, rel, args.runs, args.v5, args.dawa)
                 cells[(name, rel, eps)] = c
                 d, t, o = c["default"], c["tree"], c["opendp"]
                 se = float(np.std(np.log(d[0]) - np.log(t[0])) / math.sqrt(args.runs))
                 v5 = f"{c['v5'][0].mean() / t[0].mean():>9.3f}" if args.v5 else f"{'-':>9}"
                 print(f"{name:<26}{rel:<13}{eps:>5}{d[0].mean() / t[0].mean():>10.3f} +-{se:.2f}"
                       f"{d[0].mean() / o[0].mean():>11.3f}{t[0].mean() / o[0].mean():>12.3f}{v5}{c['histograms']:>6.0%}"
-                      f"{d[1]:>10.2f} {t[1]:>6.2f} {o[1]:>6.2f} ({c['opendp_b']})", flush=True)
+                      f"{d[1]:>10.2f} {t[1]:>6.2f} {o[1]:>6.2f} ({c['opendp_b']})"
+                      + (f"{d[0].mean() / c['dawa'][0].mean():>10.3f} {c['dawa'][1]:>6.2f}" if args.dawa else ""),
+                      flush=True)
     report(cells, "real data" if args.real and not args.sweep else "all cells")
 
 
