@@ -14,9 +14,9 @@ import sys
 from pathlib import Path
 
 from .cli_admin import add_parser as add_admin_parser, cmd_admin
-from .cli_inputs import CliError, parse_grid, read_csv, read_number
+from .cli_inputs import CliError, load_task, parse_grid, read_csv, read_number
 from .errors import DpcdfError, ParameterError
-from .service.task_file import load_task, read_text
+from .service.files import read_text
 
 DEBUG_ENV = "DPCDF_DEBUG"
 POSTPROCESS_CHOICES = ["auto", "none", "monotone", "monotone-l1", "sparse", "smooth"]  # dpcdf.release.ecdf.POSTPROCESS (a test checks)

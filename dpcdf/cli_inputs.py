@@ -6,7 +6,7 @@ import csv
 import math
 
 from .errors import DpcdfError
-from .service.task_file import read_text
+from .service.files import read_text
 
 
 class CliError(DpcdfError):
@@ -41,6 +41,13 @@ def parse_grid(spec: str) -> dict:
     except ValueError:
         raise CliError(usage) from None
     raise CliError(usage)
+
+
+def load_task(path: str):
+    """`TaskConfig.from_file`, imported here at first use (the CLI starts without numpy)."""
+    from .service.task import TaskConfig
+
+    return TaskConfig.from_file(path)
 
 
 def read_number(text: str, where: str) -> float:

@@ -1,12 +1,16 @@
 """Files only their owner may read (0600) in folders only their owner may enter (0700): keys, tokens,
 stores, spools and key-share segments hold secrets or sealed reports. Each file is created with its
 mode, never chmod-ed after the fact (no moment readable by others); a server's folders are made 0700
-(`private_dir`), and its data directory narrowed to 0700 at start if it was wider."""
+(`private_dir`), and its data directory narrowed to 0700 at start if it was wider. Also what `dpcdf task`
+writes, read back (the task config, `TaskConfig.from_file`, and the analyst token beside it, `read_token`), by the
+CLI and `Analyst.from_task_file` alike, each mistake a `TaskFileError` naming the file."""
 from __future__ import annotations
 
 import fcntl
 import os
 from pathlib import Path
+
+from ..errors import ParameterError
 
 
 def write_secret(path: str | Path, data: bytes) -> None:
@@ -62,3 +66,32 @@ def exclusive_lock(path: str | Path) -> int | None:
         os.close(fd)
         return None
     return fd
+
+
+class TaskFileError(ParameterError):
+    """A task or token file that is missing, unreadable, empty, or not a task config."""
+
+
+def read_text(path: str | Path, what: str) -> str:
+    """The text of `path`, `what` naming it in the error (e.g. "task file")."""
+    try:
+        return Path(path).read_text()
+    except FileNotFoundError:
+        raise TaskFileError(f"{what} {path}: no such file") from None
+    except IsADirectoryError:
+        raise TaskFileError(f"{what} {path} is a directory, not a file") from None
+    except (OSError, UnicodeDecodeError) as exc:
+        raise TaskFileError(f"cannot read {what} {path}: {getattr(exc, 'strerror', None) or exc}") from None
+
+
+def token_path(task_path: str | Path, token_file: str | Path | None = None) -> str:
+    """Where the analyst token of the task at `task_path` is: `token_file`, else TASK.token beside it."""
+    return str(token_file) if token_file is not None else f"{task_path}.token"
+
+
+def read_token(path: str | Path) -> str:
+    """The analyst token in the file at `path` (surrounding whitespace dropped)."""
+    token = read_text(path, "analyst token file").strip()
+    if not token:
+        raise TaskFileError(f"analyst token file {path} is empty")
+    return token

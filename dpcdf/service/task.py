@@ -16,7 +16,7 @@ import numpy as np
 from fss import DCF
 from fss.params import PACKED_VERSION as KEY_FORMAT
 
-from ..errors import ParameterError
+from ..errors import DpcdfError, ParameterError
 from ..release.adaptive import MIN_ADAPTIVE_GRID, PLAN_VERSION, SHARE_RULE, AdaptiveMechanism
 from ..release.policy import auto_mechanism, curve_budget
 from ..release.calibration import group_scales
@@ -24,6 +24,7 @@ from ..release.factorization import sqrt_factorization
 from ..release.grid import Grid
 from ..release.mechanisms import ROOT_SHARE, Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
 from ..release.zcdp import check_rho, gaussian_tree
+from .files import TaskFileError, read_text
 from .hpke import check_kem
 from .protocols.check.maths import CHECKED, Check
 
@@ -352,6 +353,17 @@ class TaskConfig:
         if self.key_format == 1:
             del d["key_format"]  # and from before F_p key format 2 (and every unverified task)
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
+
+    @classmethod
+    def from_file(cls, path: str) -> "TaskConfig":
+        """The config in the task file at `path` (what `dpcdf task --out` wrote); `TaskFileError` naming it."""
+        text = read_text(path, "task file")
+        try:
+            return cls.from_json(text)
+        except DpcdfError as exc:
+            raise TaskFileError(f"task file {path} is not a task config: {exc}") from None
+        except (ValueError, KeyError, TypeError) as exc:
+            raise TaskFileError(f"task file {path} is not a task config ({exc.__class__.__name__}: {exc})") from None
 
     @classmethod
     def from_json(cls, text: str | bytes) -> "TaskConfig":

@@ -6,7 +6,7 @@ import pytest
 
 import dpcdf
 from dpcdf.service.task import TaskConfig
-from dpcdf.service.task_file import TaskFileError
+from dpcdf.service.files import TaskFileError
 from test_task_config import BASE
 
 

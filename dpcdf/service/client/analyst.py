@@ -14,7 +14,7 @@ from ...release.ecdf import Release, finish_release
 from ...release.queries import GroupsQuery, PrefixQuery, Query, to_dict
 from ..http import ServerError, http
 from ..task import MAX_QUERY_POINTS, TaskConfig
-from ..task_file import load_task, read_text, read_token, token_path
+from ..files import read_text, read_token, token_path
 
 
 class TokenRefused(ServerError):
@@ -43,7 +43,7 @@ class Analyst:
         read_text(task_file, "task file")
         where = token_path(task_file, token_file)
         token = read_token(where)
-        return cls(load_task(task_file), token, token_file=where)
+        return cls(TaskConfig.from_file(task_file), token, token_file=where)
 
     def close(self) -> int | None:
         """Closes the collection: server 0 reconciles the report sets with server 1 directly
