@@ -69,7 +69,7 @@ import numpy as np
 
 from ..errors import ParameterError
 from . import plan_error, postprocess
-from .adaptive_route import ROUND_ZERO_IDS, RoutedRelease
+from .adaptive_route import ROUND_ZERO_IDS, ZERO_SHARE, RoutedRelease
 from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, TreeMechanism, check_relation
 from .histogram import (FILLS, UNIFORM_SHARE, bins_noise, equal_width_ends, fill_linear, fill_pchip,  # noqa: F401
                         linear_energy, mass_ends, part_counts)
@@ -86,7 +86,8 @@ ROOT_SHARE_TWO = 0.2  # share rule 2, add/remove: of a round-two histogram's bud
 ROOT_EPSILON = 0.5  # ... from this epsilon up (at 0.25 it cost the skewed data 1.12x: too few bins kept for it to pay)
 FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 256 of them (`fine_bins`)
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
-MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it)
+MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it); under
+# add/remove from plan version 6 `min_adaptive_epsilon`, as round zero's share and the rest's fine share must reach MIN_EPSILON
 PLAN_VERSION = 7  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
 EMPTY_SDS = 4.0  # a round-two bin of a non-flat plan within this many noise sds of zero is taken as empty (flat data's
 # equal-width bins never are); 2 before: an empty bin's noise passed 2 sds in 6% of bins and then entered every later prefix
@@ -136,6 +137,15 @@ def split_budget(epsilon: float, share: float) -> tuple[float, float]:
     return part, rest
 
 
+def min_adaptive_epsilon(relation: str = "substitution", plan_version: int = PLAN_VERSION) -> float:
+    """The least epsilon the adaptive mechanism (with fine bins) takes: each of its shares at least
+    MIN_EPSILON; under add/remove from plan version 6 round zero's `ZERO_SHARE` too, and the fine bins'
+    share of what it leaves (review of version 7: 2e-5 to 5e-5 raised instead of falling back to the tree)."""
+    if relation != "add-remove" or not PLAN_RULES[plan_version].route:
+        return MIN_ADAPTIVE_EPSILON
+    return max(MIN_EPSILON / ZERO_SHARE, MIN_EPSILON / (FINE_SHARE * (1 - ZERO_SHARE))) * (1 + 1e-9)
+
+
 def fine_bins(size: int) -> int:
     """Round one's fine bin count on a grid of `size` points: bins of about FINE_WIDTH points, a power
     of two from 2 ROUND_ONE_BINS to MAX_FINE_BINS (so they nest in the coarse bins)."""
@@ -177,11 +187,12 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         check_relation(self.relation)
         if self.size < MIN_ADAPTIVE_GRID:
             raise ParameterError(f"the adaptive mechanism needs a grid of at least {MIN_ADAPTIVE_GRID} points, got {self.size}")
-        if self.epsilon * (FINE_SHARE if self.fine else ROUND_ONE_SHARE) < MIN_EPSILON:
-            raise ParameterError(f"the adaptive mechanism needs epsilon >= {MIN_ADAPTIVE_EPSILON:.3g} (round one's share "
-                                 f"at least {MIN_EPSILON:g}), got {self.epsilon!r}")
         if not isinstance(self.plan_version, int) or isinstance(self.plan_version, bool) or self.plan_version not in PLAN_RULES:
             raise ParameterError(f"the adaptive plan's version is 1 to {max(PLAN_RULES)}, got {self.plan_version!r:.40}")
+        least = min_adaptive_epsilon(self.relation, self.plan_version) if self.fine else MIN_EPSILON / ROUND_ONE_SHARE
+        if self.epsilon < least:
+            raise ParameterError(f"the adaptive mechanism needs epsilon >= {least:.3g} under {self.relation} (each share "
+                                 f"at least {MIN_EPSILON:g}), got {self.epsilon!r}")
         self.rules = PLAN_RULES[self.plan_version]
         if not isinstance(self.share_rule, int) or isinstance(self.share_rule, bool) or self.share_rule not in (1, 2):
             raise ParameterError(f"the adaptive shares' rule is 1 or 2, got {self.share_rule!r:.40}")
@@ -498,8 +509,11 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
                   f"chosen from them with eps {self.eps_two:.4g}{root}")
         if not self.routed:
             return f"adaptive: {rounds}"
-        zero = f"a count of n with eps {self.eps_zero:.4g}, then " if self.scale_zero is not None else ""
-        return (f"adaptive (plan version {self.plan_version}): {zero}on large data the b-ary tree with eps "
+        screen = self.rules.screen and self.scale_zero is not None
+        counts = f"the counts of {self.zero_ends.size} bins" if screen else "a count of n"
+        zero = f"{counts} with eps {self.eps_zero:.4g}, then " if self.scale_zero is not None else ""
+        large = "on large data or point masses" if screen else "on large data"
+        return (f"adaptive (plan version {self.plan_version}): {zero}{large} the b-ary tree with eps "
                 f"{self.whole.epsilon:.4g}, else {rounds}")
 
     def _no_guarantee(self) -> str:

@@ -35,7 +35,8 @@ SEEN_SDS = 1.0  # ... its estimated miss taken one sd of that estimate high (rou
 POINT_MASS = 1 / 6  # mean over a point mass's place in a bin of its interpolation error's mean square, over c^2
 _SAMPLE = 128  # prefixes at which the tree's exact variance is averaged
 MAX_REUSE_GRID = 1 << 14  # larger grids: no reuse, and the tree's error is its covering estimate's (`tree_error`):
-# the merge's S B' is grid x 288 floats and the exact variance grid x 128 (2^20 points: 10 GB and 96 s, review)
+# the merge's S B' is grid x 288 floats (x 544 with version 7's round zero: 396 MB at 2^14) and the exact variance
+# grid x 128 (2^20 points: 10 GB and 96 s, review)
 _TREE_ERRORS: dict[tuple, float] = {}
 
 

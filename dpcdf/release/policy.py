@@ -8,7 +8,7 @@ size, epsilon or rho, relation, payload) is post-processing of nothing private: 
 | privacy | payload     | relation     | "auto" picks                                                |
 |---------|-------------|--------------|-------------------------------------------------------------|
 | pure    | count       | either       | adaptive, on grids of >= MIN_ADAPTIVE_GRID points and       |
-|         |             |              | epsilon >= MIN_ADAPTIVE_EPSILON; else the b-ary tree        |
+|         |             |              | epsilon >= min_adaptive_epsilon(relation); else the tree    |
 | zcdp    | count       | either       | the square-root factorization on 2..MAX_FACTOR_GRID points; |
 |         |             |              | else the Gaussian tree                                      |
 | either  | label,      | either       | the tree (pure: the b-ary tree without a root share; zcdp:  |
@@ -36,7 +36,7 @@ delta in (0, 1) (`zcdp.zcdp_to_dp`).
 from __future__ import annotations
 
 from ..errors import ParameterError
-from .adaptive import MIN_ADAPTIVE_EPSILON, MIN_ADAPTIVE_GRID
+from .adaptive import MIN_ADAPTIVE_GRID, min_adaptive_epsilon
 from .factorization import MAX_FACTOR_GRID
 from .mechanisms import check_epsilon
 from .zcdp import check_rho
@@ -50,7 +50,7 @@ def auto_mechanism(size: int, relation: str, privacy: str = "pure", epsilon: flo
         return "tree"
     if privacy == "zcdp":
         return "factorization" if 2 <= size <= MAX_FACTOR_GRID else "tree"
-    small = epsilon is not None and epsilon < MIN_ADAPTIVE_EPSILON
+    small = epsilon is not None and epsilon < min_adaptive_epsilon(relation)
     return "adaptive" if size >= MIN_ADAPTIVE_GRID and not small else "tree"
 
 

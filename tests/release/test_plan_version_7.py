@@ -77,3 +77,22 @@ def test_version_7_spends_and_scales_as_version_6(relation, size, epsilon):
     assert seven.exact_epsilon(relation) == six.exact_epsilon(relation) <= epsilon
     want = seven.fine_ends if relation == "add-remove" else np.array([size - 1])
     assert np.array_equal(seven.zero_ends, want) and np.array_equal(six.zero_ends, [size - 1])
+
+
+@pytest.mark.parametrize("size", [256, 257, 300, 1000, 4095, 5000, 16385])
+def test_round_zeros_bins_partition_any_grid(size):
+    """Round zero's privacy rests on its bins partitioning the grid (a record moves one count by 1):
+    strictly increasing ends, the last the grid's last point, on grids that are not powers of two too."""
+    ends = AdaptiveMechanism(size, 1.0, "add-remove").zero_ends
+    assert ends[-1] == size - 1 and ends[0] >= 0 and np.all(np.diff(ends) > 0) and ends.size > 1
+    counts = np.diff(np.append(-1, ends))  # each bin's points: every point in exactly one bin
+    assert counts.sum() == size
+
+
+def test_too_small_an_epsilon_under_add_remove_is_a_clear_error_and_auto_takes_the_tree():
+    """Review of version 7: round zero's 2% of 3e-5 is below the least share; the mechanism says so
+    (not a scale error), and the default release takes the tree."""
+    with pytest.raises(dpcdf.ParameterError, match="epsilon >= 5e-05 under add-remove"):
+        AdaptiveMechanism(4096, 3e-5, "add-remove")
+    rel = dpcdf.release_ecdf(np.linspace(0, 1, 50), Grid.uniform(0, 1, 12), 3e-5, "auto", "add-remove")
+    assert isinstance(rel.mechanism, TreeMechanism)

@@ -5,7 +5,7 @@ import numpy as np
 import pytest
 
 from dpcdf import Grid, release_ecdf
-from dpcdf.release.adaptive import MIN_ADAPTIVE_EPSILON, MIN_ADAPTIVE_GRID, AdaptiveMechanism
+from dpcdf.release.adaptive import MIN_ADAPTIVE_EPSILON, MIN_ADAPTIVE_GRID, AdaptiveMechanism, min_adaptive_epsilon
 from dpcdf.release.factorization import MAX_FACTOR_GRID, SqrtFactorizationMechanism
 from dpcdf.release.mechanisms import TreeMechanism
 from dpcdf.release.policy import auto_mechanism, curve_budget
@@ -17,11 +17,14 @@ KIND = {"adaptive": AdaptiveMechanism, "tree": TreeMechanism}
 
 @pytest.mark.parametrize("bits", [3, 8, 12])
 @pytest.mark.parametrize("relation", ["substitution", "add-remove"])
-@pytest.mark.parametrize("epsilon", [MIN_ADAPTIVE_EPSILON * 0.9, 1.0])
+@pytest.mark.parametrize("epsilon", [MIN_ADAPTIVE_EPSILON * 0.9, MIN_ADAPTIVE_EPSILON * 1.5, 4.9e-5, 5.01e-5, 1.0])
 def test_the_central_release_and_a_task_pick_the_same_pure_mechanism(bits, relation, epsilon):
+    """Review of version 7: under add/remove round zero's 2% must reach MIN_EPSILON too (epsilon 2e-5 to
+    5e-5 raised instead of picking the tree); the central release and a task pick alike on both sides."""
     grid = Grid.uniform(0, 1, bits)
     choice = auto_mechanism(grid.size, relation, "pure", epsilon)
-    assert choice == ("adaptive" if grid.size >= MIN_ADAPTIVE_GRID and epsilon >= MIN_ADAPTIVE_EPSILON else "tree")
+    assert choice == ("adaptive" if grid.size >= MIN_ADAPTIVE_GRID and epsilon >= min_adaptive_epsilon(relation) else "tree")
+    assert min_adaptive_epsilon(relation) == (MIN_ADAPTIVE_EPSILON if relation == "substitution" else pytest.approx(5e-5))
     rel = release_ecdf(np.linspace(0, 1, 50), grid, epsilon, "auto", relation)
     assert isinstance(rel.mechanism, KIND[choice])
     spec = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": bits}

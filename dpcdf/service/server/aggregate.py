@@ -112,12 +112,12 @@ class Aggregator:
 
     def node_shares(self, shards: list[KeyBatch], level: int, whole: bool = False) -> np.ndarray:
         """Share of (count + this server's noise) for every data-holding node of a tree level (`whole`:
-        of an adaptive mechanism's whole tree, plan version 6). ParameterError unless the mechanism
+        of an adaptive mechanism's whole tree, plan version 6 or later). ParameterError unless the mechanism
         releases that level's node counts (`released_levels`: none for the path mechanism; never an
         exact root that is not public)."""
         mech = getattr(self.mechanism, "whole", None) if whole else self.mechanism
         if mech is None:
-            raise ParameterError("this task's mechanism has no whole tree (adaptive, plan version 6, only)")
+            raise ParameterError("this task's mechanism has no whole tree (adaptive, plan version 6 or later, only)")
         if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or int(level) not in mech.released_levels():
             raise ParameterError(f"the {mech.name} mechanism releases node counts of levels {mech.released_levels()} "
                                  f"only, not {level!r}")

@@ -95,7 +95,7 @@ class _Nodes(Handler):
 
     def check(self, q: NodesQuery, config, agg) -> None:
         if q.whole and getattr(agg.mechanism, "whole", None) is None:
-            raise QueryRefused("only an adaptive task of plan version 6 (with fine bins) has a whole tree")
+            raise QueryRefused("only an adaptive task of plan version 6 or later (with fine bins) has a whole tree")
         tree = agg.mechanism.whole if q.whole else agg.mechanism
         if config.mechanism not in ("tree", "adaptive") or q.level not in tree.released_levels():
             raise QueryRefused("node queries need the tree mechanism and a released level")
@@ -103,7 +103,7 @@ class _Nodes(Handler):
     def designs(self, q: NodesQuery, config) -> list[tuple[str, str, str]]:
         if config.mechanism != "adaptive":
             return []
-        if q.whole:  # plan version 6: the whole tree, never round one's bins or round two as well
+        if q.whole:  # plan version 6 and later: the whole tree, never round one's bins or round two as well
             return [("route", json.dumps("whole"), SPENT_ROUTE)]
         return _rounds(config) + [("round-two", json.dumps("tree"), SPENT_ROUND_TWO)]
 
@@ -188,7 +188,7 @@ def check(q: Query, config: "TaskConfig", agg: "Aggregator") -> None:
 
 
 def _rounds(config: "TaskConfig") -> list[tuple[str, str, str]]:
-    """An adaptive task of plan version 6 answers round one and round two (or the whole tree) on one
+    """An adaptive task of plan version 6 or later answers round one and round two (or the whole tree) on one
     route only: a query of the rounds fixes that route (`dpcdf.release.adaptive_route`)."""
     routed = config.mechanism == "adaptive" and takes_routes(config.adaptive_plan, config.fine_bins)
     return [("route", json.dumps("rounds"), SPENT_ROUTE)] if routed else []

@@ -158,8 +158,9 @@ class CoordinatesQuery(QueryModel):
 
 
 class BinsQuery(QueryModel):
-    """Adaptive tasks: shares of noisy bin counts. Round 0 (plan version 6): the count of the whole grid
-    (no ends), which chooses the route (noisy under add/remove, n itself under substitution). Round 1: the task's fixed equal-width bins (no
+    """Adaptive tasks: shares of noisy bin counts. Round 0 (plan version 6 and later; no ends): the counts
+    that choose the route: n itself under substitution; under add/remove the whole grid's count, from
+    version 7 round one's fine bins' counts, noisy. Round 1: the task's fixed equal-width bins (no
     ends). Round 2: the bins ending at `ends` (strictly increasing grid indices, the last one the grid's
     last), fixed by the task's first round-two query: a task answers one round-two design only (these
     bins, or its tree's nodes), as another would spend the budget again."""

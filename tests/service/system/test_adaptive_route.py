@@ -16,11 +16,12 @@ from dpcdf.service.http import ServerError
 from helpers import urls
 from test_adaptive_tasks import GRID8, _both_noises, _uniform
 
-EPSILON = 4.0  # the whole tree from about 550 values (substitution) or 370 (add/remove) on 2^8
+EPSILON = 4.0  # the whole tree from about 550 values (substitution) or 370 (add/remove) on 2^8; version 7 under add/remove
+# takes round zero's 64 counts' sum 3 sds low (600 with two servers' noise), so its whole-tree case has 1,500 values
 
 
 @pytest.mark.parametrize("relation, n, route, version", [("substitution", 700, "whole", 7), ("add-remove", 700, "whole", 6),
-                                                         ("add-remove", 150, "rounds", 6), ("add-remove", 700, "whole", 7),
+                                                         ("add-remove", 150, "rounds", 6), ("add-remove", 1500, "whole", 7),
                                                          ("add-remove", 150, "rounds", 7)])
 def test_the_two_server_release_takes_the_route_of_the_central_one(servers, relation, n, route, version):
     """The analyst's release equals, value for value, the central release of the same data with both
@@ -44,6 +45,25 @@ def test_the_two_server_release_takes_the_route_of_the_central_one(servers, rela
         assert central.zero.size == (mech.fine_ends.size if version == 7 else 1)
     np.testing.assert_allclose(rel.counts, want.counts, atol=1e-6)
     assert rel.released.plan.design == central.plan.design
+
+
+def test_point_masses_below_the_routes_n_take_the_whole_tree_on_the_servers(servers):
+    """Plan version 7 (review): 250 values on one point, below the route's n for two servers, under
+    add/remove: round zero's fine counts screen them, and the analyst takes the whole tree, equal value
+    for value to the central release with both servers' noise; the rounds are then refused (403)."""
+    pair = servers[0]["noisy"]
+    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "add-remove", min_batch=0, verify=False)
+    mech, vals = config.make_mechanism(), np.full(250, 50.0)
+    assert submit(config, vals, batch=250)["complete"] == 250 and 250 < mech.whole_limit(2)
+    grid = config.make_grid()
+    central = mech.noisy(prefix_counts(vals, grid), _both_noises(pair, config), copies=2)
+    assert not mech.take_whole(mech.zero_n(central.zero, 2), 2) and mech.screened(central.zero, 2)
+    analyst = Analyst(config, token)
+    rel = analyst.release()
+    assert rel.released.plan.design == central.plan.design == "whole" and np.array_equal(rel.released.zero, central.zero)
+    np.testing.assert_allclose(rel.counts, finish_release(grid, mech, central, 0, copies=2).counts, atol=1e-6)
+    with pytest.raises(ServerError, match="403.*other route"):
+        analyst._ask({"kind": "bins", "round": 1})
 
 
 def test_each_server_answers_one_route_only(servers):
