@@ -14,6 +14,7 @@ import sys
 from pathlib import Path
 
 from .cli_admin import add_parser as add_admin_parser, cmd_admin
+from .cli_query import analyst_from_args, cmd_query
 from .cli_inputs import CliError, load_task, parse_grid, read_csv, read_number
 from .errors import DpcdfError, ParameterError
 from .service.files import read_text
@@ -180,14 +181,8 @@ def cmd_submit(args) -> None:
                        "they are not counted, and a re-run does not send them again")
 
 
-def _analyst(args):
-    from .analyst import Analyst
-
-    return Analyst.from_task_file(args.task, args.token_file)
-
-
 def cmd_close(args) -> None:
-    analyst = _analyst(args)
+    analyst = analyst_from_args(args)
     n = analyst.close()
     print(f"task {analyst.config.task_id}: collection closed on both servers, "
           + (f"{n} reports counted" if n is not None else "the count stays private (add/remove)")
@@ -195,78 +190,6 @@ def cmd_close(args) -> None:
     if analyst.rejected is not None:
         print(f"verified: the servers checked every report; excluded {sum(analyst.rejected.values())}"
               + "".join(f", {k} {v}" for k, v in sorted(analyst.rejected.items())))
-
-
-def cmd_query(args) -> None:
-    for t in args.ecdf:
-        if not math.isfinite(t):
-            raise CliError(f"--ecdf: {t} is not a finite number")
-    for p_ in args.quantiles:  # before anything closes (nan fails the comparison too)
-        if not 0 <= p_ <= 1:
-            raise CliError(f"--quantiles: a level is a number in [0, 1], got {p_}")
-    analyst = _analyst(args)
-    config, mech = analyst.config, analyst.mechanism
-    if args.bisect and not mech.answers_prefixes:
-        raise CliError(f"--bisect asks prefix queries (Algorithm 1), which this task's {mech.name} mechanism does not "
-                       "answer; run the same query without --bisect (its full-grid release answers every threshold and "
-                       "quantile)")
-    if args.json and (args.roc or args.hosmer_lemeshow is not None):
-        raise CliError("--json prints ECDF values and quantiles; ask --roc and --hosmer-lemeshow without it")
-    if args.roc or args.hosmer_lemeshow is not None:
-        want = "label" if args.roc else "calibration"
-        if config.payload != want:
-            raise CliError(f"--{'roc' if args.roc else 'hosmer-lemeshow'} needs a {want} task (dpcdf task --payload "
-                           f"{want}); this task's payload is {config.payload}")
-    elif config.payload == "label":
-        raise CliError("this is a label task: it releases a ROC curve; ask with dpcdf query --roc")
-    if not analyst.closed_on_servers():  # closed first, and said once done (a refused close leaves it open)
-        analyst.close()
-        print("note: this first query closed the collection on both servers: later uploads to this task are refused "
-              "(dpcdf close does only that)", file=sys.stderr)
-    if args.roc:
-        roc = analyst.roc()
-        print(f"AUC = {roc.auc:.4f}")
-        for f_, t_ in zip(*_roc_points(roc)):
-            print(f"FPR {f_:.3f}  TPR {t_:.4f}")
-        print(roc.statement)  # both curves' guarantee (one curve's mechanism states half of it)
-        return
-    if args.hosmer_lemeshow is not None:
-        hl = analyst.hosmer_lemeshow(args.hosmer_lemeshow)
-        aware = getattr(hl, "noise_aware_p_value", None)  # the raw p ignores the noise in H (too small): it goes last
-        print(f"Hosmer-Lemeshow H = {hl.statistic:.3f}, " + (f"noise-aware p = {aware:.4f} (p = {hl.p_value:.4f} if H had no "
-              "noise)" if aware is not None else f"p = {hl.p_value:.4f}"))
-        print(hl.statement)  # the ECDF's and the group sums' guarantee together
-        return
-    source = analyst if args.bisect else analyst.release(args.postprocess)
-    band = None if args.bisect or not args.ecdf else source.confidence_band(0.95, ts=args.ecdf)  # post-processing
-    read = [float(r) for r in source.read_at(args.ecdf)] if hasattr(source, "read_at") else list(args.ecdf)
-    if args.json:  # the same numbers as the Python API's (`dpcdf.Analyst(...).release()`), for a program to keep
-        ecdf = [{"t": t_, "F": float(f_), "read_at": read[k] if math.isfinite(read[k]) else None}
-                | ({} if band is None else {"band95": [float(band[0][k]), float(band[1][k])]})
-                for k, (t_, f_) in enumerate(zip(args.ecdf, source.ecdf(args.ecdf)))]
-        quantiles = [{"p": p_, "q": float(q_)} for p_, q_ in zip(args.quantiles, source.quantile(args.quantiles))]
-        print(json.dumps({"task_id": config.task_id, "ecdf": ecdf, "quantiles": quantiles,
-                          "statement": analyst.mechanism.statement(), "rejected": analyst.rejected}))
-        return
-    for k, (t_, f_) in enumerate(zip(args.ecdf, source.ecdf(args.ecdf))):
-        at = "" if read[k] == t_ else (f" (read at the threshold {read[k]:g}: values in ({read[k]:g}, {t_:g}] count at the next one)"
-                                        if math.isfinite(read[k]) else " (below the grid's first threshold)")
-        print(f"F({t_:g}) = {f_:.4f}{at}" + ("" if band is None else f"; 95% simultaneous band {band[0][k]:.4f} to {band[1][k]:.4f}"))
-    for p_, q_ in zip(args.quantiles, source.quantile(args.quantiles)):
-        print(f"q({p_:g}) = {q_:g}")
-    print(analyst.mechanism.statement())
-    if analyst.rejected is not None:
-        print(f"verified: the servers checked every report; excluded {sum(analyst.rejected.values())}"
-              + "".join(f", {k} {v}" for k, v in sorted(analyst.rejected.items())))
-
-
-def _roc_points(roc, k: int = 11):
-    import numpy as np
-
-    fpr, tpr = np.asarray(roc.fpr, float), np.asarray(roc.tpr, float)
-    order = np.argsort(fpr, kind="stable")
-    at = np.linspace(0, 1, k)
-    return at, np.interp(at, fpr[order], tpr[order])
 
 
 def cmd_demo(args) -> None:
@@ -392,6 +315,10 @@ def build_parser() -> Parser:
                        help="levels p in [0, 1] at which to print the quantile")
         q.add_argument("--json", action="store_true", help="print the F(t) values (with the threshold read and the "
                        "95%% band) and the quantiles as one JSON object, the Python API's numbers")
+        q.add_argument("--csv", metavar="FILE", help="also write the whole release to FILE as CSV: each threshold's F "
+                       "and its 95%% simultaneous band (a label task: each threshold's FPR and TPR with their bands)")
+        q.add_argument("--plot", metavar="FILE", help="also draw the release with its 95%% band to FILE (PNG, needs "
+                       "matplotlib: pip install 'fss-dpcdf[demo]'); a label task: the ROC curve with its band")
         q.add_argument("--bisect", action="store_true",
                        help="answer from prefix queries (Algorithm 1) instead of a post-processed full-grid release; "
                        "tree and path tasks only")

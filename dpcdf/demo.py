@@ -86,12 +86,11 @@ def run_demo(clients: int = 3000, epsilon: float = 1.0, mechanism: str = "adapti
         matplotlib.use("Agg")
         import matplotlib.pyplot as plt
 
-        plt.figure(figsize=(6, 4))
-        plt.step(grid.thresholds, truth, where="post", label="true ECDF")
-        plt.step(grid.thresholds, dp_cdf, where="post", label=f"DP ECDF (two servers, eps={epsilon})")
-        plt.xlabel("value")
-        plt.ylabel("F")
-        plt.legend()
+        ax = plt.figure(figsize=(6, 4)).add_subplot()
+        ax.step(grid.thresholds, truth, where="post", label="true ECDF", color="black", lw=0.8)
+        rel.plot(ax, band=0.95, label=f"DP ECDF (two servers, eps={epsilon})")  # with its 95% simultaneous band
+        ax.set_xlabel("value")
+        ax.set_ylabel("F")
         plt.tight_layout()
         plt.savefig(plot, dpi=120)
         plt.close()

@@ -54,6 +54,20 @@ class RocRelease:
         order = np.lexsort((self.tpr, self.fpr))  # by FPR, and up the vertical steps
         return float(np.trapezoid(self.tpr[order], self.fpr[order]))
 
+    def band(self, level: float = 0.95) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+        """(fpr_lo, fpr_hi, tpr_lo, tpr_hi) at each of `thresholds`: each curve's simultaneous band at
+        level 1 - (1 - level) / 2 (`Release.confidence_band`, the data's own ECDF), read as `rates` reads
+        the curve (a rate at t_i is 1 - F(t_(i-1))), so that with probability at least `level` over the
+        noise the data's own (FPR, TPR) lies in its box at every threshold at once (a union bound over
+        the two curves). Post-processing of the release: no privacy cost."""
+        if isinstance(level, bool) or not isinstance(level, (int, float)) or not 0 < level < 1:
+            raise ParameterError(f"level must lie strictly between 0 and 1, got {level!r}")
+        out = []
+        for rel in (self.negatives, self.positives):
+            lo, hi = rel.confidence_band(1 - (1 - level) / 2)
+            out += [np.concatenate([[1.0], 1 - hi]), np.concatenate([[1.0], 1 - lo])]
+        return tuple(out)
+
     @property
     def statement(self) -> str:
         if self.rho is None:

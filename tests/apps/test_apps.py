@@ -150,3 +150,29 @@ def test_roc_curves_draw_noise_from_separate_domains():
     noisy_gap = r.positives.raw - r.negatives.raw
     exact_gap = exact.positives.raw - exact.negatives.raw
     assert not np.allclose(noisy_gap, exact_gap)
+
+
+@pytest.mark.parametrize("relation_data", ["separated", "overlapping"])
+def test_the_roc_band_covers_the_datas_own_curve_at_every_threshold(relation_data):
+    """`RocRelease.band`: each curve's simultaneous band at 1 - alpha/2, so the data's own (FPR, TPR)
+    lies in its box at every threshold at once at the level (a union bound, so 97.5% or more: 120 runs
+    and a floor of 93%), the boxes are ordered and hold the curve's ends (1 and 0) exactly."""
+    rng = np.random.default_rng(11)  # the data set
+    y = rng.integers(0, 2, 600)
+    shift = 0.3 if relation_data == "separated" else 0.05
+    s = np.clip(rng.normal(0.4 + shift * y, 0.15), 0, 1)
+    grid = Grid.uniform(0, 1, 6)
+
+    def rates(values):
+        c = dpcdf.prefix_counts(values, grid)
+        return np.concatenate([[1.0], (c[-1] - c) / c[-1]])
+    fpr, tpr = rates(s[y == 0]), rates(s[y == 1])
+    covered = 0
+    for _ in range(120):
+        roc = dpcdf.apps.roc.roc(s, y, grid, 1.0)
+        f_lo, f_hi, t_lo, t_hi = roc.band(0.95)
+        assert np.all(f_lo <= f_hi) and np.all(t_lo <= t_hi) and f_lo[0] == t_hi[0] == 1.0 and f_hi[-1] == t_lo[-1] == 0.0
+        covered += bool(np.all((f_lo - 1e-12 <= fpr) & (fpr <= f_hi + 1e-12) & (t_lo - 1e-12 <= tpr) & (tpr <= t_hi + 1e-12)))
+    assert covered >= 0.93 * 120, covered  # (at 97.5% coverage, fewer than 112 of 120 has probability below 0.1%)
+    with pytest.raises(ParameterError, match="level"):
+        roc.band(1.0)

@@ -279,6 +279,16 @@ def test_cli_query_prints_quantiles(servers, tmp_path):
     assert got["quantiles"] == [{"p": 0.5, "q": float(rel.quantile([0.5])[0])}] and got["task_id"] == config.task_id
     bad = run("query", "--task", str(tmp_path / "task.json"), "--roc", "--json")
     assert bad.returncode != 0 and "--json prints ECDF values" in bad.stderr
+    # --csv and --plot (issue 46): a wrong path is refused before anything, the same command then works
+    bad = run("query", "--task", str(tmp_path / "task.json"), "--plot", str(tmp_path / "no" / "such" / "f.png"))
+    assert bad.returncode == 2 and "--plot: cannot write" in bad.stderr
+    kept = run("query", "--task", str(tmp_path / "task.json"), "--csv", str(tmp_path / "f.csv"), "--plot", str(tmp_path / "f.png"))
+    assert kept.returncode == 0, kept.stderr
+    rows = np.loadtxt(tmp_path / "f.csv", delimiter=",", skiprows=1)
+    lo_all, hi_all = rel.confidence_band(0.95)
+    assert (tmp_path / "f.csv").read_text().splitlines()[0] == "threshold,F,band95_lower,band95_upper"
+    np.testing.assert_array_equal(rows, np.column_stack([rel.grid.thresholds, rel.cdf(), lo_all, hi_all]))
+    assert (tmp_path / "f.png").read_bytes()[:8] == b"\x89PNG\r\n\x1a\n"
     b = run("query", "--task", str(tmp_path / "task.json"), "--quantiles", "0.5", "--bisect")
     assert b.returncode == 0 and b.stdout.split("q(0.5) = ")[1].split()[0] == q.stdout.split("q(0.5) = ")[1].split()[0]
 
@@ -311,7 +321,7 @@ def test_two_server_roc_without_noise_is_scikit_learns(servers, mechanism):
         Analyst(config, token).release()
 
 
-def test_two_server_roc_with_noise_is_close(servers):
+def test_two_server_roc_with_noise_is_close(servers, tmp_path):
     from sklearn.metrics import roc_auc_score
 
     procs, _ = servers
@@ -323,6 +333,19 @@ def test_two_server_roc_with_noise_is_close(servers):
     r = Analyst(config, token).roc()
     assert abs(r.auc - roc_auc_score(labels, scores)) < 0.05
     assert np.all(np.diff(r.tpr) <= 1e-12) and np.all(np.diff(r.fpr) <= 1e-12)  # monotone in the threshold
+    # the CLI prints each point with its band, and keeps the curve with its band (issue 46)
+    task = tmp_path / "label.json"
+    task.write_text(config.to_json())
+    (tmp_path / "label.json.token").write_text(token)
+    q = subprocess.run([sys.executable, "-m", "dpcdf", "query", "--task", str(task), "--roc", "--csv", str(tmp_path / "roc.csv"),
+                        "--plot", str(tmp_path / "roc.png")], capture_output=True, text=True, timeout=300)
+    assert q.returncode == 0, q.stderr
+    assert f"AUC = {r.auc:.4f}" in q.stdout and "95% simultaneous bands" in q.stdout
+    rows = np.loadtxt(tmp_path / "roc.csv", delimiter=",", skiprows=1)
+    np.testing.assert_array_equal(rows[:, [1, 4]], np.column_stack([r.fpr, r.tpr]))
+    f_lo, f_hi, t_lo, t_hi = r.band(0.95)
+    np.testing.assert_array_equal(rows[:, [2, 3, 5, 6]], np.column_stack([f_lo, f_hi, t_lo, t_hi]))
+    assert (tmp_path / "roc.png").read_bytes()[:4] == b"\x89PNG"
 
 
 def test_two_server_hosmer_lemeshow_matches_the_central_one_and_spends_its_budget_once(servers):
