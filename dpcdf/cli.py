@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from .cli_admin import add_parser as add_admin_parser, cmd_admin
-from .cli_query import analyst_from_args, cmd_query
+from .cli_query import analyst_from_args, cmd_query, cmd_status
 from .cli_inputs import CliError, load_task, parse_grid, read_csv, read_number
 from .errors import DpcdfError, ParameterError
 from .service.files import read_text
@@ -99,13 +99,14 @@ def cmd_task(args) -> None:
     try:
         config, token = create_task(args.servers, grid_spec, args.epsilon, mechanism, args.relation, _min_batch(args),
                                     args.kem, payload=args.payload, admin_tokens=admin,
-                                    verify=False if args.unverified else (True if args.verified else None), rho=args.rho)
+                                    verify=False if args.unverified else (True if args.verified else None), rho=args.rho,
+                                    name=args.name)
         write_secret(args.out + ".token", token.encode())
     except BaseException:
         out.unlink(missing_ok=True)
         raise
     out.write_text(config.to_json())
-    print(f"task {config.task_id} on both servers ({mechanism} mechanism, payload {args.payload}); "
+    print(f"task {config.task_id}{f' ({config.name})' if config.name else ''} on both servers ({mechanism} mechanism, payload {args.payload}); "
           f"config {args.out}, analyst token {args.out}.token")
 
 
@@ -214,7 +215,7 @@ def cmd_warm_up(args) -> None:
     warm_up(progress=True, verified=not args.quick)
 
 
-COMMANDS = {"serve": cmd_serve, "task": cmd_task, "submit": cmd_submit, "close": cmd_close, "query": cmd_query,
+COMMANDS = {"serve": cmd_serve, "task": cmd_task, "submit": cmd_submit, "close": cmd_close, "query": cmd_query, "status": cmd_status,
             "demo": cmd_demo, "warm-up": cmd_warm_up, "admin": cmd_admin}
 
 
@@ -276,6 +277,7 @@ def build_parser() -> Parser:
     checked.add_argument("--verified", action="store_true", help="check every report on grids of up to 2^20 points "
                          "too (both servers need a Dask cluster, dpcdf serve --dask; docs/scaling.md)")
     t.add_argument("--out", default="task.json", help="where to write the task config; the analyst token goes to OUT.token")
+    t.add_argument("--name", help="a label for people, shown by dpcdf admin tasks and dpcdf status (public: in the config)")
     t.add_argument("--admin-token-file", nargs="+", metavar="FILE", help="the servers' operator token (one "
                    "file for both, or one per server; default: $DPCDF_ADMIN_TOKEN)")
 
@@ -303,12 +305,13 @@ def build_parser() -> Parser:
                    "(default: TASK.TASKID.spool, next to the task file, one per task)")
     u.add_argument("--retry-for", type=float, default=30.0, help="seconds to keep retrying an unreachable server")
 
-    for name, text in (("close", "close the collection: the servers agree on one report set; no later upload counts"),
+    for name, text in (("status", "the analyst's view of a task: each server's count and state (changes nothing)"),
+                       ("close", "close the collection: the servers agree on one report set; no later upload counts"),
                        ("query", "the analyst: DP ECDF values and quantiles (the first query closes the collection)")):
         q = sub.add_parser(name, help=text, description=text[0].upper() + text[1:] + ".")
         q.add_argument("--task", required=True, help="the task config from dpcdf task")
         q.add_argument("--token-file", help="the analyst token (default: TASK.token)")
-        if name == "close":
+        if name != "query":
             continue
         q.add_argument("--ecdf", nargs="*", type=float, default=[], metavar="T", help="values t at which to print F(t) (default: none)")
         q.add_argument("--quantiles", nargs="*", type=float, default=[0.1, 0.25, 0.5, 0.75, 0.9], metavar="P",

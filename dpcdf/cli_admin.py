@@ -73,8 +73,9 @@ def cmd_admin(args) -> None:
         for t in listing["tasks"]:
             counted = "-" if t["counted"] is None else t["counted"]
             note = "  restored unfinished: refused, run it again" if t.get("restored") == "unfinished" else ""
+            name = f"  {t['name']}" if t.get("name") else ""
             print(f"{t['task_id']:<34} {t['state']:<11} {'yes' if t['verified_task'] else 'no':>8} {t['stored']:>9} "
-                  f"{counted:>9} {t['segment_files']:>8} {t['queries']:>7}{note}")
+                  f"{counted:>9} {t['segment_files']:>8} {t['queries']:>7}{name}{note}")
     elif args.admin_cmd == "close":
         print(json.dumps(admin.close(args.server, token, args.task_id)))
     elif args.admin_cmd == "delete":

@@ -21,6 +21,31 @@ def analyst_from_args(args):
     return Analyst.from_task_file(args.task, args.token_file)
 
 
+def cmd_status(args) -> None:
+    """The analyst's view of a task: what it is, and each server's count and state (or why it did not answer)."""
+    from .service.http import ServerError
+
+    analyst = analyst_from_args(args)
+    c = analyst.config
+    budget = f"epsilon {c.epsilon:g}" if c.privacy == "pure" else f"rho {c.rho:g}"
+    print(f"task {c.task_id}" + (f" ({c.name})" if c.name else "") + f": {c.payload} task, {c.mechanism} mechanism, "
+          f"{budget} under {c.relation}, {analyst.grid.size}-point grid, {'verified' if c.verify else 'unverified'} reports")
+    answered = 0
+    for party, url in enumerate(c.servers):
+        try:
+            st = analyst.status(party)
+        except (ServerError, OSError) as exc:
+            print(f"server {party} ({url}): no answer ({exc})")
+            continue
+        answered += 1
+        reports = "the count stays private (add/remove)" if st["reports"] is None else f"{st['reports']} reports"
+        state = "closed" if st["closed"] else f"collecting (queries from {st['min_batch']} reports)"
+        restored = f"; restored from a backup ({st['restored']})" if st.get("restored") else ""
+        print(f"server {party} ({url}): {state}, {reports}{restored}")
+    if answered < 2:
+        raise CliError(f"{2 - answered} of the two servers did not answer: the task can be neither closed nor queried now")
+
+
 def _writable(flag: str, path: str | None) -> None:
     """Refuses an output file that cannot be written, before the query (which may close the collection)."""
     if path is None:

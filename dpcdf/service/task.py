@@ -136,6 +136,7 @@ class TaskConfig:
     key_format: int = KEY_FORMAT
     task_id: str = field(default_factory=lambda: secrets.token_hex(16))
     format: str = FORMAT
+    name: str | None = None  # a label for people (`dpcdf task --name`, `dpcdf admin tasks`): public, in the JSON
 
     def __post_init__(self) -> None:
         if not isinstance(self.task_id, str) or not re.fullmatch(r"[A-Za-z0-9_-]{1,64}", self.task_id):
@@ -161,6 +162,8 @@ class TaskConfig:
         check_kem(self.kem)
         if self.format != FORMAT:
             raise ParameterError(f"unknown task format {self.format!r}")
+        if self.name is not None and (not isinstance(self.name, str) or not re.fullmatch(r"[^\x00-\x1f\x7f]{1,80}", self.name)):
+            raise ParameterError(f"a task's name is 1 to 80 printable characters, got {self.name!r:.100}")
         if self.relation == "add-remove" and self.min_batch != 0:
             raise ParameterError("under add/remove the number of reports is private, and a minimum-batch gate would "
                                  "reveal whether it reached the gate (even 1: no report against one): use min_batch=0")
@@ -352,6 +355,8 @@ class TaskConfig:
             del d["adaptive_shares"]  # and from before the shares' rule 2
         if self.key_format == 1:
             del d["key_format"]  # and from before F_p key format 2 (and every unverified task)
+        if self.name is None:
+            del d["name"]  # and from before task names
         return json.dumps(d, sort_keys=True, separators=(",", ":"))
 
     @classmethod

@@ -408,3 +408,34 @@ def test_a_csv_from_a_spreadsheet_with_a_byte_order_mark_reads_as_any_other(tmp_
     (tmp_path / "plain.csv").write_bytes("income,age\r\n12.5,30\r\n40,41\r\n".encode())
     assert read_csv(str(tmp_path / "excel.csv"), "income") == read_csv(str(tmp_path / "plain.csv"), "income")
     assert read_csv(str(tmp_path / "excel.csv"), "income")[0] == [12.5, 40.0]
+
+
+def test_a_named_task_and_the_analysts_status_on_real_servers(servers, tmp_path):
+    """Issue 46: `dpcdf task --name` labels a task (in its config; `dpcdf admin tasks` shows it), and
+    `dpcdf status` shows each server's count and state without closing anything; with one server
+    unreachable it says which and exits 2, and the same command works once the config is right again."""
+    procs, _ = servers
+    task = str(tmp_path / "task.json")
+    made = dpcdf_cli("task", "--servers", *urls(procs["exact"]), "--grid", "uniform:0:100:8", "--epsilon", "1",
+                     "--min-batch", "5", "--out", task, "--name", "ages, ward 4")
+    assert made.returncode == 0 and "(ages, ward 4)" in made.stdout, made.stderr
+    assert json.loads(open(task).read())["name"] == "ages, ward 4"
+    csv_file = tmp_path / "v.csv"
+    csv_file.write_text("x\n" + "\n".join(f"{v:.3f}" for v in values(12, 5)))
+    assert dpcdf_cli("submit", "--task", task, "--csv", str(csv_file), "--column", "x").returncode == 0
+    st = dpcdf_cli("status", "--task", task)
+    assert st.returncode == 0 and "(ages, ward 4)" in st.stdout, st.stderr
+    assert st.stdout.count("collecting (queries from 5 reports), 12 reports") == 2  # both servers; nothing closed
+    listing = dpcdf_cli("admin", "tasks", "--server", urls(procs["exact"])[0])
+    assert listing.returncode == 0 and "ages, ward 4" in listing.stdout, listing.stderr
+    good = open(task).read()
+    with open(task, "w") as f:
+        f.write(good.replace(urls(procs["exact"])[1], "http://127.0.0.1:9"))  # server 1 unreachable
+    down = dpcdf_cli("status", "--task", task)
+    assert down.returncode == 2 and "server 1 (http://127.0.0.1:9): no answer" in down.stdout
+    assert "1 of the two servers did not answer" in down.stderr
+    with open(task, "w") as f:
+        f.write(good)
+    assert dpcdf_cli("close", "--task", task).returncode == 0
+    after = dpcdf_cli("status", "--task", task)
+    assert after.returncode == 0 and after.stdout.count("closed, 12 reports") == 2, after.stdout

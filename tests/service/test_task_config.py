@@ -204,3 +204,15 @@ def test_an_adaptive_task_pins_round_ones_fine_bins_and_an_older_config_keeps_it
     assert tree.fine_bins is False and "fine_bins" not in tree.to_json()
     with pytest.raises(ParameterError, match="fine_bins"):
         TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "substitution", "fine_bins": 1}))
+
+
+def test_a_tasks_name_is_printable_and_left_out_of_the_json_when_absent():
+    """Issue 46: `name` labels a task for people; a config without one has the JSON and fingerprint it had."""
+    plain = TaskConfig(**BASE, relation="substitution")
+    assert "name" not in json.loads(plain.to_json()) and TaskConfig.from_json(plain.to_json()) == plain
+    named = TaskConfig(**BASE, relation="substitution", name="ages, ward 4")
+    assert json.loads(named.to_json())["name"] == "ages, ward 4" and named.fingerprint != plain.fingerprint
+    assert TaskConfig.from_json(named.to_json()) == named
+    for bad in ("", "a\nb", "x" * 81, 7, "\x00"):
+        with pytest.raises(ParameterError, match="name"):
+            TaskConfig(**BASE, relation="substitution", name=bad)

@@ -71,9 +71,12 @@ class Analyst:
                                f"task {self.config.task_id[:12]}... (use the TASK.token file that dpcdf task wrote with "
                                "this task config)", 401) from None
 
-    def status(self) -> dict:
-        """Server 0's view of the task: {"reports", "closed", "min_batch"} (also checks the token)."""
-        return self._http("GET", f"{self.config.servers[0]}/tasks/{self.config.task_id}")
+    def status(self, party: int = 0) -> dict:
+        """A server's view of the task (server 0's by default): {"reports", "closed", "min_batch"}, and
+        "restored" on a server restored from a backup (also checks the token)."""
+        if party not in (0, 1):
+            raise ParameterError(f"party is 0 or 1, got {party!r}")
+        return self._http("GET", f"{self.config.servers[party]}/tasks/{self.config.task_id}")
 
     def closed_on_servers(self) -> bool:
         """Whether the collection is closed already (on server 0, which closes first)."""

@@ -114,12 +114,13 @@ def key_bytes(dcf, batch) -> list[bytes]:
 def create_task(servers: list[str], grid: dict, epsilon: float | None, mechanism: str, relation: str, min_batch: int,
                 kem: str = "x25519", payload: str = "count", split: float = 0.5,
                 admin_tokens: str | Sequence[str] | None = None, verify: bool | None = None,
-                rho: float | None = None, adaptive_plan: int | None = None) -> tuple[TaskConfig, str]:
+                rho: float | None = None, adaptive_plan: int | None = None, name: str | None = None) -> tuple[TaskConfig, str]:
     """The operator's step: fetches both servers' HPKE keys, registers the task with both (each needs
     its operator token: one for both, a pair, or $DPCDF_ADMIN_TOKEN), returns it and the analyst token.
     verify: check every report at the close (`TaskConfig.verify`; None: where the task allows it).
     rho (with epsilon None): a rho-zCDP task (mechanism 'factorization' or 'tree', discrete Gaussian).
     adaptive_plan: an adaptive task's plan version (`TaskConfig.adaptive_plan`; None: the newest).
+    name: a label for people (`TaskConfig.name`; public: every client and both operators see it).
 
     Whoever writes a task config chooses the servers' keys in it: clients must check that the keys
     are those of the two organisations they trust (an analyst who names a server it runs would get
@@ -138,7 +139,7 @@ def create_task(servers: list[str], grid: dict, epsilon: float | None, mechanism
     privacy = "pure" if rho is None else "zcdp"
     config = TaskConfig(grid, None if epsilon is None else float(epsilon), mechanism, relation, int(min_batch),
                         (servers[0], servers[1]), (keys[0], keys[1]), token_hash(token), payload=payload, split=split,
-                        kem=kem, verify=verify, privacy=privacy, rho=rho,
+                        kem=kem, verify=verify, privacy=privacy, rho=rho, name=name,
                         **({} if adaptive_plan is None else {"adaptive_plan": adaptive_plan}))
     http("POST", f"{servers[0]}/tasks", config.to_json().encode(), admin[0])
     try:

@@ -219,7 +219,8 @@ def tasks(store: Store, counts: bool = True) -> list[dict]:
     out = []
     for row in rows:
         config, counted = json.loads(row.pop("config")), row.pop("report_count")
-        item = {**row, "state": state(row), "verified_task": bool(config.get("verify", False)), "counted": counted}
+        item = {**row, "state": state(row), "verified_task": bool(config.get("verify", False)), "counted": counted,
+                "name": config.get("name")}
         for name, values in per.items():
             item[name] = values.get(row["task_id"], 0)
         if counts:

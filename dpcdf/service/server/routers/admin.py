@@ -26,6 +26,7 @@ GONE = {410: {"model": Error, "description": "the task expired or was deleted: i
 
 class AdminTask(BaseModel):
     task_id: str
+    name: str | None = None  # the task's label (`TaskConfig.name`), if it has one
     state: str  # collecting, closed, reconciled, verified, answered, released, expired or deleted
     verified_task: bool
     created: float
