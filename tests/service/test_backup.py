@@ -32,6 +32,7 @@ def test_a_backup_of_a_store_being_written_is_consistent_and_checked(tmp_path):
     data.mkdir()
     store = Store(data / "server.sqlite")
     (data / "hpke_x25519.pem").write_bytes(b"private key")
+    (data / "admin.token").write_bytes(b"the operator's token")  # issue 46: never copied (commands the live server)
     for t in ("good", "stale", "busy"):
         store.add_task(t, "{}", b"f" * 32, secrets.token_bytes(32))
         store.add_many(t, [(secrets.token_bytes(16), secrets.token_bytes(64)) for _ in range(50)])
@@ -53,6 +54,7 @@ def test_a_backup_of_a_store_being_written_is_consistent_and_checked(tmp_path):
     assert out["tasks"] == 3 and out["segments_left_out"] == ["stale"]
     manifest = check(tmp_path / "backup")
     assert set(manifest["files"]) == {"server.sqlite", "hpke_x25519.pem", "segments/good/00000.seeds.npy"}
+    assert not (tmp_path / "backup" / "admin.token").exists()
     copy = sqlite3.connect(tmp_path / "backup" / "server.sqlite")
     assert copy.execute("PRAGMA integrity_check").fetchone()[0] == "ok"
     busy = copy.execute("SELECT COUNT(*) FROM reports WHERE task_id = 'busy'").fetchone()[0]

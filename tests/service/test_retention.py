@@ -170,3 +170,22 @@ def test_files_of_a_task_are_removed_with_the_directory(tmp_path):
         (directory / f"{i}.npy").write_bytes(os.urandom(8))
     assert policy.remove_files(tmp_path, "x") == 3 and not directory.exists()
     assert policy.remove_files(tmp_path, "x") == 0
+
+
+def test_a_purge_that_frees_most_of_the_store_shrinks_its_file(tmp_path):
+    """Issue 46: purged key shares are zeroed (secure_delete) and, once a quarter of the pages are free,
+    the store is VACUUMed: the file shrinks to what the live tasks hold, and they keep every row."""
+    path = tmp_path / "server.sqlite"
+    store = Store(path)
+    _task(store, "big", n=6000)
+    keep = _task(store, "small", n=50)
+    store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    before = os.path.getsize(path)
+    policy.purge(store, "big", "deleted", tmp_path)
+    after = os.path.getsize(path)
+    assert after < before / 4, (before, after)
+    assert store.db.execute("SELECT COUNT(*) FROM reports WHERE task_id = 'small'").fetchone()[0] == 50
+    assert store.db.execute("PRAGMA freelist_count").fetchone()[0] == 0
+    assert keep in b"".join(r[0] for r in store.db.execute("SELECT key_share FROM reports WHERE task_id = 'small'"))
+    _task(store, "other", n=30)  # a purge that frees little does not rewrite the store
+    assert not policy.vacuum_if_sparse(store)

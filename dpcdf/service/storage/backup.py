@@ -7,8 +7,11 @@ writing under WAL). Segment files are copied after it, each checked against the 
 store records for it; a file that no longer matches (rebuilt, or removed by a purge since that moment)
 is left out together with its task's segment records, and the restored server rebuilds the segments
 from the copied rows, as it does for any missing segment. The other files at the top of the data
-directory (the HPKE private keys, DATA/admin.token) are copied as they are. MANIFEST.json, written last,
-lists every file with its size and SHA-256: a backup without it is incomplete.
+directory (the HPKE private keys) are copied as they are, except the operator token (DATA/admin.token,
+`ADMIN_TOKEN`): whoever holds a backup must not thereby command the live server (register, close,
+delete tasks); a server restored from it makes a new token at its first start, or takes
+--admin-token-file. MANIFEST.json, written last, lists every file with its size and SHA-256: a backup
+without it is incomplete.
 
 A backup holds everything the server does: key shares, HPKE private keys, noise seeds. It is made 0700
 / 0600 like the data directory; keep it as you keep the server. Retention does not reach it: restoring it
@@ -42,7 +45,8 @@ MANIFEST = "MANIFEST.json"
 FORMAT = 2  # 2: the copy's store holds the restore marks (`restore.mark_copy`); 1: made before them
 # not copied as files: the store (copied above), and the manifest of the backup a restored server was
 # served from (its own is written last; copied, it listed itself, stale, and check refused the backup)
-SKIP = {STORE, STORE + "-wal", STORE + "-shm", STORE + "-journal", MANIFEST}
+ADMIN_TOKEN = "admin.token"  # the operator's token a server makes in its data directory (`server.state`): never copied
+SKIP = {STORE, STORE + "-wal", STORE + "-shm", STORE + "-journal", MANIFEST, ADMIN_TOKEN}
 
 
 class BackupError(DpcdfError):

@@ -20,15 +20,18 @@ answers nothing again (the analyst gets 410; its collection is closed, so upload
 Durability: one SQLite transaction marks the task (purged_at, purge_reason) and deletes its small rows;
 then its report rows go, CHUNK per transaction; then its segment files; then a TRUNCATE checkpoint (the
 WAL's copies of the freed pages go too). Deletes run with `PRAGMA secure_delete` on (freed pages are
-zeroed, not left holding the shares). A crash after the mark leaves rows or files of a task marked
+zeroed, not left holding the shares), and a purge that leaves a quarter of the store's pages free
+VACUUMs it, so the file shrinks too (`vacuum_if_sparse`). A crash after the mark leaves rows or files of a task marked
 purged: `recover` (at every start and sweep) deletes them. Every step is idempotent. What this cannot reach: copies in backups, and blocks the filesystem or disk keep after an
 unlink or an overwrite (use an encrypted disk for that)."""
 from __future__ import annotations
 
 import json
+import logging
 import os
 import re
 import secrets
+import sqlite3
 import time
 from pathlib import Path
 from contextlib import contextmanager
@@ -38,6 +41,8 @@ from ...errors import DpcdfError
 from .records import UnknownTask
 from .segments import task_dir
 from .store import Store
+
+log = logging.getLogger("dpcdf.retention")
 
 REASONS = ("released", "expired", "deleted")
 GONE = ("expired", "deleted")  # tasks that answer nothing again
@@ -109,7 +114,31 @@ def purge(store: Store, task_id: str, reason: str, data_dir: str | Path,
     files = remove_files(data_dir, task_id)
     with store.lock:
         store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")  # the WAL's copies of the freed pages go too
+    if reports:
+        vacuum_if_sparse(store)
     return Purged(task_id, reason, reports, files)
+
+
+VACUUM_FREE = 0.25  # a purge that leaves at least this share of the store's pages free rewrites the store
+
+
+def vacuum_if_sparse(store: Store) -> bool:
+    """VACUUM the store when purges left `VACUUM_FREE` of its pages free (zeroed by secure_delete, but
+    still the file's size): the file shrinks to what live tasks hold. It holds the store while it
+    rewrites it (about the time a backup's copy takes); purges that free little never pay it. Then a
+    TRUNCATE checkpoint, so the WAL does not keep the rewritten pages either. Returns whether it ran."""
+    with store.lock:
+        pages = store.db.execute("PRAGMA page_count").fetchone()[0]
+        free = store.db.execute("PRAGMA freelist_count").fetchone()[0]
+        if not pages or free < VACUUM_FREE * pages:
+            return False
+        try:
+            store.db.execute("VACUUM")
+        except sqlite3.OperationalError as exc:  # the purge is done either way: the pages stay zeroed, the file large
+            log.warning("store not vacuumed after a purge: %s", exc)
+            return False
+        store.db.execute("PRAGMA wal_checkpoint(TRUNCATE)")
+    return True
 
 
 CHUNK = 5_000  # report rows deleted per transaction: each holds the store for well under a second (docs/service.md)
