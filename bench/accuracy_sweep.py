@@ -110,13 +110,15 @@ def ours(prefix: np.ndarray, mech, grid: Grid, key: bytes) -> dpcdf.Release:
 
 
 def cell(hist: np.ndarray, eps: float, rel: str, runs: int, v5: bool,
-         dawa: bool = False) -> dict[str, tuple[np.ndarray, float]]:
+         dawa: bool = False, v6: bool = False) -> dict[str, tuple[np.ndarray, float]]:
     """{method: (per-run MSEs, mean quantile error)}."""
     grid = Grid.integers(SIZE)
     prefix = np.cumsum(hist)
     mechs = {"default": dpcdf.release.ecdf._mechanism("auto", SIZE, eps, rel), "tree": dpcdf.TreeMechanism(SIZE, eps, rel)}
     if v5:
         mechs["v5"] = AdaptiveMechanism(SIZE, eps, rel, plan_version=5, share_rule=2)
+    if v6:
+        mechs["v6"] = AdaptiveMechanism(SIZE, eps, rel, plan_version=6, share_rule=2)
     out = {}
     keys = [secrets.token_bytes(16) for _ in range(runs)]  # one PRF key per run, shared by our methods
     for label, mech in mechs.items():
@@ -159,6 +161,11 @@ def report(cells: dict, label: str) -> None:
             print(f"{rel:<13}{eps:>5}{len(got):>6}  {gmean(vs_tree):>12.3f} {np.median(vs_tree):>8.3f} {vs_tree.max():>10.3f}  "
                   f"{gmean(vs_dp):>14.3f} {np.median(vs_dp):>8.3f} {vs_dp.max():>10.3f}  "
                   f"{int((vs_tree <= 1.1).sum()):>5}/{len(got):<5}  {q_ok:>8}/{len(got)}")
+            if all("v6" in v for v in got):
+                vs_six = np.array([v["default"][0].mean() / v["v6"][0].mean() for v in got])
+                print(" " * 24 + f"default/v6: gmean {gmean(vs_six):.3f} median {np.median(vs_six):.3f} worst "
+                      f"{vs_six.max():.3f} best {vs_six.min():.3f}; v6/tree worst "
+                      f"{max(v['v6'][0].mean() / v['tree'][0].mean() for v in got):.3f}")
             if all("dawa" in v for v in got):
                 vs_dawa = np.array([v["default"][0].mean() / v["dawa"][0].mean() for v in got])
                 q_dawa = sum(v["default"][1] <= v["dawa"][1] + 0.5 for v in got)
@@ -184,6 +191,7 @@ def main() -> None:
     ap.add_argument("--only", default="", help="only data sets whose name contains this")
     ap.add_argument("--v5", action="store_true", help="also the previous default (plan version 5, share rule 2)")
     ap.add_argument("--dawa", action="store_true", help="also DAWA (bench/dawa.py): default/DAWA, its quantile error")
+    ap.add_argument("--v6", action="store_true", help="also plan version 6 (paired with the default): v6/tree at each row's end")
     args = ap.parse_args()
     rng = np.random.default_rng(2026)  # data only (subsamples, synthetic draws)
     sets = {}
@@ -197,12 +205,14 @@ def main() -> None:
     print(f"{args.runs} runs a cell, grid 2^12; ratios of mean counts MSE; +-: standard error of the mean log ratio")
     if args.dawa:
         print("--dawa: each row ends with default/DAWA (ratio of mean counts MSE) and DAWA's quantile error")
+    if args.v6:
+        print("--v6: each row ends with v6/tree (plan version 6, the same PRF keys as the default and the tree)")
     print(f"{'data@n':<26}{'relation':<13}{'eps':>5}{'default/tree':>16}{'def/OpenDP':>11}{'tree/OpenDP':>12}{'v5/tree':>9}{'hist':>6}{'q: def, tree, OpenDP (b)':>30}")  # noqa: E501
     cells = {}
     for name, hist in sets.items():
         for rel in args.relations.split(","):
             for eps in epss:
-                c = cell(hist, eps, rel, args.runs, args.v5, args.dawa)
+                c = cell(hist, eps, rel, args.runs, args.v5, args.dawa, args.v6)
                 cells[(name, rel, eps)] = c
                 d, t, o = c["default"], c["tree"], c["opendp"]
                 se = float(np.std(np.log(d[0]) - np.log(t[0])) / math.sqrt(args.runs))
@@ -210,7 +220,8 @@ def main() -> None:
                 print(f"{name:<26}{rel:<13}{eps:>5}{d[0].mean() / t[0].mean():>10.3f} +-{se:.2f}"
                       f"{d[0].mean() / o[0].mean():>11.3f}{t[0].mean() / o[0].mean():>12.3f}{v5}{c['histograms']:>6.0%}"
                       f"{d[1]:>10.2f} {t[1]:>6.2f} {o[1]:>6.2f} ({c['opendp_b']})"
-                      + (f"{d[0].mean() / c['dawa'][0].mean():>10.3f} {c['dawa'][1]:>6.2f}" if args.dawa else ""),
+                      + (f"{d[0].mean() / c['dawa'][0].mean():>10.3f} {c['dawa'][1]:>6.2f}" if args.dawa else "")
+                      + (f"{c['v6'][0].mean() / t[0].mean():>9.3f}" if args.v6 else ""),
                       flush=True)
     report(cells, "real data" if args.real and not args.sweep else "all cells")
 
