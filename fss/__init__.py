@@ -1,5 +1,6 @@
 """fss: function secret sharing. Distributed point and comparison functions (DPF, DCF) with a
-fixed-key AES PRG, single and batched gen/eval, and a strict versioned key format.
+fixed-key AES PRG, single and batched gen/eval, and a strict versioned key format; gates on masked
+inputs built on the DCF (comparison, interval containment, ReLU: `fss.gates`).
 
     >>> from fss import DCF
     >>> dcf = DCF(bits=32)                      # f(x) = 1 if x < alpha else 0, mod 2^64
@@ -12,11 +13,12 @@ This is the hazardous-materials layer: it knows nothing of differential privacy 
 from .dcf import DCF
 from .dpf import DPF
 from .errors import FssError, KeyFormatError, KeyIndexError, KeyMismatchError, ParameterError
+from .gates import ComparisonGate, IntervalGate, MultiIntervalGate, ReluGate
 from .keys import Key, KeyBatch
 
 # Submodules load on first access (`fss.backend`, `fss.portable`, ...), so that `import fss` imports
 # neither numba nor llvmlite: they come with the first kernel (gen, eval, or `fss.backend.available()`).
-_SUBMODULES = frozenset({"backend", "codec", "dcf", "dpf", "errors", "fast", "field", "function", "inputs", "keys",
+_SUBMODULES = frozenset({"backend", "codec", "dcf", "dpf", "errors", "fast", "field", "function", "gates", "inputs", "keys",
                          "params", "portable", "prg", "reference"})
 
 
@@ -28,5 +30,6 @@ def __getattr__(name: str):
     raise AttributeError(f"module {__name__!r} has no attribute {name!r}")
 
 
-__all__ = ["DCF", "DPF", "FssError", "Key", "KeyBatch", "KeyFormatError", "KeyIndexError", "KeyMismatchError", "ParameterError"]
+__all__ = ["DCF", "DPF", "ComparisonGate", "FssError", "IntervalGate", "Key", "KeyBatch", "KeyFormatError", "KeyIndexError",
+           "KeyMismatchError", "MultiIntervalGate", "ParameterError", "ReluGate"]
 __version__ = "0.1.0"

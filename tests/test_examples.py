@@ -11,6 +11,12 @@ def test_fss_quickstart_runs():
     assert "65535" in out.stdout and "count" in out.stdout
 
 
+def test_masked_comparison_runs():
+    """Issue 45: a secure comparison, sign and ReLU on masked inputs between two simulated parties."""
+    out = subprocess.run([sys.executable, str(ROOT / "examples" / "masked_comparison.py")], capture_output=True, text=True, check=True)
+    assert "ReLU(x)" in out.stdout and "2147483647 |              0 |              1 |     2147483647" in out.stdout
+
+
 def test_paper_figures_write_their_pngs(tmp_path):
     out = subprocess.run(
         [sys.executable, str(ROOT / "examples" / "paper_figures.py"), "--bits", "6", "--runs", "1", "--out", str(tmp_path)],
