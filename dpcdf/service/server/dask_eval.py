@@ -110,6 +110,9 @@ class DaskEvaluator:
                 self.client = Client(address, timeout=timeout)
             except (OSError, TimeoutError) as exc:
                 raise DaskError(f"cannot reach the Dask scheduler at {address}: {exc}") from None
+            except TypeError as exc:  # tls:// without Dask's TLS settings (review of issue 42): say what is missing
+                raise DaskError(f"--dask {address}: Dask has no TLS settings for it ({exc}); set the client's "
+                                "certificates in Dask's configuration (docs/scaling.md)") from None
         self.client.run(_warm_up)  # the workers load the kernels now, not at the first query
         # verified tasks' round one: only over TLS (local:N, or tls:// with the certificates of Dask's config).
         # Its workers hold the task's check challenges, with which a client forges reports that pass the
