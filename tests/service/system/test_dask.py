@@ -152,7 +152,7 @@ def test_bad_addresses_are_refused():
             DaskEvaluator(address)
         check_address(address, insecure=True)
     check_address("tls://scheduler:8786")
-    with pytest.raises(DaskError, match="no TLS settings for it .* docs/scaling.md"):  # review: was an unexpected TypeError
+    with pytest.raises(DaskError, match="no TLS settings for it .*docs/scaling.md"):  # review: was an unexpected TypeError
         DaskEvaluator("tls://127.0.0.1:9", timeout=2)
 
 
