@@ -41,7 +41,7 @@ from numba.extending import intrinsic
 
 from fss import DCF, backend
 from fss import _aes as A
-from fss._fused import _Ptr, _c64, _level_loop
+from fss._fused import _Ptr, _level_loop
 from fss.params import TreeParams
 
 

@@ -17,7 +17,8 @@ from __future__ import annotations
 
 import importlib
 
-from .errors import DomainError, DpcdfError, IntegerGridWarning, ParameterError
+from .errors import DomainError as DomainError, DpcdfError as DpcdfError  # re-exported (`__all__`)
+from .errors import IntegerGridWarning as IntegerGridWarning, ParameterError as ParameterError
 
 # public name -> the module that defines it (loaded at first use)
 _LAZY = {

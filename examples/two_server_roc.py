@@ -9,7 +9,6 @@ import argparse
 import sys
 import tempfile
 
-import numpy as np
 try:  # the one extra these examples need: pip install -e '.[examples]'
     from sklearn.datasets import make_classification
     from sklearn.linear_model import LogisticRegression

@@ -70,7 +70,6 @@ import hashlib
 import math
 import secrets
 from dataclasses import dataclass
-from fractions import Fraction
 from typing import Callable
 
 import numpy as np

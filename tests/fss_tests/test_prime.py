@@ -9,7 +9,7 @@ import pytest
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from fss import DCF, DPF, KeyBatch, KeyFormatError, KeyMismatchError, ParameterError, backend
+from fss import DCF, DPF, KeyFormatError, ParameterError, backend
 from fss import field as F
 from fss import prg
 from fss import reference as R

@@ -36,7 +36,7 @@ from ..deps import RawBody, ServerDep
 from ..errors import HttpError, ReportIdTaken, TaskNotFound
 from ..limits import client_address
 from ..models import Accepted, BatchAccepted, Error, Rejected, errors
-from ..state import CLOSED, Server, TaskState, closed_because
+from ..state import Server, TaskState, closed_because
 
 router = APIRouter(prefix="/tasks/{task_id}/reports", tags=["reports"])
 
