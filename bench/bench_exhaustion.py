@@ -16,6 +16,16 @@ Phases, against server 0 (the attacker's source address is 127.0.0.2, the honest
   honest        one thread uploads valid batches (--batch reports) as fast as they are answered,
                 in --rounds alternating windows of --window/2 s: alone, then while both attacks run
                 (the attackers' addresses are refused by then: the steady state): reports/s.
+Peer path (issue 42; `--phases peer` runs only these, against server 1, which takes /sync and /verify):
+  junk peer     for each n of --junk-n, a closed unverified task of n reports; --junk-requests junk
+                41-byte /verify and /sync messages (no request tag, or a wrong one: the old code
+                ignores the header), each on a fresh connection from
+                addresses 127.0.1.x (at most 8 per address, so no address reaches its refusal
+                level): the median time to the answer, and the ratio between the largest and the
+                smallest n (a timing channel on n if it grows);
+  slow uploads  --slow-addresses addresses x 8 uploads whose bodies trickle (a byte a second) fill the
+                upload pool while the analyst closes a task of the smallest n: the close's outcome,
+                and an honest upload's answer meanwhile.
 """
 from __future__ import annotations
 
@@ -33,13 +43,16 @@ from pathlib import Path
 import numpy as np
 
 from dpcdf.service.client import create_task, make_reports
-from dpcdf.service.http import http
+from dpcdf.service.http import ServerError, fetch, http
 from dpcdf.service.processes import start_server, stop
 from dpcdf.service.wire import encode_batch
 
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 10}
 ATTACKER, ATTACKER2, HONEST = "127.0.0.2", "127.0.0.3", "127.0.0.1"
 MIB = 1 << 20
+OCTETS = "application/octet-stream"
+JUNK = {"verify": bytes([5]) + bytes(40), "sync": bytes([1]) + bytes(40)}  # a 41-byte message of kind 5 (check) and 1 (digests)
+KINDS = (("verify", False), ("verify", True), ("sync", False), ("sync", True))  # each junk message, without and with a wrong tag
 
 
 def rss_mib(pid: int) -> float:
@@ -211,6 +224,115 @@ def busy_cores(pid: int, seconds: float, idle: float) -> float:
     return (cpu_seconds(pid) - c0) / (time.monotonic() - t0) - idle
 
 
+def closed_task(urls: list[str], n: int, rng: np.random.Generator, close: bool = True) -> tuple:
+    """An unverified task of `n` reports on both servers, closed by its analyst if `close`: (config, token)."""
+    config, token = create_task(urls, GRID, 1.0, "tree", "substitution", min_batch=1, verify=False)
+    made = make_reports(config, rng.uniform(0, 1, n))
+    for i in range(0, n, 2000):
+        batch = encode_batch([r.to_bytes() for r in made[i : i + 2000]])
+        for url in urls:
+            fetch("POST", f"{url}/tasks/{config.task_id}/reports/batch", batch, content_type=OCTETS)
+    if close:
+        http("POST", f"{urls[0]}/tasks/{config.task_id}/close", token=token)
+    return config, token
+
+
+def junk_once(port: int, task: str, path: str, source: str, tag: bool) -> tuple[float, int]:
+    """Seconds from sending a junk message to /tasks/{task}/{path} on a fresh connection from `source`
+    (with `tag`, a request tag that is not the other server's) to its whole answer; its status (0: none)."""
+    headers = {"Content-Type": OCTETS}
+    if tag:
+        headers["Dpcdf-Peer"] = f"v1 {JUNK[path][:17].hex()} {'00' * 32}"
+    conn = httpc.HTTPConnection("127.0.0.1", port, timeout=30, source_address=(source, 0))
+    conn.connect()
+    t = time.perf_counter()
+    try:
+        conn.request("POST", f"/tasks/{task}/{path}", JUNK[path], headers)
+        resp = conn.getresponse()
+        resp.read()
+        code = resp.status
+    except (OSError, httpc.HTTPException):
+        code = 0
+    took = time.perf_counter() - t
+    conn.close()
+    return took, code
+
+
+def slow_uploads(port: int, task: str, addresses: int) -> list[socket.socket]:
+    """8 uploads per address (127.0.3.x) whose bodies trickle: started, one byte sent each second by
+    a thread until the sockets close."""
+    socks = []
+    for a in range(addresses):
+        for _ in range(8):
+            s = connect(port, f"127.0.3.{1 + a}")
+            s.sendall(f"POST /tasks/{task}/reports HTTP/1.1\r\nHost: x\r\nContent-Type: {OCTETS}\r\n"
+                      f"Content-Length: 60000\r\n\r\n".encode())
+            socks.append(s)
+
+    def trickle() -> None:
+        while socks:
+            for s in list(socks):
+                try:
+                    s.send(b"x")
+                except OSError:
+                    socks.remove(s)
+            time.sleep(1)
+
+    threading.Thread(target=trickle, daemon=True).start()
+    return socks
+
+
+def peer_rows(urls: list[str], args, rng: np.random.Generator) -> list[tuple[str, str, str]]:
+    """The peer path's rows: junk /verify and /sync at each n, the ratio, and the close under slow uploads."""
+    port1 = int(urls[1].rsplit(":", 1)[1])
+    rows, tasks = [], {}
+    for n in args.junk_n:
+        t = time.perf_counter()
+        tasks[n] = closed_task(urls, n, rng)[0].task_id
+        print(f"task of {n:,} reports made, uploaded and closed in {time.perf_counter() - t:.1f} s", flush=True)
+    took: dict = {}
+    statuses: dict = {}
+    sent = 0
+    for path, tag in KINDS:  # the tasks' requests interleaved, so that the machine's load drifts alike for each n
+        for _ in range(args.junk_requests):
+            for n in args.junk_n:
+                source = f"127.0.{1 + (sent // 8) // 250}.{1 + (sent // 8) % 250}"  # 8 per address: none refused
+                seconds, code = junk_once(port1, tasks[n], path, source, tag)
+                took.setdefault((path, tag, n), []).append(seconds)
+                counts = statuses.setdefault((path, tag, n), {})
+                counts[code] = counts.get(code, 0) + 1
+                sent += 1
+    medians = {key: float(np.median(values)) for key, values in took.items()}
+    for n in args.junk_n:
+        for path, tag in KINDS:
+            rows.append((f"junk /{path}{', wrong tag' if tag else ''}, n = {n:,}", f"{medians[path, tag, n] * 1e3:.2f} ms median",
+                         f"{args.junk_requests} sent; answers " + ", ".join(f"{k}: {v}" for k, v in sorted(statuses[path, tag, n].items()))))
+            print(rows[-1], flush=True)
+    lo, hi = min(args.junk_n), max(args.junk_n)
+    for path, tag in KINDS:
+        rows.append((f"junk /{path}{', wrong tag' if tag else ''}: n {hi // 1000}k/{lo // 1000}k",
+                     f"{medians[path, tag, hi] / medians[path, tag, lo]:.2f}x the time", "goal: at most 1.2x"))
+    config, token = closed_task(urls, lo, rng, close=False)
+    socks = slow_uploads(port1, config.task_id, args.slow_addresses)
+    time.sleep(1)
+    honest = post((port1, HONEST), f"/tasks/{config.task_id}/reports", make_reports(config, [0.5])[0].to_bytes())
+    t = time.perf_counter()
+    try:
+        http("POST", f"{urls[0]}/tasks/{config.task_id}/close", token=token)
+        closed = "close 200"
+    except ServerError as exc:
+        closed = f"close failed ({exc.status})"
+    took = time.perf_counter() - t
+    sent = len(socks)
+    for s in list(socks):
+        s.close()
+    socks.clear()
+    rows.append((f"slow uploads, {args.slow_addresses} addresses x 8", f"{sent} bodies held open",
+                 f"{closed} in {took:.1f} s; an honest upload meanwhile: {honest}"))
+    print(rows[-1], flush=True)
+    return rows
+
+
 def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--conns", type=int, default=6)
@@ -224,6 +346,11 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=500, help="reports per honest batch")
     ap.add_argument("--honest-reports", type=int, default=20_000)
     ap.add_argument("--label", default="")
+    ap.add_argument("--phases", choices=("all", "peer"), default="all", help="peer: only the peer path's rows")
+    ap.add_argument("--junk-n", type=lambda s: [int(x) for x in s.split(",")], default=[3000, 120_000],
+                    help="report counts of the junk /verify and /sync tasks, comma-separated")
+    ap.add_argument("--junk-requests", type=int, default=200, help="junk messages per endpoint and n")
+    ap.add_argument("--slow-addresses", type=int, default=8, help="addresses of 8 slow uploads each")
     args = ap.parse_args()
     import dpcdf
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
@@ -236,9 +363,12 @@ def main() -> None:
         try:
             while not all(http("GET", f"{u}/health")["warm"] for u in urls):
                 time.sleep(0.2)
+            rng = np.random.default_rng(7)
+            rows = peer_rows(urls, args, rng)
+            if args.phases == "peer":
+                return report(args.label, rows)
             config, _ = create_task(urls, GRID, 1.0, "tree", "substitution", min_batch=1, verify=False)
             task = config.task_id
-            rng = np.random.default_rng(7)
             t = time.perf_counter()
             made = make_reports(config, rng.uniform(0, 1, args.honest_reports))
             batches = [encode_batch([r.to_bytes() for r in made[i : i + args.batch]])
@@ -248,7 +378,6 @@ def main() -> None:
             report_bytes = len(made[0].to_bytes())
             garbage = garbage_batch(config, report_bytes, max(1, int(args.garbage_mib * MIB) // (report_bytes + 4)), rng)
             print(f"garbage batch: {len(garbage) / MIB:.1f} MiB, {struct.unpack_from('<I', garbage)[0]} reports")
-            rows = []
 
             per_conn, held = stalled_bodies(pid, port, task, args.conns, args.stall_mib, args.hold_limit)
             print(f"stalled bodies: {per_conn:.1f} MiB per connection, held {held}", flush=True)
@@ -294,8 +423,12 @@ def main() -> None:
         finally:
             for proc, _ in procs:
                 stop(proc)
-    print(f"\n{args.label}")
-    print(f"{'attack':38s} {'server resources':28s} outcome")
+    report(args.label, rows)
+
+
+def report(label: str, rows: list[tuple[str, str, str]]) -> None:
+    print(f"\n{label}")
+    print(f"{'attack':38s} {'server resources':28s} {'outcome':s}")
     for name, resource, outcome in rows:
         print(f"{name:38s} {resource:28s} {outcome}")
 

@@ -136,3 +136,13 @@ def adaptive_v5(*args, **kwargs):
     from dpcdf.release.adaptive import AdaptiveMechanism
 
     return AdaptiveMechanism(*args, **{"plan_version": 5, "share_rule": 2, **kwargs})
+
+
+def peer_post(client, channel, path: str, message: bytes):
+    """POSTs `message` to server 1's `path` (/tasks/{id}/sync or /verify) through `client` (FastAPI's
+    TestClient) with server 0's request tag (the Dpcdf-Peer header, issue 42), made with `channel` (either
+    server's channel of the task: both derive the one pair key), as server 0, honest or deviating, sends it."""
+    from dpcdf.service.protocols.channel import PEER_HEADER
+
+    endpoint = path.rsplit("/", 1)[1]
+    return client.post(path, content=message, headers={PEER_HEADER: channel.request_header(endpoint, message)})

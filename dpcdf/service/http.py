@@ -31,10 +31,11 @@ def http(method: str, url: str, body: bytes | None = None, token: str | None = N
 
 
 def fetch(method: str, url: str, body: bytes | None = None, token: str | None = None,
-          content_type: str = "application/json", timeout: float = 600) -> bytes:
-    """A request; the answer's bytes. Any failure is a ServerError (with the status, if one came)."""
+          content_type: str = "application/json", timeout: float = 600, headers: dict[str, str] | None = None) -> bytes:
+    """A request (with any extra `headers`); the answer's bytes. Any failure is a ServerError (with the
+    status, if one came)."""
     try:
-        req = urllib.request.Request(url, data=body, method=method)
+        req = urllib.request.Request(url, data=body, method=method, headers=headers or {})
     except ValueError as exc:  # not an http(s) URL
         raise ServerError(f"{url}: {exc}") from None
     if body is not None:

@@ -12,6 +12,7 @@ from hypothesis import given
 from hypothesis import strategies as st
 
 from dpcdf.service.client import make_reports
+from dpcdf.service.protocols.channel import PEER_HEADER
 from dpcdf.service.wire import MAX_BATCH, Report, encode_batch
 from fuzzing import (AUTH, BINARY, FUZZ, OPEN, PEER_PATHS, QUERIES, TASK_IDS, TASKS, TestClient, World, check_answer,
                      check_state, content_type, make_world, send, task_configs)
@@ -105,6 +106,10 @@ def binary_requests(draw, world, bodies):
     auth = draw(AUTH)
     if auth not in (None, "DROP"):
         headers["authorization"] = auth
+    tag = draw(st.sampled_from(["none", "valid", "valid", "wrong"])) if path in PEER_PATHS else "none"
+    if tag != "none" and task_id in TASKS:  # server 0's request tag for this body (issue 42), or one bit off
+        value = world.apps[0].state.server.task(task_id).channel.request_header(path.rsplit("/", 1)[1], body)
+        headers[PEER_HEADER] = value if tag == "valid" else value[:-1] + ("0" if value[-1] != "0" else "1")
     return path, task_id, party, {k: v.encode("latin-1") for k, v in headers.items()}, body
 
 
@@ -134,20 +139,27 @@ def test_mutated_raw_bodies(world):
     run()
     reached = {path: {status for p, status in seen if p == path} for path, _ in seen}
     assert {400, 404} <= reached["/tasks/{task_id}/reports"] and reached["/tasks/{task_id}/reports"] & {201, 409}, reached
-    assert {200, 400} <= reached["/tasks/{task_id}/reports/batch"] and 400 in reached["/tasks/{task_id}/sync"], reached
+    assert {200, 400} <= reached["/tasks/{task_id}/reports/batch"] and {400, 401, 403} <= reached["/tasks/{task_id}/sync"], reached
     assert {400, 403} <= reached["/tasks"] and 400 in reached["/tasks/{task_id}/query"], reached
 
 
 # --- what the fuzzing found --------------------------------------------------------------------------------------
 def test_a_forged_sync_message_does_not_close_server_1s_collection(world):
     """Found by the fuzzer: server 1 froze the task (closed its collection for good) before it
-    checked that the sync message opens, so anyone could close it with any bytes."""
+    checked that the sync message opens, so anyone could close it with any bytes. Now without the
+    request tag (issue 42) nothing is read (401), and with one (server 0's, which can make it for any
+    bytes) a message that does not open is a 400."""
     client = TestClient(world.apps[1])
+    channel = world.apps[0].state.server.task(OPEN).channel
     genuine = world.sync_messages[0]
     forged = (genuine[:-1] + bytes([genuine[-1] ^ 1]), b"\x01" + bytes(60), b"junk", b"")
     for body in forged:
-        res = client.post(f"/tasks/{OPEN}/sync", content=body, headers={"content-type": "application/octet-stream"})
-        assert res.status_code == 400 and set(res.json()) == {"error"}, res.text
+        for tagged in (False, True):
+            headers = {"content-type": "application/octet-stream"}
+            if tagged:
+                headers[PEER_HEADER] = channel.request_header("sync", body)
+            res = client.post(f"/tasks/{OPEN}/sync", content=body, headers=headers)
+            assert res.status_code == (400 if tagged else 401) and set(res.json()) == {"error"}, res.text
     assert world.apps[1].state.server.store.frozen(OPEN) is None
     new = make_reports(world.configs[OPEN], [50.0])[0].to_bytes()
     assert client.post(f"/tasks/{OPEN}/reports", content=new).status_code == 201  # still collecting

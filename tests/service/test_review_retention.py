@@ -34,7 +34,7 @@ from dpcdf.service.server import create_app
 from dpcdf.service.storage import retention
 from dpcdf.service.task import TaskConfig, token_hash
 from dpcdf.service.wire import encode_batch
-from helpers import GRID, OPERATOR, values
+from helpers import GRID, OPERATOR, peer_post, values
 
 with warnings.catch_warnings():
     warnings.filterwarnings("ignore", message=".*httpx2")
@@ -100,11 +100,11 @@ def test_a_released_task_answers_no_check_or_reconciliation_message_again(world)
     swept = clients[1].post("/admin/retention", headers=AUTH).json()["purged"]
     assert [(p["task_id"], p["reason"]) for p in swept] == [(tid, "released")]
     assert store1.exchange(tid, "helper", Kind.CHECK_OPEN, 0) is None  # the journal of the check is gone ...
-    for m in [*sent, shifted]:  # ... and still no step is answered again: replays and new content alike
-        assert clients[1].post(f"/tasks/{tid}/verify", content=m).status_code in (400, 409)
     st0 = apps[0].state.server.task(tid)
+    for m in [*sent, shifted]:  # ... and still no step is answered again: replays and new content alike
+        assert peer_post(clients[1], st0.channel, f"/tasks/{tid}/verify", m).status_code in (400, 409)
     digests = st0.channel.seal(Kind.DIGESTS, 0, b"\0" * 64)
-    assert clients[1].post(f"/tasks/{tid}/sync", content=digests).status_code in (400, 409)
+    assert peer_post(clients[1], st0.channel, f"/tasks/{tid}/sync", digests).status_code in (400, 409)
 
 
 def test_a_deleted_task_is_not_registered_again_with_a_fresh_seed(world):
@@ -114,7 +114,9 @@ def test_a_deleted_task_is_not_registered_again_with_a_fresh_seed(world):
     seed = store1.task(tid)[1]
     assert clients[1].post("/tasks", content=config.to_json(), headers=JSON | AUTH).status_code == 409
     assert store1.task(tid)[1] == seed
-    assert clients[1].post(f"/tasks/{tid}/verify", content=b"x" * 64).status_code == 400  # as unknown
+    channel = apps[0].state.server.task(tid).channel
+    assert peer_post(clients[1], channel, f"/tasks/{tid}/verify", b"x" * 64).status_code == 400  # as unknown
+    assert clients[1].post(f"/tasks/{tid}/verify", content=b"x" * 64).status_code == 401  # no request tag
 
 
 def test_an_unauthenticated_caller_cannot_tell_a_released_task_from_an_unknown_one(world):
@@ -134,11 +136,12 @@ def test_a_check_step_is_not_answered_again_across_a_purge(world):
     srv1 = apps[1].state.server
     st1 = srv1.task(tid)
     shifted, context = _shifted_open(apps, config), st1.helper().context
-    assert clients[1].post(f"/tasks/{tid}/verify", content=shifted).status_code == 409  # answered once: refused
+    channel = apps[0].state.server.task(tid).channel
+    assert peer_post(clients[1], channel, f"/tasks/{tid}/verify", shifted).status_code == 409  # answered once: refused
     out = {}
 
     def attack() -> None:  # server 0's message, sent while the task is still known (before the purge)
-        out["answer"] = clients[1].post(f"/tasks/{tid}/verify", content=shifted)
+        out["answer"] = peer_post(clients[1], channel, f"/tasks/{tid}/verify", shifted)
 
     # The expiry sweep (or the operator's delete) of a task whose DONE server 0 withheld: what
     # Retention._purge does under st.answering (policy.purge, forget_keys, the state dropped), with the
@@ -169,12 +172,12 @@ def test_a_restored_backup_does_not_answer_a_check_step_again(tmp_path):
 
     apps, clients, config, _ = _world(tmp_path, take)
     tid = config.task_id
-    shifted = _shifted_open(apps, config)
-    assert clients[1].post(f"/tasks/{tid}/verify", content=shifted).status_code == 409  # answered once
+    shifted, channel = _shifted_open(apps, config), apps[0].state.server.task(tid).channel
+    assert peer_post(clients[1], channel, f"/tasks/{tid}/verify", shifted).status_code == 409  # answered once
     restored = TestClient(create_app(1, copy, warm_up=False, sweep_every=1e9))
     deadline = time.monotonic() + 60
     while True:  # its round one runs again in the background (503 until it is done)
-        answer = restored.post(f"/tasks/{tid}/verify", content=shifted)
+        answer = peer_post(restored, channel, f"/tasks/{tid}/verify", shifted)
         if answer.status_code != 503 or time.monotonic() > deadline:
             break
         time.sleep(0.2)
@@ -203,10 +206,11 @@ def test_a_restored_server_takes_no_step_of_an_unfinished_task_in_either_role_an
     assert [s["unfinished"] for s in summaries] == [1, 1]
     restored = [create_app(p, tmp_path / f"copy{p}", warm_up=False, sweep_every=1e9) for p in (0, 1)]
     r0, r1 = (TestClient(app) for app in restored)
-    for message in (sent[0], apps[0].state.server.task(tid).channel.seal(Kind.DONE, 0, b"")):
-        answer = r1.post(f"/tasks/{tid}/{'verify' if message is sent[0] else 'sync'}", content=message)
+    channel = apps[0].state.server.task(tid).channel
+    for message in (sent[0], channel.seal(Kind.DONE, 0, b"")):
+        answer = peer_post(r1, channel, f"/tasks/{tid}/{'verify' if message is sent[0] else 'sync'}", message)
         assert answer.status_code == 409 and all(part in answer.json()["error"] for part in RESTORED), answer.text
-    assert r1.post(f"/tasks/{tid}/verify", content=b"\x05" + b"\0" * 63).status_code == 400  # unopened: as forged
+    assert r1.post(f"/tasks/{tid}/verify", content=b"\x05" + b"\0" * 63).status_code == 401  # no request tag: not read
     frozen = restored[0].state.server.store.frozen(tid)
     closing = r0.post(f"/tasks/{tid}/close", headers={"authorization": f"Bearer {TOKEN}"})
     assert closing.status_code == 409 and all(part in closing.json()["error"] for part in RESTORED), closing.text
@@ -301,7 +305,7 @@ def test_a_backup_made_before_restore_marks_is_marked_at_its_first_start(tmp_pat
     for _ in range(2):  # the first start marks it; a restart finds the marks (its store no longer the snapshot)
         app = create_app(1, copy, warm_up=False, sweep_every=1e9)
         assert states(app.state.server.store) == {tid: "unfinished"}
-        answer = TestClient(app).post(f"/tasks/{tid}/verify", content=shifted)
+        answer = peer_post(TestClient(app), apps[0].state.server.task(tid).channel, f"/tasks/{tid}/verify", shifted)
         assert answer.status_code == 409 and all(part in answer.json()["error"] for part in RESTORED), answer.text
         app.state.server.store.close()
     backup(copy, tmp_path / "new")  # a backup of the marked restore: format 2

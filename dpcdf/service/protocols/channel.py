@@ -21,6 +21,15 @@ about a report twice with different inputs (the two-message attack of issue 20).
 - A restored backup (security review of issue 24): the journal is the store's, so a server serving a
   backup has forgotten the steps it took since. Both roles refuse every step (`storage.restore.Restored`,
   HTTP 409) of a task that was not finished in the backup: the journal it would check is not the whole.
+
+The request tag (issue 42): every message server 0 POSTs to server 1 also carries, in the `Dpcdf-Peer`
+header, "v1 <head> <tag>": the message's first HEAD_BYTES bytes (its kind, chunk and AES-GCM nonce) in
+hex and an HMAC-SHA256 under a subkey of K over the direction (server 0 to 1), method, canonical path
+(/tasks/{id}/sync or /verify, whatever URL prefix a proxy adds), task id, that head and the declared
+Content-Length (`request_tag`). Server 1 checks it from the headers alone, before reading the body or
+touching its store (`dpcdf.service.server.peer_gate`), and later that the body starts with that head:
+a header seen on the wire fits only a body with its message's random nonce. It is a gate in front of
+the channel, not instead of it: the body is opened under the AES-GCM key as before.
 """
 from __future__ import annotations
 
@@ -41,7 +50,10 @@ from .reconciliation.maths import SyncError
 
 _NONCE = 12
 _HEAD = 1 + 4
+HEAD_BYTES = _HEAD + _NONCE  # what the request tag binds of the body: kind, chunk, nonce
 LABEL = b"dpcdf channel v2"
+PEER_HEADER = "dpcdf-peer"  # the request tag's header (HTTP header names are case-insensitive)
+ENDPOINTS = ("sync", "verify")  # server 1's POST /tasks/{id}/<endpoint>
 
 
 class Kind(IntEnum):
@@ -86,6 +98,37 @@ class NotReady(SyncError):
     """Server 1 is still evaluating its reports for the check (HTTP 503: send it again shortly)."""
 
 
+def request_key(key: bytes) -> bytes:
+    """The request tag's key: a subkey of the pair key K, used for nothing else."""
+    return hmac.new(key, b"peer request tag v1", hashlib.sha256).digest()
+
+
+def request_tag(key: bytes, endpoint: str, task_id: str, head: bytes, length: int, method: str = "POST") -> bytes:
+    """HMAC-SHA256 under `request_key(K)` of server 0's request (`method`: server 0 only POSTs) of a
+    message of `length` bytes that starts with `head` to /tasks/{task_id}/{endpoint}; every field
+    length-prefixed."""
+    fields = [b"server 0 to server 1", method.encode(), f"/tasks/{task_id}/{endpoint}".encode(), task_id.encode(), bytes(head),
+              str(int(length)).encode()]
+    return hmac.new(key, b"".join(len(f).to_bytes(4, "big") + f for f in fields), hashlib.sha256).digest()
+
+
+def request_header(key: bytes, endpoint: str, task_id: str, message: bytes) -> str:
+    """The `Dpcdf-Peer` header's value for `message` (sealed) sent to `endpoint`; `key` is `request_key(K)`."""
+    head = bytes(message[:HEAD_BYTES])
+    return f"v1 {head.hex()} {request_tag(key, endpoint, task_id, head, len(message)).hex()}"
+
+
+def read_header(value: bytes) -> tuple[bytes, bytes] | None:
+    """(head, tag) of a `Dpcdf-Peer` header's value, or None if it is not one."""
+    parts = value.split(b" ")
+    if len(parts) != 3 or parts[0] != b"v1" or len(parts[1]) > 2 * HEAD_BYTES or len(parts[2]) != 64:
+        return None
+    try:
+        return bytes.fromhex(parts[1].decode("ascii")), bytes.fromhex(parts[2].decode("ascii"))
+    except (UnicodeDecodeError, ValueError):
+        return None
+
+
 @dataclass(frozen=True)
 class Message:
     kind: Kind
@@ -102,6 +145,11 @@ class Channel:
             raise ValueError(f"a channel's role is 'leader' or 'helper', not {role!r}")
         self.fingerprint, self.task_id, self.store, self.role = bytes(fingerprint), task_id, store, role
         self._aead = AESGCM(hmac.new(key, b"channel aead v2", hashlib.sha256).digest())
+        self._request_key = request_key(key)
+
+    def request_header(self, endpoint: str, message: bytes) -> str:
+        """The `Dpcdf-Peer` header server 0 sends with `message` to server 1's `endpoint` (sync or verify)."""
+        return request_header(self._request_key, endpoint, self.task_id, message)
 
     # --- the wire ---------------------------------------------------------------------------------
     def _aad(self, head: bytes, context: bytes) -> bytes:

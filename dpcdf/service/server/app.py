@@ -66,7 +66,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bo
         app.include_router(router)
     for exc, handler in HANDLERS.items():
         app.add_exception_handler(exc, handler)
-    app.add_middleware(Guard, limits=limits, failures=failures)
+    app.add_middleware(Guard, limits=limits, failures=failures, gate=app.state.server.peer_gate)  # peers: issue 42
     app.add_middleware(metrics.Middleware, metrics=app.state.metrics)  # outermost: sees the Guard's refusals too
     app.openapi = _schema(app)
     if warm_up:

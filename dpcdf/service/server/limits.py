@@ -1,9 +1,10 @@
 """What one client without a token can hold of a server, bounded (issue 20).
 
-Anyone may open a connection and upload reports (clients are unauthenticated), and the servers' own
-messages (/sync, /verify) are authenticated only by the key they are sealed under, which is checked
-once the body has arrived. So every connection is bounded before anything is known about its sender
-(the numbers are `Limits`' defaults; docs/service.md has them as a table):
+Anyone may open a connection and upload reports (clients are unauthenticated). So every connection
+is bounded before anything is known about its sender (the numbers are `Limits`' defaults;
+docs/service.md has them as a table). The servers' own messages (/sync, /verify) take a path of their
+own (issue 42): a request tag in their headers is checked before the body is read (`peer_gate`), and
+only then do they take a place, in a pool of their own:
 
 headers     a request's headers (at most `header_bytes`, 32 KiB) must arrive within `header_seconds`
             (5 s) of the connection opening or of the previous answer; else the connection is closed
@@ -16,10 +17,18 @@ bodies      refused by their Content-Length before a byte is read when over the 
             within `body_seconds` (10 s) of its headers, else 408 and the connection is closed. Past
             `memory_bytes` (256 KiB) a body waits in an unlinked 0600 file, not in memory
             (`deps.raw_body`);
-uploads     reports, batches, /sync and /verify: at most `uploads_per_address` (8) and
+uploads     reports and batches: at most `uploads_per_address` (8) and
             `upload_bytes_per_address` (128 MiB of declared bodies) in flight per client address,
             `uploads` (64) and `upload_bytes` (1 GiB) in all; more get 429 (Retry-After: 1) after
             `refused_seconds` (1 s), unread;
+peers       /sync and /verify: without the other server's request tag 401, with a wrong one (or for
+            a task this server does not know) 403, at once and charged to the address as a failure
+            (`peer_gate.PeerGate.check`: from the headers, no body read, no store touched, the same
+            time whatever the task's n); a /verify for an unverified task 409. Admitted ones take one
+            of `peer_requests` (8) places and `peer_bytes` (256 MiB) of declared bodies, a pool client
+            uploads never enter (so slow uploads cannot refuse the close's messages); more get 429
+            (Retry-After: 1), which server 0 sends again. An admitted peer is not held back or refused
+            for its address's failure level (its connections still are: see `protocol`);
 failures    every report refused at upload (junk, foreign, or a share that does not open with this
             server's key) adds one to its address's level (`Failures`), which drains
             `drain_per_second` (0.5) per second. From `slow_level` (8) the address's uploads are held
@@ -46,6 +55,7 @@ from dataclasses import dataclass
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
 from ...errors import DpcdfError
+from .peer_gate import PeerGate, PeerRefusal
 
 KIB, MIB = 1 << 10, 1 << 20
 
@@ -80,6 +90,8 @@ class Limits:
     drain_per_second: float = 0.5
     max_delay: float = 1.0
     refused_seconds: float = 1.0  # a refused connection or upload waits this long for its 429
+    peer_requests: int = 8  # the other server's messages in flight (a close sends one at a time per task)
+    peer_bytes: int = 256 * MIB  # their declared bodies (reconciliation's chunks are up to 16 MiB)
     addresses: int = 100_000  # failure levels remembered at most (the oldest drained ones go first)
 
 
@@ -183,12 +195,15 @@ def refusal(status: int, message: str, retry_after: int | None = None) -> tuple[
 
 class Guard:
     """The ASGI middleware: body limits by Content-Length before reading, body timeouts, the upload
-    slots per address and in all, and the failure levels' delays and refusals (see the module)."""
+    slots per address and in all, the failure levels' delays and refusals, and the servers' own
+    messages checked by `gate` (a `peer_gate.PeerGate`; None refuses them all) in their own pool
+    (see the module)."""
 
-    def __init__(self, app: ASGIApp, limits: Limits, failures: Failures):
-        self.app, self.limits, self.failures = app, limits, failures
+    def __init__(self, app: ASGIApp, limits: Limits, failures: Failures, gate: PeerGate | None = None):
+        self.app, self.limits, self.failures, self.gate = app, limits, failures, gate
         self.in_flight: dict[str, list[int]] = {}  # address -> [uploads, declared bytes]
         self.total = [0, 0]
+        self.peers = [0, 0]  # the other server's messages in flight, their declared bytes
 
     async def __call__(self, scope: Scope, receive: Receive, send: Send) -> None:
         if scope["type"] != "http":
@@ -208,7 +223,9 @@ class Guard:
         cap = limit if length is not None else min(limit, lim.chunked_bytes)
         if length is None and chunked is None:
             cap = 0  # no body
-        if kind not in ("upload", "peer"):
+        if kind == "peer":
+            return await self._peer(scope, receive, send, length, cap)
+        if kind != "upload":
             return await self._serve(scope, receive, send, cap)
         address = client_address(scope)
         wait = self.failures.refused_for(address)
@@ -234,6 +251,26 @@ class Guard:
             left = self.in_flight.pop(address)
             if left[0] > 1:
                 self.in_flight[address] = [left[0] - 1, left[1] - size]
+
+    async def _peer(self, scope: Scope, receive: Receive, send: Send, length: int | None, cap: int) -> None:
+        """A /sync or /verify: the gate's verdict from its headers (a refusal at once, unread, charged
+        if forged: see `peer_gate`), then a place in the peers' pool, then the body."""
+        gate = self.gate or PeerGate(0, None)  # no gate: every message refused (as on server 0)
+        verdict = gate.check(scope["method"], scope["path"], scope["headers"], length)
+        if isinstance(verdict, PeerRefusal):
+            if verdict.forged:
+                self.failures.charge(client_address(scope))
+            return await self._refuse(send, verdict.status, verdict.message)
+        lim, pool = self.limits, self.peers
+        if pool[0] >= lim.peer_requests or pool[1] + length > lim.peer_bytes:
+            return await self._refuse(send, 429, f"too many of the other server's messages at once (at most "
+                                      f"{lim.peer_requests} and {lim.peer_bytes >> 20} MiB); send again in 1 s", 1)
+        scope["dpcdf.peer"] = verdict  # the head the body must start with (`peers.answer`)
+        self.peers = [pool[0] + 1, pool[1] + length]
+        try:
+            await self._serve(scope, receive, send, cap)
+        finally:
+            self.peers = [self.peers[0] - 1, self.peers[1] - length]
 
     async def _serve(self, scope: Scope, receive: Receive, send: Send, cap: int) -> None:
         lim = self.limits

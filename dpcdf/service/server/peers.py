@@ -1,16 +1,24 @@
-"""Server to server over HTTP: server 0's messages to server 1 during a close (`poster`), and server
-1's answers to them (`answer`), the protocols' refusals as HTTP statuses. The protocols themselves
-are the task's Leader/Helper objects (`TaskState.close_as_leader`, `answer_sync`, `answer_check`)."""
+"""Server to server over HTTP: server 0's messages to server 1 during a close (`poster`), each with
+its request tag (`protocols.channel.request_header`), and server 1's answers to them (`answer`), the
+protocols' refusals as HTTP statuses. The protocols themselves are the task's Leader/Helper objects
+(`TaskState.close_as_leader`, `answer_sync`, `answer_check`). Server 1 checks the tag from the headers
+before it reads the body (`peer_gate`, called by `limits.Guard`); `answer` then checks that the body is
+the one the tag covers, and charges whatever does not open to the sender's address."""
 from __future__ import annotations
 
+import hmac
 import time
 from typing import TYPE_CHECKING, Callable
 
+from fastapi import Request
+
 from ..http import ServerError, fetch
-from ..protocols.channel import NotReady, Refused, Unopened
+from ..protocols.channel import PEER_HEADER, NotReady, Refused, Unopened
 from ..protocols.reconciliation.maths import SyncError
 from ..storage import retention
 from .errors import HttpError, PeerFailed, TaskNotFound
+from .limits import client_address
+from .peer_gate import BAD_TAG, PeerRequest
 
 if TYPE_CHECKING:
     from .state import Server, TaskState
@@ -18,26 +26,30 @@ if TYPE_CHECKING:
 OCTETS = "application/octet-stream"
 PEER_TIMEOUT = 60  # seconds per socket operation with server 1 (its part for 10^6 reports: a few seconds)
 CHECK_WAIT = 1800  # seconds server 0 waits for server 1's evaluation of its reports (10^6 at 2^10: about a minute)
+BUSY_WAIT = 60  # seconds server 0 sends a message again while server 1's pool of peer messages is full (429)
 FORGED = "the message is not the other server's for this task"
 
 
 def poster(st: "TaskState") -> Callable[[str, bytes], bytes]:
     """`post(path, message)`: one message to server 1's POST /tasks/{id}/<path> and its answer."""
     base = f"{st.config.servers[1]}/tasks/{st.config.task_id}"
-    return lambda path, message: _post(f"{base}/{path}", message, patient=path == "verify")
+    return lambda path, message: _post(f"{base}/{path}", message, {PEER_HEADER: st.channel.request_header(path, message)},
+                                       patient=path == "verify")
 
 
-def _post(url: str, message: bytes, patient: bool = False) -> bytes:
+def _post(url: str, message: bytes, headers: dict[str, str], patient: bool = False) -> bytes:
     """One message to server 1 and its answer; PeerFailed (502) if it does not come (PEER_TIMEOUT per socket
     operation, so a peer that accepts but never answers holds the close for a minute, not forever),
     `Refused` if server 1 refuses it (409). `patient`: a 503 (server 1 still evaluating its reports
-    for the check) is sent again each second for up to CHECK_WAIT seconds."""
-    deadline = time.monotonic() + CHECK_WAIT
+    for the check) is sent again each second for up to CHECK_WAIT seconds. A 429 (server 1 has its
+    peers' pool full: other tasks' closes) is sent again each second for up to BUSY_WAIT seconds."""
+    start = time.monotonic()
     while True:
         try:
-            return fetch("POST", url, message, content_type=OCTETS, timeout=PEER_TIMEOUT)
+            return fetch("POST", url, message, content_type=OCTETS, timeout=PEER_TIMEOUT, headers=headers)
         except ServerError as exc:
-            if patient and exc.status == 503 and time.monotonic() < deadline:
+            waited = time.monotonic() - start
+            if (patient and exc.status == 503 and waited < CHECK_WAIT) or (exc.status == 429 and waited < BUSY_WAIT):
                 time.sleep(1)
                 continue
             if exc.status == 409:
@@ -48,14 +60,22 @@ def _post(url: str, message: bytes, patient: bool = False) -> bytes:
             raise PeerFailed(f"server 1 did not take part in the close ({exc}); close again to retry") from None
 
 
-def answer(srv: "Server", task_id: str, what: str, raw: bytes) -> bytes:
-    """Server 1's answer to one message of server 0's (`what`: "reconciliation" or "report-check"):
-    400 for a message that does not open (FORGED) or does not fit, 503 with Retry-After while its
-    check's round one is still running, 409 for a refused step."""
+def answer(srv: "Server", request: Request, task_id: str, what: str, raw: bytes) -> bytes:
+    """Server 1's answer to one message of server 0's (`what`: "reconciliation" or "report-check"),
+    admitted by its request tag (`peer_gate`): 403 if the body is not the one the tag covers (its
+    head), 400 for a message that does not open (FORGED) or does not fit, 503 with Retry-After while
+    its check's round one is still running, 409 for a refused step. The first two are charged to the
+    sender's address as failures (`limits.Failures`)."""
+    admitted = request.scope.get("dpcdf.peer")
+    if not isinstance(admitted, PeerRequest) or admitted.task_id != task_id or len(raw) != admitted.length \
+            or not hmac.compare_digest(raw[:len(admitted.head)], admitted.head):
+        request.app.state.failures.charge(client_address(request.scope))
+        raise HttpError(403, BAD_TAG)
     st = _peer_task(srv, task_id, what)
     try:
         return st.answer_sync(raw) if what == "reconciliation" else st.answer_check(raw)
     except Unopened:
+        request.app.state.failures.charge(client_address(request.scope))
         raise HttpError(400, FORGED) from None
     except NotReady as exc:
         raise HttpError(503, str(exc), {"Retry-After": "1"}) from None

@@ -37,6 +37,7 @@ from .context import BudgetSpent, NotClosed, TaskContext, TooFewReports, pair_ke
 from .context import CloseRefused, PeerFailed, TaskNotFound
 from .errors import HttpError
 from .ownership import claim_party
+from .peer_gate import PeerGate
 
 CLOSED = "collection is closed: the analyst has closed the task"
 
@@ -97,11 +98,9 @@ class TaskState:
     def answer_check(self, raw: bytes) -> bytes:
         """Server 1's answer to a report-check message (Unopened, Refused, NotReady, SyncError, Restored)."""
         store, task_id = self.store, self.config.task_id
-        restored = restore.unfinished(store, task_id)  # refused once it opens, not after round one is redone
-        if restored or not self.config.verify or not store.marked(task_id, Mark.RECONCILED):
-            if store.frozen(task_id) is None:
-                raise Unopened("no report set to check")
-            self._open(raw, CHECK, self.check_context())  # Unopened unless the other server's, for this set
+        if restore.unfinished(store, task_id) or not self.config.verify or not store.marked(task_id, Mark.RECONCILED):
+            # refused unopened: opening needs H_R, the keyed hash of the whole report set, and what depends on
+            # n waits for the other server's request tag and the reconciled set (issue 42, `peer_gate`)
             restore.refuse_steps(store, task_id)
             raise Refused("the report check starts once the task is verified and reconciled")
         helper = self.helper_if_ready()
@@ -194,7 +193,6 @@ class TaskState:
     def log_query(self, kind: str, points: int) -> None:
         self.store.log_query(self.config.task_id, kind, points)
 
-
     def reconciliation(self) -> ReconcileLeader | ReconcileHelper:
         """This server's side of the reconciliation."""
         return self.ctx.reconciliation(self.forget_keys, self._reconciled)
@@ -223,10 +221,6 @@ class TaskState:
             if self._checking is None:  # R changes only by reconciliation drops, which forget it (`forget_keys`)
                 self._checking = self.ctx.check_helper(self._nonces)
             return self._checking
-
-    def check_context(self) -> bytes:
-        """H_R, the keyed hash of the report set the check runs on (before it, the set as it stands)."""
-        return bytes.fromhex(self.ctx.set_hash(self.store.reconciled_ids(self.config.task_id)))
 
     def prepare_in_background(self) -> None:
         threading.Thread(target=self.helper, name=f"check-{self.config.task_id}", daemon=True).start()
@@ -354,6 +348,8 @@ class Server:
         self.store = Store(data / "server.sqlite")
         self.keys = ServerKeys(data)
         claim_party(data, party, (r[0] for r in self.store.db.execute("SELECT config FROM tasks")), self.keys.public_hex("x25519"))
+        tasks = self.store.db.execute("SELECT task_id, config, fingerprint FROM tasks").fetchall()
+        self.peer_gate = PeerGate.load(party, self.keys.x25519, tasks)  # the request tags' keys, in memory (issue 42)
         # evaluation on a Dask cluster ("tls://host:8786" or "local:N"), else in-process; the noise stays here
         self.evaluator = None
         if dask is not None:
@@ -431,6 +427,7 @@ class Server:
         under its id 409."""
         if self.store.add_task(config.task_id, config.to_json(), config.fingerprint, secrets.token_bytes(32)) is not None:
             raise HttpError(409, f"task {config.task_id} exists with another configuration")
+        self.peer_gate.add(config)
 
     def add_reports(self, st: TaskState, items: list[tuple[bytes, bytes]], taken: list[int] | None = None) -> int:
         """Stores checked reports (report id, opened share) in one transaction; how many were new (the same

@@ -27,7 +27,7 @@ from dpcdf.service.protocols.check import randomness as RND
 from dpcdf.service.client import make_reports
 from dpcdf.service.hpke import ServerKeys
 from dpcdf.service.http import fetch, http
-from dpcdf.service.protocols.channel import Channel, Kind
+from dpcdf.service.protocols.channel import PEER_HEADER, Channel, Kind
 from dpcdf.service.server.app import create_app
 from dpcdf.service.server.state import pair_key
 from dpcdf.service.task import TaskConfig, token_hash
@@ -75,7 +75,11 @@ class Deviant0:
         return self.server.task(config.task_id)
 
     def send_to(self, config: TaskConfig, path: str) -> Callable[[bytes], bytes]:
-        return lambda message: fetch("POST", f"{self.url1}/tasks/{config.task_id}/{path}", message, content_type=OCTETS)
+        """Sends a message to server 1's `path` (sync or verify) with its request tag, which server 0,
+        holding the pair key, can make for any bytes (issue 42: the tag is a gate, the channel the check)."""
+        channel = self.state(config).channel
+        return lambda message: fetch("POST", f"{self.url1}/tasks/{config.task_id}/{path}", message, content_type=OCTETS,
+                                     headers={PEER_HEADER: channel.request_header(path, message)})
 
     def reconcile(self, config: TaskConfig) -> None:
         """The honest reconciliation (server 0 freezes, then messages 1 and 3)."""
@@ -164,7 +168,7 @@ class Interceptor:
                     return self._answer(status, b'{"error": "interceptor: refused"}', "application/json")
                 u = urlsplit(proxy.target)
                 conn = http_client.HTTPConnection(u.hostname, u.port, timeout=120)
-                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization", PEER_HEADER)}
                 conn.request(self.command, self.path, body=body or None, headers=headers)
                 resp = conn.getresponse()
                 status, data, kind = resp.status, resp.read(), resp.getheader("Content-Type") or OCTETS

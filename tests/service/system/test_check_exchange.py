@@ -27,16 +27,18 @@ from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, submit
 from dpcdf.service.http import ServerError, fetch, http
 from dpcdf.service.processes import free_port, start_server, stop
+from dpcdf.service.protocols.channel import PEER_HEADER
 from helpers import TESTING, values
 from test_malicious_clients import OFF_GRID, forged, seal, upload
 
 
 class Proxy:
     """Forwards every request to `target`; `hook(path, body)` may return a status to answer instead
-    (the message is then not forwarded), after doing whatever it likes (e.g. killing server 1)."""
+    (the message is then not forwarded), after doing whatever it likes (e.g. killing server 1). `tags`
+    keeps each (path, body)'s request tag, as a party on the wire sees it (issue 42)."""
 
     def __init__(self, target: str):
-        self.target, self.hook, self.seen = target, None, []
+        self.target, self.hook, self.seen, self.tags = target, None, [], {}
         proxy = self
 
         class Handler(BaseHTTPRequestHandler):
@@ -46,6 +48,7 @@ class Proxy:
             def _do(self):
                 body = self.rfile.read(int(self.headers.get("Content-Length") or 0))
                 proxy.seen.append((self.path, body[:1]))
+                proxy.tags[self.path, body] = self.headers.get(PEER_HEADER)
                 if proxy.hook is not None:
                     status = proxy.hook(self.path, body)
                     if status is not None:
@@ -58,7 +61,7 @@ class Proxy:
                         return
                 u = urlsplit(proxy.target)
                 conn = http_client.HTTPConnection(u.hostname, u.port, timeout=120)
-                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization")}
+                headers = {k: v for k, v in self.headers.items() if k.lower() in ("content-type", "authorization", PEER_HEADER)}
                 try:
                     conn.request(self.command, self.path, body=body if body else None, headers=headers)
                     resp = conn.getresponse()
@@ -238,9 +241,10 @@ def test_close_after_lost_round_and_server1_restart_finishes(pair, rnd):
 
 
 def test_replayed_and_foreign_check_messages_change_nothing(pair):
-    """Captured messages 5/7/9 replayed to server 1 after the close are refused (409: the task's
-    exchange is finished), and one task's messages sent to another task's /verify do not open (400):
-    the views, rejections and answers stay put."""
+    """Captured messages 5/7/9 replayed to server 1 after the close (with their request tags, as seen on
+    the wire) are refused (409: the task's exchange is finished), and one task's messages sent to another
+    task's /verify are refused before they are read (403: the tag names the task): the views, rejections
+    and answers stay put."""
     captured = []
 
     def hook(path, body):
@@ -255,12 +259,12 @@ def test_replayed_and_foreign_check_messages_change_nothing(pair):
     assert [b[:1] for _, b in captured] == [b"\x05", b"\x07", b"\x09", b"\x0b"]
     before = _close1(config, token)
     for path, body in captured:  # replays to the same task after the close: all refused (the task is done)
+        tag = {PEER_HEADER: pair.proxy.tags[path, body]}
         with pytest.raises(ServerError, match="409 this task's exchange between the servers is finished"):
-            fetch("POST", pair.url1 + path, body, content_type="application/octet-stream")
-    for _, body in captured:  # to another task's endpoint: never opens
-        with pytest.raises(ServerError) as exc:
-            fetch("POST", f"{pair.url1}/tasks/{other.task_id}/verify", body, content_type="application/octet-stream")
-        assert exc.value.status == 400
+            fetch("POST", pair.url1 + path, body, content_type="application/octet-stream", headers=tag)
+        with pytest.raises(ServerError) as exc:  # to another task's endpoint: refused on its tag, unread
+            fetch("POST", f"{pair.url1}/tasks/{other.task_id}/verify", body, content_type="application/octet-stream", headers=tag)
+        assert exc.value.status == 403
     # the other task closes normally afterwards
     assert _close0(other, other_token)["rejected"] == {"weight": 1}
     after = _close1(config, token)

@@ -2,7 +2,9 @@
 loopback. Stalled headers and bodies are dropped within the timeouts (5 s), an oversize body is refused
 on its Content-Length before a byte of it is read, one address's garbage gets it refused (429 with
 Retry-After) while other addresses are still served, upload slots per address are capped, unknown
-task ids get the answers a real task gives, and `checking` needs the operator's token.
+task ids get the answers a real task gives, and `checking` needs the operator's token. The servers'
+own messages (issue 42) are refused on their headers without the other server's request tag, touch
+neither the store nor the report set then, and keep a pool of their own that slow uploads cannot fill.
 
 Each test uses a source address of its own (127.0.0.x), so their failure levels do not mix; the
 timing tests run their connections side by side (one 5 s wait per test)."""
@@ -19,7 +21,8 @@ from pathlib import Path
 import numpy as np
 import pytest
 
-from dpcdf.service.client import create_task, make_reports
+from dpcdf.analyst import Analyst
+from dpcdf.service.client import create_task, make_reports, submit
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.server.limits import Limits
 from dpcdf.service.task import SameServerError
@@ -302,3 +305,179 @@ def test_failure_levels_drain_hold_back_and_refuse_with_hysteresis():
     for address in "bcdefg":
         f.charge(address)
     assert len(f._state) <= 4
+
+
+# --- server-to-server messages on their own path (issue 42, items 1 and 3) ----------------------------
+JUNK = {"verify": bytes([5]) + bytes(40), "sync": bytes([1]) + bytes(40)}  # the review's 41-byte junk
+
+
+def _closed_task(pair, n: int = 10):
+    config, token = create_task(urls(pair), GRID, 1.0, "tree", "substitution", min_batch=1, verify=False)
+    submit(config, np.linspace(1, 99, n))
+    assert Analyst(config, token).close() == n
+    return config, token
+
+
+def test_junk_peer_messages_are_refused_on_their_headers_before_any_body_is_read(servers):
+    """Headers that declare a 41-byte body, and no body at all: without a request tag 401, with a wrong
+    one 403, the same for a real closed task (whose /verify made server 1 hash its report set before) and
+    an unknown id, answered at once and the connection closed. The old code read the body first: it
+    waited for it, then answered 408 after 5 s."""
+    procs, _ = servers
+    pair = procs["exact"]
+    config, _ = _closed_task(pair)
+    port = int(pair[1][1].rsplit(":", 1)[1])
+    wrong = f"Dpcdf-Peer: v1 {JUNK['verify'][:17].hex()} {'00' * 32}\r\n"
+    for task_id in (config.task_id, "no-such-task"):
+        for endpoint in ("verify", "sync"):
+            for header, status in (("", b"401"), (wrong, b"403")):
+                s = connect(port, "127.0.0.17")
+                s.sendall(f"POST /tasks/{task_id}/{endpoint} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
+                          f"Content-Length: 41\r\n{header}\r\n".encode())
+                waited, answer = until_closed(s)
+                s.close()
+                assert answer.startswith(b"HTTP/1.1 " + status) and b"connection: close" in answer.lower(), answer[:300]
+                assert waited < 1.0, (task_id, endpoint, waited)
+
+
+def test_slow_uploads_do_not_hold_the_servers_messages(servers):
+    """The review's stall: slow uploads from 8 addresses fill the upload pool of server 1 (64 in
+    flight); an honest upload gets 429 meanwhile, and yet the analyst's close succeeds: server 0's
+    messages have a pool of their own. On the old code /sync shared the pool: 429, and the close 502."""
+    procs, _ = servers
+    pair = procs["exact"]
+    config, token = create_task(urls(pair), GRID, 1.0, "tree", "substitution", min_batch=1, verify=False)
+    submit(config, np.linspace(1, 99, 12))
+    port = int(pair[1][1].rsplit(":", 1)[1])
+    path = f"/tasks/{config.task_id}/reports"
+    socks = []
+    for a in range(LIMITS.uploads // LIMITS.uploads_per_address):
+        for _ in range(LIMITS.uploads_per_address):
+            s = connect(port, f"127.0.0.{101 + a}")
+            s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\nx".encode())
+            socks.append(s)
+    stop = threading.Event()
+
+    def trickle():  # a byte a second: under the 5 s idle limit, so each body is held its whole 10 s
+        while not stop.wait(1.0):
+            for s in socks:
+                try:
+                    s.send(b"x")
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=trickle, daemon=True)
+    thread.start()
+    try:
+        time.sleep(0.5)
+        status, _, body = post(port, "127.0.0.18", path, make_reports(config, [40.0])[0].to_bytes())
+        assert status == 429 and "too many uploads at once" in body["error"], body  # the pool is full
+        assert Analyst(config, token).close() == 12
+    finally:
+        stop.set()
+        thread.join()
+        for s in socks:
+            s.close()
+
+
+def _peer_world(tmp_path):
+    """Server 1 in-process with two tasks of 30 reports whose server 0 this test plays (its keys in
+    tmp_path/peer): an unverified one closed and reconciled, a verified one frozen, not reconciled.
+    Returns (app, client, {name: (config, server 0's channel)})."""
+    import warnings
+
+    from dpcdf.service.server import create_app
+    from dpcdf.service.task import TaskConfig, token_hash
+    from dpcdf.service.wire import encode_batch
+    from deviating import deviant_channel
+
+    with warnings.catch_warnings():
+        warnings.filterwarnings("ignore", message=".*httpx2")
+        from fastapi.testclient import TestClient
+    from dpcdf.service.hpke import ServerKeys
+
+    app = create_app(1, tmp_path / "server1", warm_up=False, sweep_every=1e9)
+    client = TestClient(app)
+    (tmp_path / "peer").mkdir(mode=0o700)
+    keys = (ServerKeys(tmp_path / "peer").public_hex("x25519"), client.get("/hpke").json()["keys"]["x25519"])
+    out, srv = {}, app.state.server
+    for name, verify in (("unverified", False), ("verified", True)):
+        config = TaskConfig(GRID, 1.0, "tree", "substitution", 1, ("a", "b"), keys, token_hash("t"), verify=verify)
+        assert client.post("/tasks", content=config.to_json(), headers={"authorization": f"Bearer {OPERATOR}"}).status_code == 201
+        body = encode_batch([r.to_bytes() for r in make_reports(config, np.linspace(1, 99, 30))])
+        assert client.post(f"/tasks/{config.task_id}/reports/batch", content=body).json()["accepted"] == 30
+        srv.store.freeze(config.task_id, srv.task(config.task_id).set_hash)
+        if not verify:
+            srv.store.mark(config.task_id, "reconciled")
+        out[name] = (config, deviant_channel(config, 0, tmp_path / "peer"))
+    return app, client, out
+
+
+def test_unauthenticated_peer_messages_touch_neither_the_store_nor_the_report_set(tmp_path, monkeypatch):
+    """By instrumentation: junk /verify and /sync without a request tag (401), with a wrong one or
+    another task's (403), and a tagged /verify for an unverified task (409, from memory) call no method
+    of the store and never hash the report set (`set_hash`, whose cost grows with n: the timing channel
+    of issue 42); each forged one is charged to the sender's address. The old code hashed the whole
+    set for a junk /verify on a closed unverified task before it opened it (and answered 400)."""
+    from dpcdf.service.protocols.channel import PEER_HEADER
+    from dpcdf.service.protocols.reconciliation import maths
+    from dpcdf.service.storage.store import Store
+
+    app, client, tasks = _peer_world(tmp_path)
+    calls = []
+
+    class Recorded:  # the store's SQLite connection, every use of it recorded
+        def __init__(self, db):
+            self._db = db
+
+        def __getattr__(self, name):
+            calls.append(f"db.{name}")
+            return getattr(self._db, name)
+
+    for name, method in vars(Store).items():
+        if callable(method) and not name.startswith("__"):
+            monkeypatch.setattr(Store, name, (lambda name, method: lambda *a, **k: (calls.append(name), method(*a, **k))[1])(name, method))
+    monkeypatch.setattr(app.state.server.store, "db", Recorded(app.state.server.store.db))
+    real = maths.set_hash
+    monkeypatch.setattr(maths, "set_hash", lambda *a, **k: (calls.append("set_hash"), real(*a, **k))[1])
+    unverified, channel = tasks["unverified"]
+    other = tasks["verified"][1]
+    level = app.state.failures.level("testclient")
+    for task_id in (unverified.task_id, tasks["verified"][0].task_id, "no-such-task"):
+        for endpoint, junk in JUNK.items():
+            wrong = other.request_header(endpoint, junk) if task_id == unverified.task_id else channel.request_header(endpoint, junk)
+            for headers, status in (({}, 401), ({PEER_HEADER: wrong}, 403), ({PEER_HEADER: "v1 zz 00"}, 401)):
+                answer = client.post(f"/tasks/{task_id}/{endpoint}", content=junk, headers=headers)
+                assert answer.status_code == status and answer.headers["connection"] == "close", answer.text
+                level += 1
+                assert app.state.failures.level("testclient") == pytest.approx(level, abs=0.2)  # charged
+    answer = client.post(f"/tasks/{unverified.task_id}/verify", content=JUNK["verify"],
+                         headers={PEER_HEADER: channel.request_header("verify", JUNK["verify"])})
+    assert answer.status_code == 409 and "not verified" in answer.json()["error"], answer.text
+    assert calls == []
+    # the tag is a gate, not the check: server 0's tag on a body that does not open is a 400 (and charged)
+    answer = client.post(f"/tasks/{unverified.task_id}/sync", content=JUNK["sync"],
+                         headers={PEER_HEADER: channel.request_header("sync", JUNK["sync"])})
+    assert answer.status_code == 400 and "not the other server's" in answer.json()["error"]
+    assert calls and "set_hash" not in calls  # past the gate the store is read (the instrumentation sees it)
+    # a header seen on the wire fits only its own body's head (kind, chunk, nonce)
+    sealed = channel.seal(1, 0, b"digests")
+    answer = client.post(f"/tasks/{unverified.task_id}/sync", content=b"\x01" + bytes(len(sealed) - 1),
+                         headers={PEER_HEADER: channel.request_header("sync", sealed)})
+    assert answer.status_code == 403
+
+
+def test_a_verified_tasks_check_message_before_reconciliation_is_refused_unopened(tmp_path, monkeypatch):
+    """Server 0's tag, a /verify for a verified task whose set server 1 has not reconciled: 409 without
+    hashing the set (the old code opened the message under the set's hash first)."""
+    from dpcdf.service.protocols.channel import PEER_HEADER
+    from dpcdf.service.protocols.reconciliation import maths
+
+    _, client, tasks = _peer_world(tmp_path)
+    config, channel = tasks["verified"]
+    hashed, real = [], maths.set_hash
+    monkeypatch.setattr(maths, "set_hash", lambda *a, **k: (hashed.append(1), real(*a, **k))[1])
+    answer = client.post(f"/tasks/{config.task_id}/verify", content=JUNK["verify"],
+                         headers={PEER_HEADER: channel.request_header("verify", JUNK["verify"])})
+    assert answer.status_code == 409 and "once the task is verified and reconciled" in answer.json()["error"]
+    assert hashed == []
