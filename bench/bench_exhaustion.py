@@ -4,7 +4,8 @@ address meanwhile, on a real server process on loopback (issue 20).
 
     python bench/bench_exhaustion.py [--conns 6] [--stall-mib 60] [--window 8] [--attackers 4]
 
-Phases, against server 0 (the attacker's source address is 127.0.0.2, the honest client's 127.0.0.1):
+Phases, against server 0 (the attacker's source address is 127.0.2.1, the honest client's 127.0.0.1:
+budgets count per /24 since issue 42, so each party has a /24 of its own):
   stalled body  --conns connections each send headers for a 63 MiB batch upload, then --stall-mib MiB
                 of it, then nothing: the server's RSS growth per connection, and how long until the
                 server drops each connection (observed for at most --hold-limit s);
@@ -12,17 +13,17 @@ Phases, against server 0 (the attacker's source address is 127.0.0.2, the honest
   garbage       --attackers threads send batches of random reports (right framing, the task's
                 fingerprint, random sealed shares of the right lengths: each costs an HPKE open that
                 fails) as fast as they are answered, for --window s: the server's CPU (cores) and RSS;
-                then --flood threads send one such report per request (from 127.0.0.3);
+                then --flood threads send one such report per request (from 127.0.3.1);
   honest        one thread uploads valid batches (--batch reports) as fast as they are answered,
                 in --rounds alternating windows of --window/2 s: alone, then while both attacks run
                 (the attackers' addresses are refused by then: the steady state): reports/s.
 Peer path (issue 42; `--phases peer` runs only these, against server 1, which takes /sync and /verify):
   junk peer     for each n of --junk-n, a closed unverified task of n reports; --junk-requests junk
                 41-byte /verify and /sync messages (no request tag, or a wrong one: the old code
-                ignores the header), each on a fresh connection from
-                addresses 127.0.1.x (at most 8 per address, so no address reaches its refusal
-                level): the median time to the answer, and the ratio between the largest and the
-                smallest n (a timing channel on n if it grows);
+                ignores the header), each on a fresh connection from addresses 127.x.y.1 (at most 8
+                per /24, so no prefix reaches its refusal level), the tasks' requests interleaved:
+                the median time to the answer, and the ratio between the largest and the smallest n
+                (a timing channel on n if it grows);
   slow uploads  --slow-addresses addresses x 8 uploads whose bodies trickle (a byte a second) fill the
                 upload pool while the analyst closes a task of the smallest n: the close's outcome,
                 and an honest upload's answer meanwhile.
@@ -48,7 +49,7 @@ from dpcdf.service.processes import start_server, stop
 from dpcdf.service.wire import encode_batch
 
 GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 10}
-ATTACKER, ATTACKER2, HONEST = "127.0.0.2", "127.0.0.3", "127.0.0.1"
+ATTACKER, ATTACKER2, HONEST = "127.0.2.1", "127.0.3.1", "127.0.0.1"  # three /24s: budgets count per prefix
 MIB = 1 << 20
 OCTETS = "application/octet-stream"
 JUNK = {"verify": bytes([5]) + bytes(40), "sync": bytes([1]) + bytes(40)}  # a 41-byte message of kind 5 (check) and 1 (digests)
@@ -259,12 +260,12 @@ def junk_once(port: int, task: str, path: str, source: str, tag: bool) -> tuple[
 
 
 def slow_uploads(port: int, task: str, addresses: int) -> list[socket.socket]:
-    """8 uploads per address (127.0.3.x) whose bodies trickle: started, one byte sent each second by
-    a thread until the sockets close."""
+    """8 uploads per address prefix (127.200.x.1, one /24 each) whose bodies trickle: started, one byte
+    sent each second by a thread until the sockets close."""
     socks = []
     for a in range(addresses):
         for _ in range(8):
-            s = connect(port, f"127.0.3.{1 + a}")
+            s = connect(port, f"127.200.{1 + a}.1")
             s.sendall(f"POST /tasks/{task}/reports HTTP/1.1\r\nHost: x\r\nContent-Type: {OCTETS}\r\n"
                       f"Content-Length: 60000\r\n\r\n".encode())
             socks.append(s)
@@ -296,7 +297,7 @@ def peer_rows(urls: list[str], args, rng: np.random.Generator) -> list[tuple[str
     for path, tag in KINDS:  # the tasks' requests interleaved, so that the machine's load drifts alike for each n
         for _ in range(args.junk_requests):
             for n in args.junk_n:
-                source = f"127.0.{1 + (sent // 8) // 250}.{1 + (sent // 8) % 250}"  # 8 per address: none refused
+                source = f"127.{1 + (sent // 8) // 250}.{1 + (sent // 8) % 250}.1"  # 8 per /24: none refused
                 seconds, code = junk_once(port1, tasks[n], path, source, tag)
                 took.setdefault((path, tag, n), []).append(seconds)
                 counts = statuses.setdefault((path, tag, n), {})

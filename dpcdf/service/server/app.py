@@ -16,7 +16,8 @@ from ...errors import DpcdfError
 from ..files import private_dir
 from ..storage.backup import mark_unmarked
 from .errors import HANDLERS
-from .limits import MAX_BODY, Failures, Guard, Limits, uvicorn_options  # noqa: F401 (MAX_BODY: the package's name)
+from .connections import uvicorn_options
+from .limits import MAX_BODY, Failures, Guard, Limits  # noqa: F401 (MAX_BODY: the package's name)
 from .models import TaskSpec
 from . import metrics
 from .housekeeping import SWEEP_EVERY, Retention

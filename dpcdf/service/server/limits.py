@@ -1,4 +1,4 @@
-"""What one client without a token can hold of a server, bounded (issue 20).
+"""What one client without a token can hold of a server, bounded (issue 20; per address prefix, issue 42).
 
 Anyone may open a connection and upload reports (clients are unauthenticated). So every connection
 is bounded before anything is known about its sender (the numbers are `Limits`' defaults;
@@ -8,9 +8,12 @@ only then do they take a place, in a pool of their own:
 
 headers     a request's headers (at most `header_bytes`, 32 KiB) must arrive within `header_seconds`
             (5 s) of the connection opening or of the previous answer; else the connection is closed
-            (`protocol`, the uvicorn protocol `app.serve` runs);
-connections at most `connections_per_address` (32) open per client address and `connections` (1,024)
-            in all; more are closed at once;
+            (`connections.protocol`, the uvicorn protocol `app.serve` runs);
+prefixes    every budget below "per address" counts per address prefix (issue 42): the client
+            address's /`prefix_v4` (24) for IPv4 (and IPv4-mapped IPv6), /`prefix_v6` (64) for IPv6
+            (`prefix_of`), so an attacker's neighbouring addresses share one budget;
+connections at most `connections_per_address` (32) open per address prefix and `connections` (1,024)
+            in all; more are closed at once (`connections.protocol`);
 bodies      refused by their Content-Length before a byte is read when over the endpoint's limit
             (413; `BODY_LIMITS`); a body without Content-Length (chunked) is cut at `chunked_bytes`
             (64 KiB, 411). A body must keep coming (no pause over `idle_seconds`, 5 s) and be whole
@@ -18,7 +21,7 @@ bodies      refused by their Content-Length before a byte is read when over the 
             `memory_bytes` (256 KiB) a body waits in an unlinked 0600 file, not in memory
             (`deps.raw_body`);
 uploads     reports and batches: at most `uploads_per_address` (8) and
-            `upload_bytes_per_address` (128 MiB of declared bodies) in flight per client address,
+            `upload_bytes_per_address` (128 MiB of declared bodies) in flight per address prefix,
             `uploads` (64) and `upload_bytes` (1 GiB) in all; more get 429 (Retry-After: 1) after
             `refused_seconds` (1 s), unread;
 peers       /sync and /verify: without the other server's request tag 401, with a wrong one (or for
@@ -28,23 +31,28 @@ peers       /sync and /verify: without the other server's request tag 401, with 
             of `peer_requests` (8) places and `peer_bytes` (256 MiB) of declared bodies, a pool client
             uploads never enter (so slow uploads cannot refuse the close's messages); more get 429
             (Retry-After: 1), which server 0 sends again. An admitted peer is not held back or refused
-            for its address's failure level (its connections still are: see `protocol`);
+            for its address's failure level (its connections still are: `connections.protocol`);
 failures    every report refused at upload (junk, foreign, or a share that does not open with this
-            server's key) adds one to its address's level (`Failures`), which drains
-            `drain_per_second` (0.5) per second. From `slow_level` (8) the address's uploads are held
+            server's key) adds one to its prefix's level (`Failures`), which drains
+            `drain_per_second` (0.5) per second. From `slow_level` (8) the prefix's uploads are held
             back before they are read (up to `max_delay`, 1 s); from `refuse_level` (32) they are
             refused (429 with Retry-After) until the level is back at `slow_level`, each refused one
             adding one more, and its new connections are held `refused_seconds` unread, then answered
-            429 and closed. A batch stops opening shares once its address reaches `refuse_level`
-            (429; nothing of it is stored).
+            429 and closed. A batch stops opening shares once its prefix reaches `refuse_level`
+            (429; nothing of it is stored). The Guard's own refusals count too (issue 42): a body
+            refused on its length (413, 411), one that stopped coming (408), a malformed
+            Content-Length (400) and an upload over its prefix's own budget (429; not one refused
+            because the pool is full in all, which an honest client cannot help) each add one.
 
 Every refusal from here closes the connection (`Connection: close`), so the unread rest of a body is
 never read. A client's address is the TCP peer's: behind a proxy every client shares the proxy's,
-and an attacker with many addresses needs a firewall in front.
+and an attacker with addresses in many prefixes needs a firewall in front.
 """
 from __future__ import annotations
 
 import asyncio
+import functools
+import ipaddress
 import json
 import math
 import re
@@ -93,6 +101,8 @@ class Limits:
     peer_requests: int = 8  # the other server's messages in flight (a close sends one at a time per task)
     peer_bytes: int = 256 * MIB  # their declared bodies (reconciliation's chunks are up to 16 MiB)
     addresses: int = 100_000  # failure levels remembered at most (the oldest drained ones go first)
+    prefix_v4: int = 24  # the budgets' unit: an IPv4 address's /24 (a network, not a host)
+    prefix_v6: int = 64  # and an IPv6 address's /64
 
 
 REFUSED = "too many of this address's reports failed to open or were refused; send again in {} s"
@@ -106,18 +116,37 @@ def body_rule(path: str) -> tuple[int, str]:
     return DEFAULT_BODY, "other"
 
 
+@functools.lru_cache(maxsize=1 << 16)
+def _prefix(address: str, v4: int, v6: int) -> str:
+    try:
+        ip = ipaddress.ip_address(address.split("%", 1)[0])
+    except ValueError:
+        return address  # "unknown", a test client's name, or a prefix already
+    if ip.version == 6 and ip.ipv4_mapped is not None:
+        ip = ip.ipv4_mapped
+    return str(ipaddress.ip_network(f"{ip}/{v4 if ip.version == 4 else v6}", strict=False))
+
+
+def prefix_of(address: str, limits: Limits) -> str:
+    """The budgets' unit for a client address: its network of `limits.prefix_v4` bits (IPv4, and
+    IPv4-mapped IPv6) or `prefix_v6` bits (IPv6), as a string ("192.0.2.0/24"); anything that is not
+    an IP address (a prefix already, "unknown") is its own."""
+    return _prefix(address, limits.prefix_v4, limits.prefix_v6)
+
+
 class Failures:
-    """Per client address, a leaky bucket of failures (reports that did not open, junk uploads), with
-    the refusal's hysteresis. Thread-safe: the middleware reads it on the event loop, the upload
-    handlers charge it in the thread pool."""
+    """Per client address prefix (`prefix_of`), a leaky bucket of failures (reports that did not
+    open, junk uploads, forged peer messages, the Guard's refusals), with the refusal's hysteresis.
+    Every method takes an address (or its prefix). Thread-safe: the middleware reads it on the event
+    loop, the upload handlers charge it in the thread pool."""
 
     def __init__(self, limits: Limits, clock=time.monotonic):
         self.limits, self.clock = limits, clock
-        self._state: dict[str, list] = {}  # address -> [level, at, refused]
+        self._state: dict[str, list] = {}  # address prefix -> [level, at, refused]
         self._lock = threading.Lock()
 
     def _get(self, address: str, now: float) -> list:
-        st = self._state.get(address)
+        st = self._state.get(prefix_of(address, self.limits))
         if st is None:
             return [0.0, now, False]
         st[0], st[1] = max(0.0, st[0] - (now - st[1]) * self.limits.drain_per_second), now
@@ -137,7 +166,7 @@ class Failures:
             if n > 0:
                 st[0] = min(st[0] + n, 2 * self.limits.refuse_level)
                 st[2] = st[2] or st[0] >= self.limits.refuse_level
-                self._state[address] = st
+                self._state[prefix_of(address, self.limits)] = st
                 if len(self._state) > self.limits.addresses:
                     self._forget(now)
             return st[0]
@@ -201,7 +230,7 @@ class Guard:
 
     def __init__(self, app: ASGIApp, limits: Limits, failures: Failures, gate: PeerGate | None = None):
         self.app, self.limits, self.failures, self.gate = app, limits, failures, gate
-        self.in_flight: dict[str, list[int]] = {}  # address -> [uploads, declared bytes]
+        self.in_flight: dict[str, list[int]] = {}  # address prefix -> [uploads, declared bytes]
         self.total = [0, 0]
         self.peers = [0, 0]  # the other server's messages in flight, their declared bytes
 
@@ -214,11 +243,13 @@ class Guard:
         for name, value in scope["headers"]:
             if name == b"content-length":
                 if length is not None or not value.isdigit():
+                    self.failures.charge(client_address(scope))
                     return await self._refuse(send, 400, "a request needs one Content-Length of digits")
                 length = int(value)
             elif name == b"transfer-encoding":
                 chunked = value
         if length is not None and length > limit:
+            self.failures.charge(client_address(scope))
             return await self._refuse(send, 413, f"request body over {limit} bytes")
         cap = limit if length is not None else min(limit, lim.chunked_bytes)
         if length is None and chunked is None:
@@ -227,17 +258,19 @@ class Guard:
             return await self._peer(scope, receive, send, length, cap)
         if kind != "upload":
             return await self._serve(scope, receive, send, cap)
-        address = client_address(scope)
+        address = prefix_of(client_address(scope), lim)  # every budget is its prefix's (issue 42)
         wait = self.failures.refused_for(address)
         if wait > 0:
             self.failures.charge(address)
             return await self._refuse(send, 429, REFUSED.format(math.ceil(wait)), math.ceil(wait))
         mine, size = self.in_flight.get(address, [0, 0]), length if length is not None else cap
-        if (mine[0] >= lim.uploads_per_address or self.total[0] >= lim.uploads
-                or mine[1] + size > lim.upload_bytes_per_address or self.total[1] + size > lim.upload_bytes):
+        own = mine[0] >= lim.uploads_per_address or mine[1] + size > lim.upload_bytes_per_address
+        if own or self.total[0] >= lim.uploads or self.total[1] + size > lim.upload_bytes:
+            if own:  # over its prefix's own budget: charged (a full pool in all is not the client's doing)
+                self.failures.charge(address)
             await asyncio.sleep(lim.refused_seconds)  # not at once: a client that loops waits too
             return await self._refuse(send, 429, f"too many uploads at once (at most {lim.uploads_per_address} and "
-                                      f"{lim.upload_bytes_per_address >> 20} MiB per address, {lim.uploads} and "
+                                      f"{lim.upload_bytes_per_address >> 20} MiB per address prefix, {lim.uploads} and "
                                       f"{lim.upload_bytes >> 20} MiB in all); send again in 1 s", 1)
         self.in_flight[address] = [mine[0] + 1, mine[1] + size]
         self.total = [self.total[0] + 1, self.total[1] + size]
@@ -317,6 +350,8 @@ class Guard:
             if state["failed"] is None:
                 raise
         failed = state["failed"]
+        if failed is not None:
+            self.failures.charge(client_address(scope))  # 408, 411, 413: the body's sender's doing
         if failed is not None and not state["started"]:
             status = 408 if isinstance(failed, BodyTimeout) else 411 if "Content-Length" in str(failed) else 413
             for message in refusal(status, str(failed)):
@@ -326,101 +361,3 @@ class Guard:
     async def _refuse(send: Send, status: int, message: str, retry_after: int | None = None) -> None:
         for m in refusal(status, message, retry_after):
             await send(m)
-
-
-def protocol(limits: Limits, failures: Failures):
-    """The uvicorn HTTP protocol class with the header and connection limits (httptools' protocol,
-    which uvicorn[standard] runs by default). A connection from an address that is refused
-    (`Failures.refused_for`) is not read: after `refused_seconds` it gets 429 and is closed."""
-    from uvicorn.protocols.http.httptools_impl import HttpToolsProtocol
-
-    open_per_address: dict[str, int] = {}
-
-    class GuardedHttpTools(HttpToolsProtocol):
-        """Headers must arrive whole (at most `header_bytes`) within `header_seconds` of the
-        connection or of the previous answer; at most `connections_per_address` connections per
-        address and `connections` in all."""
-
-        _timer = None
-        _address: str | None = None
-        _waiting = True  # for a request's headers
-        _header_bytes = 0
-        _tarpit = False
-
-        def connection_made(self, transport) -> None:
-            super().connection_made(transport)
-            self._address = self.client[0] if self.client else "unknown"
-            open_per_address[self._address] = open_per_address.get(self._address, 0) + 1
-            if (open_per_address[self._address] > limits.connections_per_address
-                    or len(self.connections) > limits.connections):
-                transport.close()
-                return
-            wait = failures.refused_for(self._address)
-            if wait > 0:  # a tarpit: nothing read, one slot of the address's connections held
-                failures.charge(self._address)
-                self._tarpit = True
-                transport.pause_reading()  # (uvloop starts reading after this returns: see data_received)
-                self._timer = self.loop.call_later(limits.refused_seconds, self._refuse, math.ceil(wait))
-                return
-            self._arm()
-
-        def _refuse(self, wait: int) -> None:
-            self._timer = None
-            if not self.transport.is_closing():
-                start, body = refusal(429, REFUSED.format(wait), wait)
-                head = [b"HTTP/1.1 429 Too Many Requests"] + [name + b": " + value for name, value in start["headers"]]
-                self.transport.write(b"\r\n".join(head) + b"\r\n\r\n" + body["body"])
-                self.transport.close()
-
-        def connection_lost(self, exc) -> None:
-            if self._address is not None:
-                left = open_per_address.pop(self._address) - 1
-                if left:
-                    open_per_address[self._address] = left
-                self._address = None
-            self._disarm()
-            super().connection_lost(exc)
-
-        def _arm(self) -> None:
-            self._disarm()
-            self._waiting, self._header_bytes = True, 0
-            self._timer = self.loop.call_later(limits.header_seconds, self._too_slow)
-
-        def _disarm(self) -> None:
-            if self._timer is not None:
-                self._timer.cancel()
-                self._timer = None
-
-        def _too_slow(self) -> None:
-            self._timer = None
-            if self._waiting and not self.transport.is_closing():
-                self.transport.close()
-
-        def data_received(self, data: bytes) -> None:
-            if self._tarpit:
-                self.transport.pause_reading()
-                return
-            super().data_received(data)
-            if self._waiting:
-                self._header_bytes += len(data)
-                if self._header_bytes > limits.header_bytes and not self.transport.is_closing():
-                    self.send_400_response(f"request headers over {limits.header_bytes} bytes")
-
-        def on_headers_complete(self) -> None:
-            self._waiting = False
-            self._disarm()
-            super().on_headers_complete()
-
-        def on_response_complete(self) -> None:
-            super().on_response_complete()
-            if not self.transport.is_closing() and (self.cycle is None or self.cycle.response_complete):
-                self._arm()  # (not while a pipelined request runs)
-
-    return GuardedHttpTools
-
-
-def uvicorn_options(app) -> dict:
-    """uvicorn's settings for the limits of `app` (made by `create_app`)."""
-    limits, failures = app.state.limits, app.state.failures
-    return {"http": protocol(limits, failures), "timeout_keep_alive": limits.header_seconds,
-            "h11_max_incomplete_event_size": limits.header_bytes}

@@ -6,8 +6,9 @@ task ids get the answers a real task gives, and `checking` needs the operator's 
 own messages (issue 42) are refused on their headers without the other server's request tag, touch
 neither the store nor the report set then, and keep a pool of their own that slow uploads cannot fill.
 
-Each test uses a source address of its own (127.0.0.x), so their failure levels do not mix; the
-timing tests run their connections side by side (one 5 s wait per test)."""
+Each test uses source addresses in a /24 of its own (127.0.x.y), so their failure levels do not mix
+(budgets count per address prefix since issue 42); the timing tests run their connections side by
+side (one 5 s wait per test)."""
 from __future__ import annotations
 
 import http.client as httpc
@@ -109,18 +110,18 @@ def test_stalled_headers_and_bodies_are_dropped_within_seconds_holding_little_me
     base = rss_mib(pid)
     socks = []
     for _ in range(2):
-        s = connect(port, "127.0.0.11")
+        s = connect(port, "127.0.11.1")
         s.sendall(b"POST " + path.encode())  # half a request line
         socks.append(("request line", s))
-        s = connect(port, "127.0.0.11")
+        s = connect(port, "127.0.11.1")
         s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Le".encode())
         socks.append(("headers", s))
-        s = connect(port, "127.0.0.11")
+        s = connect(port, "127.0.11.1")
         s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nabc".encode())
         socks.append(("small body", s))
     big = []
-    for i in range(4):  # an address may have 128 MiB of declared bodies in flight: one address each
-        s = connect(port, f"127.0.0.{21 + i}")
+    for i in range(4):  # an address prefix may have 128 MiB of declared bodies in flight: one /24 each
+        s = connect(port, f"127.0.{21 + i}.1")
         s.sendall(f"POST {path}/batch HTTP/1.1\r\nHost: x\r\nContent-Length: {63 << 20}\r\n\r\n".encode()
                   + bytes(3 << 20))
         big.append(s)
@@ -153,7 +154,7 @@ def test_an_oversize_body_is_refused_on_its_content_length_before_any_of_it_is_r
     config, port, _, _ = task
     for path, limit in ((f"/tasks/{config.task_id}/reports", 64 << 10), (f"/tasks/{config.task_id}/reports/batch", 64 << 20),
                         (f"/tasks/{config.task_id}/query", 1 << 20), ("/tasks", 64 << 20)):
-        s = connect(port, "127.0.0.12")
+        s = connect(port, "127.0.12.1")
         t = time.monotonic()
         s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: {limit + 1}\r\n\r\n".encode())  # no body at all
         waited, answer = until_closed(s)
@@ -164,7 +165,7 @@ def test_an_oversize_body_is_refused_on_its_content_length_before_any_of_it_is_r
 
 def test_a_chunked_body_is_cut_at_64_kib(task):
     config, port, _, _ = task
-    s = connect(port, "127.0.0.12")
+    s = connect(port, "127.0.12.1")
     chunk = b"10000\r\n" + bytes(1 << 16) + b"\r\n"
     s.sendall(f"POST /tasks/{config.task_id}/reports/batch HTTP/1.1\r\nHost: x\r\nTransfer-Encoding: chunked\r\n\r\n".encode()
               + chunk * 2)
@@ -180,13 +181,13 @@ def test_garbage_from_one_address_gets_it_refused_while_others_are_served(task):
     config, port, _, _ = task
     path = f"/tasks/{config.task_id}/reports/batch"
     bad = encode_batch(garbage(config, 200, seed=1))
-    status, _, body = post(port, "127.0.0.13", path, bad)
+    status, _, body = post(port, "127.0.13.1", path, bad)
     assert status == 400 and body["error"].startswith("batch refused: more than 16 of its reports are refused (report 0: "
                                                       "the share does not open"), body
     answers = []
     for _ in range(4):
         try:
-            answers.append(post(port, "127.0.0.13", path, bad))
+            answers.append(post(port, "127.0.13.1", path, bad))
         except (OSError, httpc.HTTPException):
             answers.append((None, {}, {}))  # refused while still sending: the connection was closed unread
         if answers[-1][0] == 429:
@@ -194,7 +195,7 @@ def test_garbage_from_one_address_gets_it_refused_while_others_are_served(task):
     assert answers[-1][0] == 429, [a[:1] + (a[2],) for a in answers]
     assert int(answers[-1][1]["retry-after"]) >= 1 and "failed to open" in answers[-1][2]["error"]
     good = encode_batch([r.to_bytes() for r in make_reports(config, [10.0, 20.0])])
-    assert post(port, "127.0.0.13", path, good)[0] == 429  # the address is refused, good reports too
+    assert post(port, "127.0.13.1", path, good)[0] == 429  # the address is refused, good reports too
     status, _, body = post(port, "127.0.0.1", path, encode_batch([r.to_bytes() for r in make_reports(config, [30.0] * 50)]))
     assert status == 200 and body["accepted"] == 50, body
 
@@ -208,7 +209,7 @@ def test_single_junk_reports_slow_their_address_down_then_refuse_it(task):
     def send():
         t = time.monotonic()
         try:
-            statuses.append(post(port, "127.0.0.14", path, junk)[0])
+            statuses.append(post(port, "127.0.14.1", path, junk)[0])
         except (OSError, httpc.HTTPException):
             statuses.append(None)
         took.append(time.monotonic() - t)
@@ -232,12 +233,12 @@ def test_uploads_in_flight_per_address_are_capped(task):
     path = f"/tasks/{config.task_id}/reports"
     held = []
     for _ in range(LIMITS.uploads_per_address):
-        s = connect(port, "127.0.0.15")
+        s = connect(port, "127.0.15.1")
         s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 100\r\n\r\nab".encode())
         held.append(s)
     time.sleep(0.3)
     t = time.monotonic()
-    status, headers, body = post(port, "127.0.0.15", path, b"x")
+    status, headers, body = post(port, "127.0.15.1", path, b"x")
     assert status == 429 and "too many uploads at once" in body["error"] and headers["retry-after"] == "1", body
     assert LIMITS.refused_seconds - 0.1 <= time.monotonic() - t < LIMITS.refused_seconds + SLACK
     report = make_reports(config, [40.0])[0].to_bytes()
@@ -257,7 +258,7 @@ def test_unknown_task_ids_get_the_answers_a_real_task_gives(task, servers):
         answers = []
         for task_id in (config.task_id, "no-such-task"):
             path = f"/tasks/{task_id}/reports" + ("/batch" if batch else "")
-            status, _, answer = post(port, "127.0.0.16", path, body)
+            status, _, answer = post(port, "127.0.16.1", path, body)
             answers.append((status, answer))
         assert answers[0] == answers[1] and 400 <= answers[0][0] < 500 or answers[0] == answers[1] and answers[0][0] == 200, answers
         assert answers[0][0] != 404
@@ -331,7 +332,7 @@ def test_junk_peer_messages_are_refused_on_their_headers_before_any_body_is_read
     for task_id in (config.task_id, "no-such-task"):
         for endpoint in ("verify", "sync"):
             for header, status in (("", b"401"), (wrong, b"403")):
-                s = connect(port, "127.0.0.17")
+                s = connect(port, "127.0.17.1")
                 s.sendall(f"POST /tasks/{task_id}/{endpoint} HTTP/1.1\r\nHost: x\r\nContent-Type: application/octet-stream\r\n"
                           f"Content-Length: 41\r\n{header}\r\n".encode())
                 waited, answer = until_closed(s)
@@ -353,7 +354,7 @@ def test_slow_uploads_do_not_hold_the_servers_messages(servers):
     socks = []
     for a in range(LIMITS.uploads // LIMITS.uploads_per_address):
         for _ in range(LIMITS.uploads_per_address):
-            s = connect(port, f"127.0.0.{101 + a}")
+            s = connect(port, f"127.0.{101 + a}.1")
             s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\nx".encode())
             socks.append(s)
     stop = threading.Event()
@@ -370,7 +371,7 @@ def test_slow_uploads_do_not_hold_the_servers_messages(servers):
     thread.start()
     try:
         time.sleep(0.5)
-        status, _, body = post(port, "127.0.0.18", path, make_reports(config, [40.0])[0].to_bytes())
+        status, _, body = post(port, "127.0.18.1", path, make_reports(config, [40.0])[0].to_bytes())
         assert status == 429 and "too many uploads at once" in body["error"], body  # the pool is full
         assert Analyst(config, token).close() == 12
     finally:
