@@ -33,10 +33,14 @@ def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.nda
     return total & np.uint64(dcf.params.mask)
 
 
+GRID_SUMS_MAX = 1 << 16  # grids up to this size: an unverified task's histogram share is kept too (`Aggregator.grid_histogram`)
+
+
 class Histogram:
-    """A verified task's histogram share: this server's share of the number of passing reports with
-    index <= i, for every grid index i (width elements each), in F_p. Made once at the close
-    (`protocols.check.outcome.finish`); a query reads it in O(points), whatever the number of reports."""
+    """A task's histogram share: this server's share of the number of (passing) reports with index
+    <= i, for every grid index i (width elements each): a verified task's in F_p, made once at the
+    close (`protocols.check.outcome.finish`); an unverified one's mod 2^64 (`grid_histogram`, at its
+    first query). A query reads it in O(points), whatever the number of reports."""
 
     def __init__(self, values: np.ndarray, set_hash: str):
         self.values, self.set_hash = np.asarray(values, np.uint64), set_hash
@@ -73,6 +77,14 @@ class Aggregator:
         if self.evaluator is None or not any(len(s) for s in shards):
             return partial_sums(self.dcf, shards, points)
         return self.evaluator(self.dcf, shards, points)
+
+    def grid_histogram(self, shards: list[KeyBatch], size: int, set_hash: str) -> Histogram:
+        """An unverified task's histogram share (issue 44): its keys' summed shares at every grid index
+        (`sums`, in-process or on the evaluator: one pass over the keys), kept so that every later query
+        reads O(points), as a verified task's does. The same bits as `sums` at any points; a function of
+        this server's key shares alone, so what a query releases is unchanged."""
+        values = self.sums(shards, np.arange(size, dtype=np.int64))
+        return Histogram(np.asarray(values, np.uint64).reshape(size, -1), set_hash)
 
     def noise_fn(self, element: int):
         def noise(ids: np.ndarray, scale: Fraction) -> np.ndarray:

@@ -8,6 +8,7 @@ from __future__ import annotations
 
 import hashlib
 import hmac
+import logging
 import os
 import secrets
 import threading
@@ -31,13 +32,15 @@ from ..storage import restore, retention, segments
 from ..storage.records import CollectionClosed, Mark
 from ..storage.store import Store
 from ..task import TaskConfig, token_hash
-from .aggregate import Evaluator, Histogram
+from .aggregate import GRID_SUMS_MAX, Evaluator, Histogram
 from .checker import Checker
 from .context import BudgetSpent, NotClosed, TaskContext, TooFewReports, pair_key  # noqa: F401 (pair_key: its old home)
 from .context import CloseRefused, PeerFailed, TaskNotFound
 from .errors import HttpError
 from .ownership import claim_party
 from .peer_gate import PeerGate
+
+log = logging.getLogger("dpcdf.server")
 
 CLOSED = "collection is closed: the analyst has closed the task"
 
@@ -84,6 +87,7 @@ class TaskState:
         else:
             self.refresh(store, store.frozen(task_id).seq)  # the key shares into their segments, once, now
         say_done(self.channel, lambda m: post("sync", m))
+        self.warm_histogram()
 
     def answer_sync(self, raw: bytes) -> bytes:
         """Server 1's answer to a reconciliation message or DONE (Unopened, Refused, SyncError)."""
@@ -92,7 +96,9 @@ class TaskState:
             self._not_purged()
             restore.refuse_steps(self.store, self.config.task_id)  # before the reconciliation freezes the set
             if message.kind == Kind.DONE:
-                return finish(self.ctx, message, ready_mark(self.config))
+                answer = finish(self.ctx, message, ready_mark(self.config))
+                self.warm_histogram()
+                return answer
             return self.reconciliation().answer(message)
 
     def answer_check(self, raw: bytes) -> bytes:
@@ -246,8 +252,32 @@ class TaskState:
         return self._histogram
 
     def source(self, store: Store, upto: int) -> "list[KeyBatch] | Histogram":
-        """What a query evaluates: a verified task's histogram share, else the key shares."""
-        return self.histogram(store) if self.config.verify else self.refresh(store, upto)
+        """What a query evaluates: a histogram share (a verified task's from the close; an unverified
+        one's on grids of up to GRID_SUMS_MAX points from its first query on, `grid_histogram`), else
+        the key shares."""
+        if self.config.verify:
+            return self.histogram(store)
+        shards = self.refresh(store, upto)
+        size = self.config.make_grid().size
+        if not self.sealed or size > GRID_SUMS_MAX:
+            return shards
+        digest = store.frozen(self.config.task_id).digest
+        with self._preparing:  # once, whether a query or the close's warm-up (`warm_histogram`) gets here first
+            if self._histogram is None or self._histogram.set_hash != digest:
+                self._histogram = self.aggregator.grid_histogram(shards, size, digest)
+            return self._histogram
+
+    def warm_histogram(self) -> None:
+        """An unverified task's histogram share, made in the background once its close is over, so that
+        its first query reads it too (issue 44)."""
+        def make() -> None:
+            try:
+                self.source(self.store, self.store.frozen(self.config.task_id).seq)
+            except Exception as exc:  # noqa: BLE001 (a purge meanwhile, a full disk): the first query makes it, or says why
+                log.warning("task %s: histogram share not made ahead of its queries: %s", self.config.task_id, exc)
+
+        if not self.config.verify:
+            threading.Thread(target=make, name=f"histogram-{self.config.task_id}", daemon=True).start()
 
     def forget_keys(self) -> None:
         """Drops the loaded key shares (after the report set changed): the next refresh reloads them."""
