@@ -155,7 +155,7 @@ def test_help_documents_every_option_with_its_default():
     assert POSTPROCESS_CHOICES == list(POSTPROCESS)
     parser = build_parser()
     sub = next(a for a in parser._actions if a.choices and "submit" in a.choices)
-    assert set(sub.choices) == {"serve", "task", "submit", "close", "query", "demo", "warm-up", "admin"}
+    assert set(sub.choices) == {"serve", "task", "submit", "status", "close", "query", "demo", "warm-up", "admin"}
     for name, cmd in sub.choices.items():
         text = cmd.format_help()
         for action in cmd._actions:
