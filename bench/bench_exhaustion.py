@@ -35,7 +35,6 @@ import http.client as httpc
 import os
 import socket
 import struct
-import sys
 import tempfile
 import threading
 import time
@@ -104,7 +103,7 @@ def stalled_bodies(pid: int, port: int, task: str, conns: int, stall: int, limit
     """(RSS growth per connection in MiB at its peak, seconds each connection was held)."""
     time.sleep(1)
     base = rss_mib(pid)
-    socks, sent = [], []
+    socks = []
     piece = os.urandom(MIB)
     for _ in range(conns):
         s = connect(port, ATTACKER)

@@ -7,7 +7,6 @@ from __future__ import annotations
 
 import time
 
-import numpy as np
 import pytest
 
 from dpcdf.service.client import create_task, make_reports
