@@ -222,6 +222,8 @@ COMMANDS = {"serve": cmd_serve, "task": cmd_task, "submit": cmd_submit, "close":
 def build_parser() -> Parser:
     ap = Parser(prog="dpcdf", description="Two-server differentially private ECDFs with function secret sharing. "
                 "Run `dpcdf COMMAND --help` for a command's options; docs/service.md walks through them.")
+    ap.add_argument("--ca-file", metavar="PEM", help="verify the servers' HTTPS certificates against these CAs only "
+                    "(default: $DPCDF_CA_FILE, else the system's); dpcdf serve takes it too, for server 1's")
     sub = ap.add_subparsers(dest="cmd", required=True, metavar="COMMAND")
     s = sub.add_parser("serve", help="run one of the two servers",
                        description="Runs one of the two servers until Ctrl-C. Logs its URL, party, data directory and "
@@ -235,6 +237,9 @@ def build_parser() -> Parser:
                    "$DPCDF_ADMIN_TOKEN, else DATA/admin.token, made at the first start)")
     s.add_argument("--tls-cert", help="serve HTTPS with this PEM certificate (and --tls-key); default: plain HTTP")
     s.add_argument("--tls-key", help="the certificate's PEM private key")
+    s.add_argument("--ca-file", dest="serve_ca_file", metavar="PEM", help="server 0: verify server 1's HTTPS "
+                   "certificate against these CAs only (default: $DPCDF_CA_FILE, else the system's); checked when a "
+                   "task is registered")
     s.add_argument("--dask", metavar="ADDRESS", help="evaluate on a Dask cluster: a scheduler's address "
                    "(tls://HOST:8786, certificates in Dask's configuration; workers must see DATA/segments at the "
                    "same path) or local:N (N worker processes here); default: in-process")
@@ -350,6 +355,11 @@ def build_parser() -> Parser:
 def main(argv: list[str] | None = None) -> int:
     args = build_parser().parse_args(argv)
     try:
+        for ca_file in (args.ca_file, getattr(args, "serve_ca_file", None)):
+            if ca_file is not None:
+                from .service.http import use_ca_file
+
+                use_ca_file(ca_file)  # a bad file: one line now, not a failed request later
         COMMANDS[args.cmd](args)
         return 0
     except KeyboardInterrupt:

@@ -1,13 +1,41 @@
-"""The HTTP client that the analyst, the clients and the process helpers share: JSON in and out,
-every failure (an error status, a refused or broken connection) as one `ServerError`."""
+"""The HTTP client that the analyst, the clients, the process helpers and server 0 (to reach server 1)
+share: JSON in and out, every failure (an error status, a refused or broken connection) as one
+`ServerError`. HTTPS certificates are verified against the system's CAs, or only those of the PEM
+file in $DPCDF_CA_FILE (`use_ca_file`: `dpcdf --ca-file`, `dpcdf serve --ca-file`)."""
 from __future__ import annotations
 
+import functools
 import http.client as http_client
 import json
+import os
+import ssl
 import urllib.error
 import urllib.request
 
-from ..errors import DpcdfError
+from ..errors import DpcdfError, ParameterError
+
+CA_ENV = "DPCDF_CA_FILE"
+
+
+@functools.lru_cache(maxsize=4)
+def _context(ca_file: str) -> ssl.SSLContext:
+    try:
+        return ssl.create_default_context(cafile=ca_file)
+    except (OSError, ssl.SSLError, ValueError) as exc:
+        raise ParameterError(f"--ca-file {ca_file}: not a readable PEM file of CA certificates ({exc})") from None
+
+
+def use_ca_file(path: str) -> None:
+    """Verify HTTPS servers against the CA certificates in `path` (PEM) only, in this process and those
+    it starts ($DPCDF_CA_FILE); ParameterError at once for a file that is not one."""
+    _context(str(path))
+    os.environ[CA_ENV] = str(path)
+
+
+def tls_context() -> ssl.SSLContext | None:
+    """The context HTTPS requests use: $DPCDF_CA_FILE's CAs, else None (the system's)."""
+    path = os.environ.get(CA_ENV)
+    return _context(path) if path else None
 
 
 class ServerError(DpcdfError):
@@ -43,7 +71,7 @@ def fetch(method: str, url: str, body: bytes | None = None, token: str | None = 
     if token:
         req.add_header("Authorization", f"Bearer {token}")
     try:
-        with urllib.request.urlopen(req, timeout=timeout) as resp:
+        with urllib.request.urlopen(req, timeout=timeout, context=tls_context() if url.startswith("https:") else None) as resp:
             return resp.read()
     except urllib.error.HTTPError as exc:
         try:

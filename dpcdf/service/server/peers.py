@@ -12,7 +12,7 @@ from typing import TYPE_CHECKING, Callable
 
 from fastapi import Request
 
-from ..http import ServerError, fetch
+from ..http import ServerError, fetch, http
 from ..protocols.channel import PEER_HEADER, NotReady, Refused, Unopened
 from ..protocols.reconciliation.maths import SyncError
 from ..storage import retention
@@ -21,6 +21,7 @@ from .limits import client_address
 from .peer_gate import BAD_TAG, PeerRequest
 
 if TYPE_CHECKING:
+    from ..task import TaskConfig
     from .state import Server, TaskState
 
 OCTETS = "application/octet-stream"
@@ -28,6 +29,23 @@ PEER_TIMEOUT = 60  # seconds per socket operation with server 1 (its part for 10
 CHECK_WAIT = 1800  # seconds server 0 waits for server 1's evaluation of its reports (10^6 at 2^10: about a minute)
 BUSY_WAIT = 60  # seconds server 0 sends a message again while server 1's pool of peer messages is full (429)
 FORGED = "the message is not the other server's for this task"
+PROBE_TIMEOUT = 10  # seconds for server 0's probe of server 1 at a registration
+
+
+def probe(config: "TaskConfig") -> None:
+    """Server 0, at a task's registration (issue 46): reaches server 1 as its close will (the URL, TLS
+    with this server's CAs: `http.use_ca_file`) and checks that it answers with the HPKE key the task
+    names for it, so that a wrong URL, a certificate this server does not trust or a swapped key
+    refuses the task now (502, or 400 for the key), before any client uploads, not at the close."""
+    url = config.servers[1]
+    try:
+        keys = http("GET", f"{url}/hpke", timeout=PROBE_TIMEOUT).get("keys", {})
+    except ServerError as exc:
+        raise HttpError(502, f"server 0 cannot reach server 1 at {url} ({exc}): the task is not registered; fix the URL, "
+                             "or the certificates server 0 trusts (dpcdf serve --ca-file), and register again") from None
+    if keys.get(config.kem) != config.hpke_keys[1]:
+        raise HttpError(400, f"server 1 at {url} answers with another {config.kem} HPKE key than the task names for it: "
+                             "the task is not registered")
 
 
 def poster(st: "TaskState") -> Callable[[str, bytes], bytes]:

@@ -27,12 +27,13 @@ _PEER_REFUSALS = {401: {"model": Error, "description": "no request tag (Dpcdf-Pe
 _CONFIG_BODY = {"requestBody": {"required": True, "content": {"application/json": {"schema": {"$ref": "#/components/schemas/TaskSpec"}}}}}
 
 
-@router.post("", status_code=201, response_model=TaskRegistered, responses=errors(400, 401, 403, 409),
+@router.post("", status_code=201, response_model=TaskRegistered, responses=errors(400, 401, 403, 409, 502),
              openapi_extra=_CONFIG_BODY)
 def register(request: Request, srv: ServerDep, _: OperatorDep, raw: RawBody) -> TaskRegistered:
     """Registers a task (the operator only): the config must name this server's HPKE key as its own
-    and a valid key for the other server. The same config again is a no-op; another one under its id
-    is 409."""
+    and a valid key for the other server; on server 0, server 1 must answer at its URL with that key
+    (`peers.probe`: 502 if it cannot be reached, its certificate included). The same config again is a
+    no-op; another one under its id is 409."""
     party = srv.party
     try:
         config = TaskConfig.from_json(raw)
@@ -52,6 +53,8 @@ def register(request: Request, srv: ServerDep, _: OperatorDep, raw: RawBody) -> 
         raise HttpError(400, f"a verified task of more than {MAX_VERIFIED_GRID} grid points needs a server with a "
                              "Dask cluster reached over TLS (dpcdf serve --dask local:N or tls://...): this one has "
                              "none; use verify=false")
+    if party == 0:  # the direction of every server-to-server message: checked now, not at the close (issue 46)
+        peers.probe(config)
     srv.register(config)
     gone = request.app.state.retention.gone(config.task_id)  # issue 24: its id stays taken, its seed gone
     if gone:
