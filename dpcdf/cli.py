@@ -14,7 +14,7 @@ import sys
 from pathlib import Path
 
 from .cli_admin import add_parser as add_admin_parser, cmd_admin
-from .cli_query import analyst_from_args, cmd_query, cmd_status
+from .cli_query import analyst_from_args, close_with_progress, cmd_query, cmd_status
 from .cli_inputs import CliError, load_task, parse_grid, read_csv, read_number
 from .errors import DpcdfError, ParameterError
 from .service.files import read_text
@@ -184,7 +184,7 @@ def cmd_submit(args) -> None:
 
 def cmd_close(args) -> None:
     analyst = analyst_from_args(args)
-    n = analyst.close()
+    n = close_with_progress(analyst)
     print(f"task {analyst.config.task_id}: collection closed on both servers, "
           + (f"{n} reports counted" if n is not None else "the count stays private (add/remove)")
           + "; later uploads are refused. Ask with dpcdf query.")

@@ -9,6 +9,7 @@ import json
 import math
 import os
 import sys
+import threading
 from pathlib import Path
 
 from .cli_inputs import CliError
@@ -19,6 +20,43 @@ def analyst_from_args(args):
     from .analyst import Analyst
 
     return Analyst.from_task_file(args.task, args.token_file)
+
+
+PROGRESS_AFTER, PROGRESS_EVERY = 3.0, 2.0  # seconds: a close that takes longer shows the check's progress
+
+
+def close_with_progress(analyst) -> int | None:
+    """`analyst.close()`; for a verified task whose close is still checking reports after a few seconds,
+    a line on stderr as server 0's check progresses ("checking: 12,000 of 50,000 reports", or a
+    share where n is private), from GET /tasks/{id} (the analyst's own status)."""
+    if not analyst.config.verify:
+        return analyst.close()
+    done: dict = {}
+
+    def close() -> None:
+        try:
+            done["n"] = analyst.close()
+        except BaseException as exc:  # noqa: BLE001 (raised again below, in the caller's thread)
+            done["error"] = exc
+
+    worker = threading.Thread(target=close, daemon=True)
+    worker.start()
+    worker.join(PROGRESS_AFTER)
+    shown = None
+    while worker.is_alive():
+        try:
+            st = analyst.status(0)
+        except Exception:  # noqa: BLE001 (progress is a courtesy: the close's own answer decides)
+            st = {}
+        share, n = st.get("checked"), st.get("reports")
+        if share is not None and share != shown:
+            print(f"checking: {round(share * n):,} of {n:,} reports" if n else f"checking: {share:.0%} of the reports",
+                  file=sys.stderr, flush=True)
+            shown = share
+        worker.join(PROGRESS_EVERY)
+    if "error" in done:
+        raise done["error"]
+    return done["n"]
 
 
 def cmd_status(args) -> None:
@@ -105,7 +143,7 @@ def cmd_query(args) -> None:
     config, mech = analyst.config, analyst.mechanism
     _check(args, config, mech)
     if not analyst.closed_on_servers():  # closed first, and said once done (a refused close leaves it open)
-        analyst.close()
+        close_with_progress(analyst)
         print("note: this first query closed the collection on both servers: later uploads to this task are refused "
               "(dpcdf close does only that)", file=sys.stderr)
     if args.roc:

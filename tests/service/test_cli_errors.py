@@ -19,7 +19,7 @@ from dpcdf.cli import POSTPROCESS_CHOICES, build_parser
 from dpcdf.release.ecdf import POSTPROCESS
 from dpcdf.service.http import ServerError, http
 from dpcdf.service.task import TaskConfig
-from helpers import TESTING, dpcdf_cli, urls, values
+from helpers import GRID, TESTING, dpcdf_cli, urls, values
 
 ENV = dict(os.environ, **TESTING)
 
@@ -439,3 +439,33 @@ def test_a_named_task_and_the_analysts_status_on_real_servers(servers, tmp_path)
     assert dpcdf_cli("close", "--task", task).returncode == 0
     after = dpcdf_cli("status", "--task", task)
     assert after.returncode == 0 and after.stdout.count("closed, 12 reports") == 2, after.stdout
+
+
+def test_a_verified_close_shows_the_checks_progress(servers, monkeypatch, capsys):
+    """Issue 46: while a verified task's close checks reports, `dpcdf close` (and the query that closes)
+    prints server 0's progress from the analyst's status (`checked`, a share: n may be private); the
+    status shows it until the check is over. The close is held back here so that its progress shows."""
+    import time
+
+    from dpcdf import cli_query
+    from dpcdf.analyst import Analyst
+    from dpcdf.service.client import create_task, submit
+
+    procs, _ = servers
+    config, token = create_task(urls(procs["exact"]), GRID, 1.0, "tree", "substitution", min_batch=1, verify=True)
+    assert submit(config, values(200, 8))["complete"] == 200
+    analyst = Analyst(config, token)
+    for _ in range(300):  # round one runs as reports arrive
+        st = analyst.status(0)
+        if st.get("checked") == 1.0:
+            break
+        assert 0.0 <= st["checked"] <= 1.0
+        time.sleep(0.1)
+    assert st["checked"] == 1.0 and st["reports"] == 200
+    real = analyst.close
+    monkeypatch.setattr(analyst, "close", lambda: (time.sleep(0.6), real())[1])
+    monkeypatch.setattr(cli_query, "PROGRESS_AFTER", 0.1)
+    monkeypatch.setattr(cli_query, "PROGRESS_EVERY", 0.1)
+    assert cli_query.close_with_progress(analyst) == 200
+    assert "checking: 200 of 200 reports" in capsys.readouterr().err
+    assert "checked" not in analyst.status(0)  # the check is over

@@ -148,6 +148,15 @@ class TaskState:
         n = self.view()["n"] if closed else self.store.count(task_id)
         return (n if self.config.n_public else None), closed, restore.state(self.store, task_id)
 
+    def check_progress(self) -> float | None:
+        """A verified task's share of reports evaluated for the check (round one) on this server, until
+        the check is over; None otherwise (`dpcdf close` shows it while it waits)."""
+        task_id = self.config.task_id
+        if not self.config.verify or self.store.marked(task_id, Mark.VERIFIED):
+            return None
+        total = self.store.count(task_id)
+        return min(1.0, self.store.checked_count(task_id) / total) if total else 0.0
+
     def view(self) -> dict:
         """n (when public) and the report-set hash, once this server is reconciled; before, nothing
         (an intermediate hash would show whether reconciliation dropped anything)."""

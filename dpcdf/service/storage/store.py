@@ -260,6 +260,11 @@ class Store:
                 out.append(bytes(row[0]))
         return out
 
+    def checked_count(self, task_id: str) -> int:
+        """How many of the task's reports its stored round-one batches hold (the check's progress)."""
+        with self.lock:
+            return self.db.execute("SELECT coalesce(sum(n), 0) FROM check_batches WHERE task_id = ?", (task_id,)).fetchone()[0]
+
     def checked_upto(self, task_id: str) -> int:
         """The last sequence number the task's stored round-one batches cover (0 if none)."""
         with self.lock:

@@ -68,9 +68,13 @@ def status(task_id: str, srv: ServerDep, st: AnalystTaskDep) -> TaskStatus:
     reached this server only are in it until the close); once closed, the reconciled count, none
     between the two (a count that changed at the reconciliation would show what it dropped).
     `restored` only on a server restored from a backup: a live server's answer is what it was (None
-    reports stay: exclude_unset, not exclude_none)."""
+    reports stay: exclude_unset, not exclude_none). `checked`: a verified task's check progress on this
+    server until it is over (a share, not a count: under add/remove n is private)."""
     n, closed, restored = st.status()
     extra = {"restored": restored} if restored is not None else {}  # left unset: not in the answer
+    checked = st.check_progress()
+    if checked is not None:
+        extra["checked"] = checked
     return TaskStatus(task_id=task_id, reports=n, closed=closed, min_batch=st.config.min_batch, **extra)
 
 
