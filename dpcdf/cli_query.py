@@ -27,8 +27,8 @@ PROGRESS_AFTER, PROGRESS_EVERY = 3.0, 2.0  # seconds: a close that takes longer 
 
 def close_with_progress(analyst) -> int | None:
     """`analyst.close()`; for a verified task whose close is still checking reports after a few seconds,
-    a line on stderr as server 0's check progresses ("checking: 12,000 of 50,000 reports", or a
-    share where n is private), from GET /tasks/{id} (the analyst's own status)."""
+    a line on stderr as server 0's check progresses ("checking: 12,000 of 50,000 reports"), from GET
+    /tasks/{id} (the analyst's own status; not under add/remove, where n is private)."""
     if not analyst.config.verify:
         return analyst.close()
     done: dict = {}
@@ -49,9 +49,8 @@ def close_with_progress(analyst) -> int | None:
         except Exception:  # noqa: BLE001 (progress is a courtesy: the close's own answer decides)
             st = {}
         share, n = st.get("checked"), st.get("reports")
-        if share is not None and share != shown:
-            print(f"checking: {round(share * n):,} of {n:,} reports" if n else f"checking: {share:.0%} of the reports",
-                  file=sys.stderr, flush=True)
+        if share is not None and n and share != shown:
+            print(f"checking: {round(share * n):,} of {n:,} reports", file=sys.stderr, flush=True)
             shown = share
         worker.join(PROGRESS_EVERY)
     if "error" in done:

@@ -443,8 +443,9 @@ def test_a_named_task_and_the_analysts_status_on_real_servers(servers, tmp_path)
 
 def test_a_verified_close_shows_the_checks_progress(servers, monkeypatch, capsys):
     """Issue 46: while a verified task's close checks reports, `dpcdf close` (and the query that closes)
-    prints server 0's progress from the analyst's status (`checked`, a share: n may be private); the
-    status shows it until the check is over. The close is held back here so that its progress shows."""
+    prints server 0's progress from the analyst's status (`checked`); the status shows it until the check
+    is over, and never under add/remove (round one counts batches of known size: a share would give n).
+    The close is held back here so that its progress shows."""
     import time
 
     from dpcdf import cli_query
@@ -469,3 +470,6 @@ def test_a_verified_close_shows_the_checks_progress(servers, monkeypatch, capsys
     assert cli_query.close_with_progress(analyst) == 200
     assert "checking: 200 of 200 reports" in capsys.readouterr().err
     assert "checked" not in analyst.status(0)  # the check is over
+    private, private_token = create_task(urls(procs["exact"]), GRID, 1.0, "tree", "add-remove", min_batch=0, verify=True)
+    assert submit(private, values(50, 9))["complete"] == 50
+    assert "checked" not in Analyst(private, private_token).status(0)  # under add/remove a share would give n

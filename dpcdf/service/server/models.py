@@ -71,8 +71,8 @@ class TaskStatus(BaseModel):
     reports: int | None = Field(description="stored (or, once closed, fixed) reports; None under add/remove")
     closed: bool
     min_batch: int
-    checked: float | None = Field(None, description="a verified task before its check is over: the share of its "
-                                  "reports this server has evaluated for the check (round one), 0 to 1")
+    checked: float | None = Field(None, description="a verified task before its check is over, where n is public: "
+                                  "the share of its reports this server has evaluated for the check (round one), 0 to 1")
     restored: Literal["finished", "unfinished"] | None = Field(
         None, description="on a server restored from a backup: whether the task was finished in it; an unfinished "
         "one takes no report, close or step again (409): run it again as a new task")

@@ -150,9 +150,10 @@ class TaskState:
 
     def check_progress(self) -> float | None:
         """A verified task's share of reports evaluated for the check (round one) on this server, until
-        the check is over; None otherwise (`dpcdf close` shows it while it waits)."""
+        the check is over; None otherwise (`dpcdf close` shows it while it waits), and always where n is
+        private (add/remove): round one counts whole batches of known size, so a share would give n."""
         task_id = self.config.task_id
-        if not self.config.verify or self.store.marked(task_id, Mark.VERIFIED):
+        if not self.config.verify or not self.config.n_public or self.store.marked(task_id, Mark.VERIFIED):
             return None
         total = self.store.count(task_id)
         return min(1.0, self.store.checked_count(task_id) / total) if total else 0.0

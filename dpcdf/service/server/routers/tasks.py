@@ -69,7 +69,7 @@ def status(task_id: str, srv: ServerDep, st: AnalystTaskDep) -> TaskStatus:
     between the two (a count that changed at the reconciliation would show what it dropped).
     `restored` only on a server restored from a backup: a live server's answer is what it was (None
     reports stay: exclude_unset, not exclude_none). `checked`: a verified task's check progress on this
-    server until it is over (a share, not a count: under add/remove n is private)."""
+    server until it is over, where n is public (under add/remove the batches it counts would give n)."""
     n, closed, restored = st.status()
     extra = {"restored": restored} if restored is not None else {}  # left unset: not in the answer
     checked = st.check_progress()
