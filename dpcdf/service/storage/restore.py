@@ -9,7 +9,7 @@ itself): one row per task it holds, saying whether the task's exchange between t
 task, else reconciled; after that mark a server takes no new step, only replays of journalled ones and
 DONE, which the rollback cannot change).
 
-The claims, each with its attack test in tests/service/test_review_retention.py:
+The claims, each with its attack test in tests/service/test_purge_vs_once_only.py:
 - a task unfinished in the backup takes no server-to-server step on the restored server, in either role
   (`refuse_steps`: `Channel.answer_once`, `Channel.exchange`, and a close before it freezes anything).
   As server 1 it would answer again, for other content, a step answered since the backup: a deviating
