@@ -52,7 +52,7 @@ def test_task_ids_cannot_be_probed_without_the_token(client_and_task):
     wrong = client.get(f"/tasks/{task_id}", headers={"authorization": "Bearer made-up"})
     assert {(a.status_code, a.text) for a in probes + [wrong]} == {(401, wrong.text)}  # a made-up token tells nothing
     status = client.get(f"/tasks/{task_id}", headers={"authorization": f"Bearer {TOKEN}"})
-    assert status.status_code == 200 and status.json() == {"task_id": task_id, "reports": 0, "closed": False, "min_batch": 0}
+    assert status.status_code == 200 and status.json() == {"task_id": task_id, "reports": 0, "closed": False, "min_batch": 0, "checked": 0.0}
 
 
 @pytest.mark.parametrize("body,message", [

@@ -121,6 +121,7 @@ def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: 
     lock = hold(Path(data_dir))  # noqa: F841 (held until this process ends: one server per data directory)
     app = create_app(party, data_dir, noise, admin_token_file=admin_token_file, dask=dask, retention=retention,
                      sweep_every=sweep_every, dask_insecure=dask_insecure)
+    app.state.server.probe_peer = True  # a real server 0 reaches server 1 at each registration (`peers.probe`)
     if admin_token_file is not None:
         token_at = admin_token_file
     elif os.environ.get("DPCDF_ADMIN_TOKEN"):

@@ -384,6 +384,7 @@ class Server:
         data = Path(data_dir)
         data.mkdir(parents=True, exist_ok=True)
         self.party, self.noise = party, noise
+        self.probe_peer = False  # `dpcdf serve` sets it: server 0 reaches server 1 at a registration (in-process apps have no peer)
         self.admin_hash = token_hash(operator_token(data, admin_token_file))
         self.store = Store(data / "server.sqlite")
         self.keys = ServerKeys(data)

@@ -53,7 +53,7 @@ def register(request: Request, srv: ServerDep, _: OperatorDep, raw: RawBody) -> 
         raise HttpError(400, f"a verified task of more than {MAX_VERIFIED_GRID} grid points needs a server with a "
                              "Dask cluster reached over TLS (dpcdf serve --dask local:N or tls://...): this one has "
                              "none; use verify=false")
-    if party == 0:  # the direction of every server-to-server message: checked now, not at the close (issue 46)
+    if party == 0 and srv.probe_peer:  # the direction of every server-to-server message: checked now, not at the close
         peers.probe(config)
     srv.register(config)
     gone = request.app.state.retention.gone(config.task_id)  # issue 24: its id stays taken, its seed gone
