@@ -52,11 +52,14 @@ def test_point_masses_below_the_routes_n_take_the_whole_tree_on_the_servers(serv
     add/remove: round zero's fine counts screen them, and the analyst takes the whole tree, equal value
     for value to the central release with both servers' noise; the rounds are then refused (403)."""
     pair = servers[0]["noisy"]
-    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "add-remove", min_batch=0, verify=False)
-    mech, vals = config.make_mechanism(), np.full(250, 50.0)
-    assert submit(config, vals, batch=250)["complete"] == 250 and 250 < mech.whole_limit(2)
-    grid = config.make_grid()
-    central = mech.noisy(prefix_counts(vals, grid), _both_noises(pair, config), copies=2)
+    vals = np.full(250, 50.0)
+    for _ in range(8):  # round zero's noise (each task's own PRF seeds) screens most such tasks, not all: find one
+        config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "add-remove", min_batch=0, verify=False)
+        mech, grid = config.make_mechanism(), config.make_grid()
+        assert submit(config, vals, batch=250)["complete"] == 250 and 250 < mech.whole_limit(2)
+        central = mech.noisy(prefix_counts(vals, grid), _both_noises(pair, config), copies=2)
+        if not mech.take_whole(mech.zero_n(central.zero, 2), 2) and mech.screened(central.zero, 2):
+            break
     assert not mech.take_whole(mech.zero_n(central.zero, 2), 2) and mech.screened(central.zero, 2)
     analyst = Analyst(config, token)
     rel = analyst.release()
