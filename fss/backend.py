@@ -295,3 +295,6 @@ def warm_up(width: int = 1, out_bits: int = 64) -> None:
     eval_batch(k0, xs)
     eval_sum(k0, np.array([3], np.uint64))
     eval_sum(k0, np.array([1, 5, 9], np.uint64))
+    from . import codec
+
+    codec.decode_grouped(p, k0.to_bytes())  # the batch codec's kernels (`fss._serial`)

@@ -18,14 +18,20 @@ same, and a function parses only keys of its own version (`TreeParams.version`).
 
 Batch: the same header with kind | 0x80, a u64 key count, then the bodies (everything after the
 header) of the keys in order. Decoding refuses anything else with `KeyFormatError`: wrong length,
-version, kind, party, parameters, reserved bits or padding.
+version, kind, party, parameters, reserved bits or padding. docs/key-format.md is the specification.
+
+Two paths make the same bytes. Single keys, and the logical arrays (`encode_batch`, `decode_batch`),
+go through numpy here (no numba). Batches (`encode_grouped`, `decode_grouped`, which `KeyBatch.to_bytes`,
+`batch_from_bytes` and `fss.loaders` use) go straight between the grouped arrays and the bytes in one
+numba pass (`fss._serial`), at memory speed; the tests hold the two paths to the same bytes.
 """
 from __future__ import annotations
 
 from ._lazy import numpy as _numpy
 
-from .errors import KeyFormatError
-from .params import BATCH_FLAG, BATCH_HEADER_LEN, HEADER_LEN, LAMBDA_BYTES, TreeParams
+from .errors import KeyFormatError, ParameterError
+from .params import (BATCH_FLAG, BATCH_HEADER_LEN, CMP_NAMES, GROUP, HEADER_LEN, KIND_DCF, KIND_DPF, LAMBDA_BYTES, PRIME_FLAG,
+                     SIGNED_FLAG, VERSIONS, TreeParams)
 
 np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
@@ -200,3 +206,161 @@ def decode_batch(p: TreeParams, data: object, party: int | None = None) -> tuple
     for lo in range(0, n, _CHUNK):
         _parse_bodies(p, bodies[lo : lo + _CHUNK], arrays, lo)
     return (got_party, *arrays.values())  # the order of KeyBatch.from_logical's arguments
+
+
+# --- the header alone, and the grouped fast path -------------------------------------------------
+KNOWN_FLAGS = 0x07 | SIGNED_FLAG | PRIME_FLAG
+
+
+def parse_header(data: object) -> tuple[TreeParams, int, bool]:
+    """(params, party, is a batch) of the header a key or a batch starts with: the header names its
+    function fully (kind, bits, out_bits, comparison, signed, group, width, format version). Raises
+    `KeyFormatError` for fewer than 8 bytes, an unknown version, kind or flag, or parameters no function
+    has (bits 0, a DCF with cmp eq, a ring key of version 2, ...)."""
+    head = _head(data, HEADER_LEN)
+    version, kind_byte, party, bits, out_bits, flags = head[:6]
+    width = int.from_bytes(head[6:8], "little")
+    if version not in {v for vs in VERSIONS.values() for v in vs}:
+        raise KeyFormatError(f"unknown key format version {version} (this release reads versions 1 and 2)")
+    batch, kind = bool(kind_byte & BATCH_FLAG), kind_byte & ~BATCH_FLAG
+    if kind not in (KIND_DCF, KIND_DPF):
+        raise KeyFormatError(f"kind byte 0x{kind_byte:02x} is neither a DCF (1) nor a DPF (2), key or batch (| 0x80)")
+    if flags & ~KNOWN_FLAGS or flags & 0x07 not in CMP_NAMES:
+        raise KeyFormatError(f"unknown flags 0x{flags:02x} in the key header")
+    try:
+        p = TreeParams.make(kind, bits, out_bits, width, CMP_NAMES[flags & 0x07], bool(flags & SIGNED_FLAG),
+                            "p61" if flags & PRIME_FLAG else "ring", version)
+    except ParameterError as exc:
+        raise KeyFormatError(f"the header names no function (version {version}): {exc}") from None
+    return p, _check_header(p, head, batch, None), batch
+
+
+def _head(data: object, length: int) -> bytes:
+    head = data[:length] if isinstance(data, bytes) else as_buffer(data)[:length].tobytes()
+    if len(head) < length:
+        raise KeyFormatError(f"a key header is {length} bytes, got {len(head)}")
+    return head
+
+
+def batch_count(p: TreeParams, head: bytes, available: int | None) -> int:
+    """The key count of a batch's 16-byte header; with `available` (the bytes after the header), checks
+    that they are exactly the count's bodies."""
+    n = int.from_bytes(head[HEADER_LEN:BATCH_HEADER_LEN], "little")
+    if available is not None and available != n * p.body_len:
+        raise KeyFormatError(
+            f"a batch of {n} keys of {p.describe()} is {BATCH_HEADER_LEN + n * p.body_len} bytes, got {BATCH_HEADER_LEN + available}"
+        )
+    return n
+
+
+def grouped_arrays(p: TreeParams, n: int) -> tuple:
+    """Zeroed grouped arrays of n keys (`KeyBatch`'s fields, the last group's padding zero)."""
+    g = -(-n // GROUP)
+    payload = np.uint32 if p.out_bits <= 32 else np.uint64  # `keys.payload_dtype`
+    return (np.zeros((g, 2, GROUP), np.uint64), np.zeros((g, p.bits, 2, GROUP), np.uint64),
+            np.zeros((g, p.bits, GROUP), np.uint8), np.zeros((g, p.v_levels, p.width, GROUP), payload))
+
+
+def encode_into(p: TreeParams, n: int, arrays: tuple, g0: int, g1: int, out: np.ndarray, pos: int) -> int:
+    """Writes the bodies of the keys of groups g0 .. g1 - 1 (of n; `arrays` grouped, C-contiguous)
+    end to end into the uint8 array `out`, the first at byte `pos`, in this thread; returns the
+    position after the last one."""
+    from . import _serial
+
+    arrays = tuple(np.ascontiguousarray(a) for a in arrays)  # views as they are (a batch's arrays are C-contiguous)
+    return int(_serial.encode(*arrays, n, p.out_bits, g0, g1, out, pos, p.t_bytes, p.v_bytes))
+
+
+def encode_grouped(p: TreeParams, party: int, n: int, arrays: tuple) -> bytes:
+    """A batch's bytes (its header, then every body) from its grouped arrays: one numba pass over
+    them, written straight into the bytes object returned (`fss._serial.new_bytes`)."""
+    from . import _serial
+
+    arrays = tuple(np.ascontiguousarray(a) for a in arrays)
+    data, out = _serial.new_bytes(BATCH_HEADER_LEN + n * p.body_len)
+    out[:BATCH_HEADER_LEN] = np.frombuffer(p.header(party, batch=True) + n.to_bytes(8, "little"), np.uint8)
+    _serial.encode_all(arrays, n, p.out_bits, out, BATCH_HEADER_LEN, p.body_len, p.t_bytes, p.v_bytes)
+    return data if isinstance(data, bytes) else bytes(data)
+
+
+_FAILURES = {1: "reserved bit 0 of a seed correction word is set", 2: "nonzero padding after the control-bit corrections",
+             3: "nonzero padding after the payload corrections", 4: "a payload correction is not reduced mod p = 2^61 - 1"}
+
+
+def _read_only(data: np.ndarray) -> np.ndarray:
+    if data.flags.writeable:  # one compiled kernel: every input read-only
+        data = data.view()
+        data.flags.writeable = False
+    return data
+
+
+def decode_into(p: TreeParams, data: np.ndarray, pos: int, n: int, g0: int, g1: int, arrays: tuple) -> None:
+    """Parses the bodies of keys g0 GROUP .. min(n, g1 GROUP) - 1, end to end in the uint8 array
+    `data`, the first at byte `pos`, into the grouped `arrays`, in this thread; KeyFormatError naming
+    the first bad key."""
+    from . import _serial
+
+    code, k = _serial.decode(_read_only(data), pos, n, g0, g1, p.out_bits, p.prime, *arrays, p.t_bytes, p.v_bytes, 0)
+    if code:
+        raise KeyFormatError(f"{_FAILURES[int(code)]} (key {int(k)} of the batch)")
+
+
+def decode_all(p: TreeParams, data: np.ndarray, pos: int, n: int, arrays: tuple, gap: int = 0) -> None:
+    """`decode_into` of all n bodies, the first at byte `pos` and each `gap` bytes after the one before,
+    the groups split over the kernels' threads."""
+    from . import _serial
+
+    code, k = _serial.decode_all(_read_only(data), pos, n, p.out_bits, p.prime, arrays, p.body_len, p.t_bytes, p.v_bytes, gap)
+    if code:
+        raise KeyFormatError(f"{_FAILURES[int(code)]} (key {int(k)} of the batch)")
+
+
+def as_buffer(data: object) -> np.ndarray:
+    """A read-only uint8 view of bytes, a bytearray, a memoryview or a uint8 numpy array (no copy)."""
+    if isinstance(data, np.ndarray) and data.dtype == np.uint8:
+        return _read_only(data.reshape(-1))
+    if not isinstance(data, (bytes, bytearray, memoryview)):
+        raise KeyFormatError(f"expected bytes or a uint8 array, got {type(data).__name__}")
+    try:
+        buf = np.frombuffer(data, np.uint8)
+    except (TypeError, ValueError) as exc:  # a non-contiguous memoryview
+        raise KeyFormatError(f"expected contiguous bytes ({exc})") from None
+    buf.flags.writeable = False
+    return buf
+
+
+def decode_grouped(p: TreeParams, data: object, party: int | None = None) -> tuple:
+    """Parses a batch of parameters `p` (and of `party`, if given) into (party, n, seeds, cw_seed, cw_t,
+    cw_v), the arguments of `KeyBatch.from_grouped`, in one numba pass; anything else: KeyFormatError."""
+    buf = as_buffer(data)
+    if buf.size < BATCH_HEADER_LEN:
+        raise KeyFormatError(f"a key batch is at least {BATCH_HEADER_LEN} bytes, got {buf.size}")
+    head = buf[:BATCH_HEADER_LEN].tobytes()
+    got_party = _check_header(p, head, batch=True, party=party)
+    n = batch_count(p, head, buf.size - BATCH_HEADER_LEN)
+    arrays = grouped_arrays(p, n)
+    decode_all(p, buf, BATCH_HEADER_LEN, n, arrays)
+    return (got_party, n, *arrays)
+
+
+def decode_keys(p: TreeParams, data: object, party: int | None = None) -> tuple:
+    """Parses n single keys of parameters `p` end to end (each `Key.to_bytes()`, all of one party, and
+    of `party` if given) into (party, n, seeds, cw_seed, cw_t, cw_v), the arguments of
+    `KeyBatch.from_grouped`, in one numba pass over the bytes where they lie; KeyFormatError for a
+    length that is not a whole number of keys, any header that is not the first's, or a bad body."""
+    buf = as_buffer(data)
+    if buf.size % p.key_size:
+        raise KeyFormatError(f"{buf.size} bytes are not a whole number of {p.key_size}-byte keys of {p.describe()}")
+    n = buf.size // p.key_size
+    if not n and party is None:
+        raise KeyFormatError("no keys, so no header that names their party")
+    got_party = party
+    if n:
+        got_party = _check_header(p, buf[:HEADER_LEN].tobytes(), batch=False, party=party)
+        heads = buf.reshape(n, p.key_size)[:, :HEADER_LEN]
+        if not (heads == np.frombuffer(p.header(got_party), np.uint8)).all():
+            bad = int(np.flatnonzero(~(heads == np.frombuffer(p.header(got_party), np.uint8)).all(axis=1))[0])
+            raise KeyFormatError(f"key {bad} is not a single key of {p.describe()} for party {got_party} (its header)")
+    arrays = grouped_arrays(p, n)
+    decode_all(p, buf, HEADER_LEN, n, arrays, gap=HEADER_LEN)
+    return (got_party, n, *arrays)

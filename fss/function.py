@@ -47,8 +47,10 @@ class TreeFunction:
         return Key(KeyBatch.from_logical(self.params, *codec.decode_key(self.params, data, party)))
 
     def batch_from_bytes(self, data: bytes, party: int | None = None) -> KeyBatch:
-        """Strictly parses a `KeyBatch` of this function; raises `KeyFormatError` on anything else."""
-        return KeyBatch.from_logical(self.params, *codec.decode_batch(self.params, data, party))
+        """Strictly parses a `KeyBatch` of this function (bytes, a bytearray, a memoryview or a uint8
+        array, read in place); raises `KeyFormatError` on anything else. `fss.load_batch` needs no
+        function: it reads it from the header."""
+        return KeyBatch.from_grouped(self.params, *codec.decode_grouped(self.params, data, party))
 
     def batch_from_keys(self, keys: Sequence[bytes], party: int) -> KeyBatch:
         """One `KeyBatch` from many single-key encodings of `party` (as `Key.to_bytes()` makes
@@ -58,8 +60,7 @@ class TreeFunction:
         for k in keys:
             if not isinstance(k, (bytes, bytearray)) or len(k) != p.key_size or bytes(k[: len(header)]) != header:
                 raise KeyFormatError(f"not a single key of {p.describe()} for party {party}")
-        blob = p.header(party, batch=True) + len(keys).to_bytes(8, "little") + b"".join(bytes(k[len(header):]) for k in keys)
-        return KeyBatch.from_logical(p, *codec.decode_batch(p, blob, party))
+        return KeyBatch.from_grouped(p, *codec.decode_keys(p, b"".join(keys), party))
 
     # --- gen -------------------------------------------------------------------------------
     def gen(self, alpha: int, beta: Payload = 1) -> tuple[Key, Key]:

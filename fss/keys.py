@@ -8,11 +8,9 @@ from ._lazy import numpy as _numpy
 
 from . import codec
 from .errors import KeyIndexError, KeyMismatchError, ParameterError
-from .params import TreeParams
+from .params import GROUP, TreeParams
 
 np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
-
-GROUP = 16  # keys per group: the layout's unit, and the fused kernels' (one group's state in vector registers)
 
 
 def groups(n: int) -> int:
@@ -132,8 +130,10 @@ class KeyBatch:
         return self.seeds.nbytes + self.cw_seed.nbytes + self.cw_t.nbytes + self.cw_v.nbytes
 
     def to_bytes(self) -> bytes:
-        """The batch wire format: a 16-byte header (with the key count), then each key's body."""
-        return codec.encode_batch(self.params, self.party, self.logical())
+        """The batch wire format: a 16-byte header (with the key count), then each key's body
+        (docs/key-format.md), written from the grouped arrays in one pass (`fss.codec.encode_grouped`;
+        to a file without the whole bytes object: `fss.write_batch`)."""
+        return codec.encode_grouped(self.params, self.party, self.n, (self.seeds, self.cw_seed, self.cw_t, self.cw_v))
 
     @classmethod
     def concatenate(cls, batches: Sequence["KeyBatch"]) -> "KeyBatch":

@@ -29,6 +29,7 @@ PRIME_BITS = 61
 PRIME = (1 << PRIME_BITS) - 1
 MAX_WIDTH = 0xFFFF
 LAMBDA_BYTES = 16
+GROUP = 16  # keys per group: the layout's unit, and the fused kernels' (one group's state in vector registers)
 
 
 def check_int(name: str, value: object, lo: int, hi: int) -> int:
