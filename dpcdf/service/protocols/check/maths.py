@@ -184,6 +184,19 @@ class Check:
             state = self._tagged(state, linear, extras, ch)
         return msg, state, sketch.value_sums(y, w) if sums else None
 
+    def calibration_mac_messages(self, party: int, dots: np.ndarray, last: np.ndarray, extras: np.ndarray,
+                                 ch: "CalibrationChallenges") -> tuple[np.ndarray, np.ndarray]:
+        """The MAC'd calibration round one (message, state) from `round_one.pass_sums`' sketch: dots (n, 6)
+        the values' z, L, w, u and the tags' z, w; last (n, 6) the last grid point's values and tags;
+        the same bits as `round_one_sums` on the grid values (the tags' L and u enter only a state
+        this round drops)."""
+        extras, xs = _u64(extras), self.base_extras
+        msg, state = calibration_from_sums(party, dots[:, :4], last[:, :3], extras[:, :xs], ch)
+        zero = np.zeros(dots.shape[0], np.uint64)
+        tags = np.stack([dots[:, 4], zero, dots[:, 5], zero], axis=1)
+        linear, _ = calibration_from_sums(1, tags, last[:, 3:6], extras[:, xs:2 * xs], ch)
+        return msg, self._tagged(state, linear, extras, ch)
+
     def mac_messages(self, z: np.ndarray, big_l: np.ndarray, top: np.ndarray, zt: np.ndarray, topt: np.ndarray,
                      extras: np.ndarray, ch: "Challenges") -> tuple[np.ndarray, np.ndarray]:
         """The MAC'd count/label round one (message, state) from a report's sketch (`sketch.sketch_mac`'s
@@ -306,11 +319,18 @@ def _calibration_round_one(party: int, y: np.ndarray, x: np.ndarray, ch: Calibra
     u = sum_i rho_i D^(2)_i (the numba kernel, six multiplications per grid point), top = 1 - y^(0)_{N-1},
     q = y^(2)_{N-1}, and per bit u_j, L_j. Message (n, 21): z - a, top, q - a', w - b', u_j - a_j.
     State (n, 3): s * top - L, u, and sigma (q - sum_j w_j b_j) - sum_j L_j."""
-    sums = sketch.sketch_calibration(y, ch.w)
+    return calibration_from_sums(party, sketch.sketch_calibration(y, ch.w), y[:, -1], x, ch)
+
+
+def calibration_from_sums(party: int, sums: np.ndarray, last: np.ndarray, x: np.ndarray,
+                          ch: CalibrationChallenges) -> tuple[np.ndarray, np.ndarray]:
+    """`_calibration_round_one` from its linear sketch: sums (n, 4) the weighted sums z, L, w, u of
+    `sketch.sketch_calibration` (or of `DCF.eval_grid_sums`, `round_one.pass_sums`), last (n, 3) the
+    last grid point's values; the same bits."""
     z, big_l, w, u = sums[:, 0], sums[:, 1], sums[:, 2], sums[:, 3]
-    n = y.shape[0]
-    top = F.sub(np.full(n, 1 if party == 0 else 0, np.uint64), y[:, -1, 0])
-    q = np.ascontiguousarray(y[:, -1, 2])
+    n = sums.shape[0]
+    top = F.sub(np.full(n, 1 if party == 0 else 0, np.uint64), np.ascontiguousarray(last[:, 0]))
+    q = np.ascontiguousarray(last[:, 2])
     bits = x[:, X_BITS]
     uj = F.mul(bits, ch.bit_u1[None, :])
     lj = F.mul(bits, ch.bit_l1[None, :])

@@ -89,8 +89,11 @@ def pass_sums(dcf: DCF, check: Check, party: int, batch: KeyBatch, extras: np.nd
     stored as an (n, size, 2 width) array), for the others through `grid_values`."""
     if dcf.width != check.key_width:  # as round_one_sums refuses grid values of another width
         raise ParameterError(f"keys of width {check.key_width} expected for this check, got {dcf.width}")
-    if not check.mac or check.payload == "calibration":
+    if not check.mac:
         return check.round_one_sums(party, grid_values(dcf, batch, check.size), extras, ch)
+    if check.payload == "calibration":  # the calibration sketch is linear too: six weighted sums, read in place (issue 46)
+        dots, sums, last = dcf.eval_grid_sums(batch, check.size, calibration_weights(ch), [0, 0, 0, 2, 3, 3])
+        return (*check.calibration_mac_messages(party, dots, last, extras, ch), sums)
     w = check.width
     dots, sums, last = dcf.eval_grid_sums(batch, check.size, np.stack([ch.wz, ch.wl, ch.wz]), [0, 0, w])
     top, topt = np.full(len(batch), 1 if party == 0 else 0, np.uint64), np.zeros(len(batch), np.uint64)
@@ -98,6 +101,16 @@ def pass_sums(dcf: DCF, check: Check, party: int, batch: KeyBatch, extras: np.nd
         top, topt = F.sub(top, last[:, c]), F.sub(topt, last[:, w + c])
     msg, state = check.mac_messages(dots[:, 0], dots[:, 1], top, dots[:, 2], topt, extras, ch)
     return msg, state, sums
+
+
+def calibration_weights(ch) -> np.ndarray:
+    """(6, N, 3) weights of the MAC'd calibration sketch for `DCF.eval_grid_sums` at offsets 0, 0, 0, 2,
+    3, 3: the values' z (wz on components 0, 1), L (wl), w (rho on 0), u (rho on 2), then the tags' z and
+    w (components 3, 4 and 5); the column sums are those of the values (1, label, q)."""
+    w, zero = ch.w, np.zeros(ch.w.shape[0], np.uint64)
+    rho = np.column_stack([w[:, 4], zero, zero])
+    return np.ascontiguousarray(np.stack([np.column_stack([w[:, 0], w[:, 1], zero]), np.column_stack([w[:, 2], w[:, 3], zero]),
+                                          rho, rho, np.column_stack([w[:, 0], w[:, 1], zero]), rho]))
 
 
 def warm_up(payloads: tuple[str, ...] = ("count", "label", "calibration")) -> None:
