@@ -60,14 +60,22 @@ def _post(url: str, message: bytes, headers: dict[str, str], patient: bool = Fal
     operation, so a peer that accepts but never answers holds the close for a minute, not forever),
     `Refused` if server 1 refuses it (409). `patient`: a 503 (server 1 still evaluating its reports
     for the check) is sent again each second for up to CHECK_WAIT seconds. A 429 (server 1 has its
-    peers' pool full: other tasks' closes) is sent again each second for up to BUSY_WAIT seconds."""
-    start = time.monotonic()
+    peers' pool full: other tasks' closes), or a connection broken before any answer (a large message
+    server 1 refused with 429 from its headers and closed while it was being sent: review of issue 42),
+    is sent again each second for up to BUSY_WAIT seconds from the last other answer (every step is
+    answered once, from the journal: sending one again is safe)."""
+    first = other = time.monotonic()  # the first attempt (CHECK_WAIT), the last answer that was not "busy" (BUSY_WAIT)
     while True:
         try:
             return fetch("POST", url, message, content_type=OCTETS, timeout=PEER_TIMEOUT, headers=headers)
         except ServerError as exc:
-            waited = time.monotonic() - start
-            if (patient and exc.status == 503 and waited < CHECK_WAIT) or (exc.status == 429 and waited < BUSY_WAIT):
+            now = time.monotonic()
+            if patient and exc.status == 503 and now - first < CHECK_WAIT:
+                other = now
+                time.sleep(1)
+                continue
+            busy = exc.status == 429 or (exc.status is None and any(s in str(exc) for s in ("Broken pipe", "reset by peer")))
+            if busy and now - other < BUSY_WAIT:
                 time.sleep(1)
                 continue
             if exc.status == 409:

@@ -447,15 +447,15 @@ def test_unauthenticated_peer_messages_touch_neither_the_store_nor_the_report_se
     monkeypatch.setattr(maths, "set_hash", lambda *a, **k: (calls.append("set_hash"), real(*a, **k))[1])
     unverified, channel = tasks["unverified"]
     other = tasks["verified"][1]
-    level = app.state.failures.level("testclient")
     for task_id in (unverified.task_id, tasks["verified"][0].task_id, "no-such-task"):
         for endpoint, junk in JUNK.items():
             wrong = other.request_header(endpoint, junk) if task_id == unverified.task_id else channel.request_header(endpoint, junk)
             for headers, status in (({}, 401), ({PEER_HEADER: wrong}, 403), ({PEER_HEADER: "v1 zz 00"}, 401)):
+                level = app.state.failures.level("testclient")
                 answer = client.post(f"/tasks/{task_id}/{endpoint}", content=junk, headers=headers)
                 assert answer.status_code == status and answer.headers["connection"] == "close", answer.text
-                level += 1
-                assert app.state.failures.level("testclient") == pytest.approx(level, abs=0.2)  # charged
+                # charged: one more (less what drained meanwhile: each step alone, not the sum, under a loaded CI)
+                assert app.state.failures.level("testclient") - level == pytest.approx(1, abs=0.3)
     answer = client.post(f"/tasks/{unverified.task_id}/verify", content=JUNK["verify"],
                          headers={PEER_HEADER: channel.request_header("verify", JUNK["verify"])})
     assert answer.status_code == 409 and "not verified" in answer.json()["error"], answer.text
