@@ -51,7 +51,7 @@ def main() -> None:
     n = 20_000 if args.quick else 100_000
     before = backend.threads()
     backend.set_threads(1)
-    rng = np.random.default_rng(0)
+    rng = np.random.default_rng(0)  # public inputs only (x_hat, the baseline's thresholds): masks come from random_masks (CSPRNG)
     x_hat = rng.integers(0, 1 << 32, n, dtype=np.uint64)
     print(f"CPU: {cpu_name()}; tier {backend.current()}, one core, CPU time, n = {n} keys, best of {args.reps}")
     head = f"{'function':<62} {'key B':>6} | {'gen M/s':>7} {'x DCF':>6} | {'eval M/s':>8} {'x DCF':>6}"
