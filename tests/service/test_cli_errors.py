@@ -134,7 +134,7 @@ def test_every_subcommand_on_wrong_input_says_one_line_and_exits_2(place, server
     # nothing of the above reached the servers: the task has no report and is still open
     config, token = TaskConfig.from_json((place / "task.json").read_text()), (place / "task.json.token").read_text()
     assert http("GET", f"{config.servers[0]}/tasks/{config.task_id}", token=token) == {
-        "task_id": config.task_id, "reports": 0, "closed": False, "min_batch": 5}
+        "task_id": config.task_id, "reports": 0, "closed": False, "min_batch": 5, "checked": 0.0}  # a verified task
     # and the right commands work after the mistakes
     ok = run(["submit", "--task", str(place / "task.json"), "--csv", str(place / "people.csv"), "--column", "income"])
     assert ok.returncode == 0 and json.loads(ok.stdout.splitlines()[-1])["complete"] == 40, ok.stderr
