@@ -1,5 +1,9 @@
 """Evaluation on Dask: the same shares, bit for bit, as in-process; the noise added on the server."""
 import pickle
+import socket
+import subprocess
+import sys
+import time
 import sqlite3
 from dataclasses import dataclass
 
@@ -160,8 +164,6 @@ def test_dask_over_plain_tcp_only_with_dask_insecure(tmp_path):
     """Issue 42, item 5: whoever reaches a plain scheduler runs code on the workers (which map the
     server's key shares) and, through the results it unpickles, in the server. `dpcdf serve --dask
     tcp://...` is refused with that reason before anything starts; with --dask-insecure it starts."""
-    from distributed import LocalCluster
-
     data = tmp_path / "s0"
     refused = dpcdf_cli("serve", "--party", "0", "--port", str(free_port()), "--data", str(data), "--dask",
                         "tcp://127.0.0.1:8786")
@@ -169,18 +171,26 @@ def test_dask_over_plain_tcp_only_with_dask_insecure(tmp_path):
     assert "refused, not encrypted: anyone who reaches a plain scheduler runs code on the workers" in refused.stderr
     assert "--dask-insecure" in refused.stderr and "Traceback" not in refused.stderr, refused.stderr
     assert not data.exists()  # refused before the server made anything
-    cluster = LocalCluster(n_workers=0, processes=False, protocol="tcp://", dashboard_address=None, silence_logs=40)
+    port = free_port()  # a plain scheduler in its own process (an in-process LocalCluster's IO loop did not start,
+    address = f"tcp://127.0.0.1:{port}"  # at times, in a pytest-xdist worker that had run other modules)
+    scheduler = subprocess.Popen([sys.executable, "-m", "distributed.cli.dask_scheduler", "--host", "127.0.0.1", "--port",
+                                  str(port), "--no-dashboard"], stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL)
     try:
+        deadline = time.monotonic() + 60
+        while socket.socket().connect_ex(("127.0.0.1", port)) != 0:
+            assert time.monotonic() < deadline and scheduler.poll() is None, "the scheduler did not start"
+            time.sleep(0.2)
         with open(tmp_path / "s0.log", "wb") as log:
             proc, url = start_server(0, str(data), noise=False, log=log, extra_env=TESTING,
-                                     args=["--dask", cluster.scheduler_address, "--dask-insecure"])
+                                     args=["--dask", address, "--dask-insecure"])
         try:
             assert http("GET", f"{url}/health")["status"] == "ok"
         finally:
             stop(proc)
-        assert f"Dask {cluster.scheduler_address}" in (tmp_path / "s0.log").read_text()
+        assert f"Dask {address}" in (tmp_path / "s0.log").read_text()
     finally:
-        cluster.close()
+        scheduler.terminate()
+        scheduler.wait(timeout=30)
 
 
 def test_two_servers_one_on_a_local_cluster_answer_the_exact_counts(tmp_path):
