@@ -13,34 +13,12 @@ from __future__ import annotations
 
 import argparse
 import os
-import platform
-import time
 
 import numpy as np
 
 from fss import DCF, ComparisonGate, IntervalGate, ReluGate, backend
 
-
-def best_of(fns, reps: int) -> list[float]:
-    """The best CPU time of each function over `reps` rounds, the functions taking turns in each round
-    (so that a busy spell of the shared machine hits them alike), after one warm-up call each."""
-    for fn in fns:
-        fn()
-    best = [float("inf")] * len(fns)
-    for _ in range(reps):
-        for i, fn in enumerate(fns):
-            t = time.process_time()
-            fn()
-            best[i] = min(best[i], time.process_time() - t)
-    return best
-
-
-def cpu_name() -> str:
-    try:
-        with open("/proc/cpuinfo") as f:
-            return next((line.split(":", 1)[1].strip() for line in f if line.startswith("model name")), platform.machine())
-    except OSError:
-        return platform.machine()
+from bench_codec import best_of, cpu_name  # one timer and one CPU name for the fss benches beside it (run from bench/)
 
 
 def main() -> None:
