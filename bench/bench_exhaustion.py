@@ -27,10 +27,28 @@ Peer path (issue 42; `--phases peer` runs only these, against server 1, which ta
   slow uploads  --slow-addresses addresses x 8 uploads whose bodies trickle (a byte a second) fill the
                 upload pool while the analyst closes a task of the smallest n: the close's outcome,
                 and an honest upload's answer meanwhile.
+One /24 against both servers (issue 42's goals; `--phases flood` runs only these, each attack on a
+fresh pair of servers): the attacker sends from 127.0.0.0/24, the prefix of server 0 (whose messages
+to server 1 come from 127.0.0.1) and of the analyst (127.0.0.1); honest batches of --batch reports
+(--honest-reports of them, sent round again) go to server 0 from 127.0.9.1 (another /24), one after
+the other, in --rounds pairs of windows of --window s: alone, then during the attack (from 2 s after
+it starts); in the first, the analyst closes a task of 200 reports on both servers. The servers and
+the honest client run on core 0, the attacker on core 1 (its CPU is not the servers', as from a
+machine of its own), kept busy by a spin loop while the honest client is alone (`spin`):
+  slow bodies   --slow-bodies connections to each server declare a 60,000-byte batch and send a
+                byte every 3 s (below any minimum rate, above the 5 s pause limit), each opened again
+                at once when the server drops it;
+  keep-alive    --flood-conns connections to each server (from 33 addresses of the /24, as the review's)
+                send GET /health every 4 s, each opened again --flood-pause s after the server drops it;
+each attack's row: the servers' CPU during the attack (alone in brackets), what the attacker spent
+(connections opened, bytes sent) and got (answers; none: dropped without one); then the honest
+uploads' throughput (medians of the windows) and acceptance (batches answered 200) during the attack
+and alone, and the close's outcome.
 """
 from __future__ import annotations
 
 import argparse
+import asyncio
 import http.client as httpc
 import os
 import socket
@@ -282,6 +300,209 @@ def slow_uploads(port: int, task: str, addresses: int) -> list[socket.socket]:
     return socks
 
 
+FAR, CROWD = "127.0.9.1", "127.0.0"  # the honest uploader's /24; the attacker's (server 0's and the analyst's)
+
+
+class Crowd:
+    """An attacker's connections, in a process of its own (not the honest client's GIL): `conns`
+    connections to each port from addresses of 127.0.0.0/24 (`sources` of them, from .100), each
+    sending `request` and then a byte every `trickle` s (if `trickle`), or `request` again every `every`
+    s (keep-alive), and opened again `pause` s after the server drops it. `stop()` ends it and reads
+    the counts: connections opened, bytes sent, answers by status (0: none, the connection dropped)."""
+
+    def __init__(self, ports: list[int], conns: int, sources: int, request: bytes, every: float = 0.0,
+                 trickle: float = 0.0, pause: float = 0.0):
+        import multiprocessing
+
+        ctx = multiprocessing.get_context("fork")
+        self.stopping, self.results = ctx.Event(), ctx.Queue()
+        plan = [(port, f"{CROWD}.{100 + i % sources}") for port in ports for i in range(conns)]
+        self.proc = ctx.Process(target=self._run, args=(plan, (request, every, trickle, pause)), daemon=True)
+        self.proc.start()
+
+    def _run(self, plan: list[tuple[int, str]], args: tuple) -> None:
+        self.counts, self.halt = [0, 0, {}], False  # opened, sent, statuses
+        if len(os.sched_getaffinity(0)) == 1 and (os.cpu_count() or 1) > 1:  # `flood_rows` pinned the rest to core 0
+            os.sched_setaffinity(0, {1})  # the attacker's CPU is not the servers' (as from a machine of its own)
+
+        async def main() -> None:
+            tasks = [asyncio.ensure_future(self._one(port, source, *args)) for port, source in plan]
+            while not self.stopping.is_set():
+                await asyncio.sleep(0.1)
+            self.halt = True  # (a cancelled wait_for may still return on Python 3.11: the loops look too)
+            for task in tasks:
+                task.cancel()
+            await asyncio.gather(*tasks, return_exceptions=True)
+
+        asyncio.run(main())
+        self.results.put(self.counts)
+
+    async def _one(self, port: int, source: str, request: bytes, every: float, trickle: float, pause: float) -> None:
+        counts = self.counts
+        while not self.halt:
+            writer = None
+            try:
+                reader, writer = await asyncio.wait_for(asyncio.open_connection("127.0.0.1", port, local_addr=(source, 0)), 10)
+                counts[0] += 1
+                while not self.halt:
+                    writer.write(request)
+                    counts[1] += len(request)
+                    if trickle:  # a byte every `trickle` s until an answer or the end
+                        while not reader.at_eof() and not self.halt:
+                            try:
+                                line = await asyncio.wait_for(reader.readline(), trickle)
+                            except asyncio.TimeoutError:
+                                writer.write(b"x")
+                                counts[1] += 1
+                                continue
+                            self._count(line)
+                            break
+                        break
+                    line = await asyncio.wait_for(reader.readline(), 30)
+                    if not self._count(line):
+                        break
+                    head = await asyncio.wait_for(reader.readuntil(b"\r\n\r\n"), 30)
+                    length = next((int(h.split(b":")[1]) for h in head.split(b"\r\n") if h.lower().startswith(b"content-length:")), 0)
+                    await reader.readexactly(length)
+                    if b"connection: close" in head.lower():
+                        break
+                    await asyncio.sleep(every)
+            except (OSError, asyncio.TimeoutError, asyncio.IncompleteReadError, asyncio.LimitOverrunError, ValueError):
+                pass
+            finally:
+                if writer is not None:
+                    writer.close()
+            await asyncio.sleep(pause)
+
+    def _count(self, line: bytes) -> bool:
+        """Counts an answer's status line; False if there is none (the server closed the connection)."""
+        parts = line.split()
+        code = int(parts[1]) if len(parts) > 1 and parts[1].isdigit() else 0
+        self.counts[2][code] = self.counts[2].get(code, 0) + 1
+        return code != 0
+
+    def stop(self) -> tuple[int, int, dict]:
+        self.stopping.set()
+        try:
+            counts = self.results.get(timeout=120)
+        except Exception:
+            print(f"crowd: no counts; alive {self.proc.is_alive()}, exit code {self.proc.exitcode}", flush=True)
+            raise
+        self.proc.join(10)
+        return counts
+
+
+def spin(until: float) -> None:
+    """A busy loop on core 1 until `until` (time.time()): the attacker's core, kept as busy while the
+    honest client is alone (on this 2-vCPU VM an idle core 1 made core 0's loopback uploads about 15%
+    slower: measured, 52-60k against 64-66k reports/s, so alone and attacked windows run alike)."""
+    os.sched_setaffinity(0, {1})
+    while time.time() < until:
+        pass
+
+
+def honest_window(port: int, task: str, batches: list[bytes], per_batch: int, window: float) -> tuple[float, int, int]:
+    """Honest batches from FAR for `window` s, one after the other: (reports/s acknowledged, batches
+    answered 200, batches sent)."""
+    t0, ok, sent = time.monotonic(), 0, 0
+    while time.monotonic() - t0 < window:
+        ok += post((port, FAR), f"/tasks/{task}/reports/batch", batches[sent % len(batches)]) == 200
+        sent += 1
+    return ok * per_batch / (time.monotonic() - t0), ok, sent
+
+
+def flood_rows(tmp: str, args, rng: np.random.Generator) -> list[tuple[str, str, str]]:
+    """Each attack from 127.0.0.0/24 on both servers of a fresh pair (no failure level left from
+    another attack): its spend and answers, honest uploads meanwhile (as a share of alone), and an
+    analyst's close during it."""
+    rows, cores = [], os.sched_getaffinity(0)
+    if len(cores) > 1:  # the servers and the honest client on core 0, the attacker on core 1 (`Crowd`)
+        os.sched_setaffinity(0, {0})
+    try:
+        for attack in ("slow", "flood"):
+            procs = [start_server(p, f"{tmp}/{attack}{p}") for p in (0, 1)]  # (they inherit core 0)
+            try:
+                urls = [u for _, u in procs]
+                while not all(http("GET", f"{u}/health")["warm"] for u in urls):
+                    time.sleep(0.2)
+                rows += attack_rows(urls, [proc.pid for proc, _ in procs], attack, args, rng)
+            finally:
+                for proc, _ in procs:
+                    stop(proc)
+    finally:
+        os.sched_setaffinity(0, cores)
+    return rows
+
+
+def attack_rows(urls: list[str], pids: list[int], attack: str, args, rng: np.random.Generator) -> list[tuple[str, str, str]]:
+    ports = [int(u.rsplit(":", 1)[1]) for u in urls]
+    config, _ = create_task(urls, GRID, 1.0, "tree", "substitution", min_batch=1, verify=False)
+    made = make_reports(config, rng.uniform(0, 1, args.honest_reports))
+    batches = [encode_batch([r.to_bytes() for r in made[i : i + args.batch]]) for i in range(0, len(made), args.batch)]
+    closing, token = closed_task(urls, 200, rng, close=False)  # uploaded before the attack
+    if attack == "slow":
+        name = f"slow bodies, 1 /24, {args.slow_bodies} conns per server"
+        body = (f"POST /tasks/{config.task_id}/reports/batch HTTP/1.1\r\nHost: x\r\nContent-Type: {OCTETS}\r\n"
+                "Content-Length: 60000\r\n\r\n").encode()
+        start = lambda: Crowd(ports, args.slow_bodies, 16, body, trickle=3.0)  # noqa: E731
+    else:
+        name = f"keep-alive flood, 1 /24, {args.flood_conns:,} per server"
+        start = lambda: Crowd(ports, args.flood_conns, 33, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n",  # noqa: E731
+                              every=4.0, pause=args.flood_pause)
+    alone, during, spent, outcome, busy, idle = [], [], [0, 0, {}], {}, [], []
+
+    def close() -> None:
+        t = time.perf_counter()
+        try:
+            for url in urls:
+                http("POST", f"{url}/tasks/{closing.task_id}/close", token=token)
+            outcome["close"] = "close 200 on both servers"
+        except ServerError as exc:
+            outcome["close"] = f"close failed ({exc.status or 'no answer'})"
+        outcome["seconds"] = time.perf_counter() - t
+
+    for r in range(args.rounds):  # alternating windows: alone, then during the attack (2 s after it starts)
+        used = sum(cpu_seconds(pid) for pid in pids), time.monotonic()
+        spinner = None
+        if len(os.sched_getaffinity(0)) == 1 and (os.cpu_count() or 1) > 1:
+            import multiprocessing
+
+            spinner = multiprocessing.get_context("fork").Process(target=spin, args=(time.time() + args.window + 0.5,))
+            spinner.start()
+        alone.append(honest_window(ports[0], config.task_id, batches, args.batch, args.window))
+        if spinner is not None:
+            spinner.join()
+        idle.append((sum(cpu_seconds(pid) for pid in pids) - used[0]) / (time.monotonic() - used[1]))
+        crowd = start()
+        time.sleep(2)
+        used = sum(cpu_seconds(pid) for pid in pids), time.monotonic()
+        closer = threading.Timer(args.window / 2, close) if r == 0 else None
+        if closer is not None:
+            closer.start()
+        during.append(honest_window(ports[0], config.task_id, batches, args.batch, args.window))
+        if closer is not None:
+            closer.join()
+        busy.append((sum(cpu_seconds(pid) for pid in pids) - used[0]) / (time.monotonic() - used[1]))
+        opened, sent, statuses = crowd.stop()
+        spent[0], spent[1] = spent[0] + opened, spent[1] + sent
+        for k, v in statuses.items():
+            spent[2][k] = spent[2].get(k, 0) + v
+        print(f"{name}, round {r}: honest {alone[-1]} alone, {during[-1]} during", flush=True)
+        time.sleep(1)
+    seconds = args.rounds * (args.window + 2)
+    a, d = (float(np.median([w[0] for w in ws])) for ws in (alone, during))
+    share = [sum(w[1] for w in ws) / max(1, sum(w[2] for w in ws)) for ws in (alone, during)]
+    rows = [(name, f"servers {float(np.median(busy)):.2f} cores ({float(np.median(idle)):.2f})",
+             f"attacker: {spent[0]:,} conns, {spent[1] / 1024:,.0f} KiB in {seconds:.0f} s; answers "
+             + ", ".join(f"{k or 'none'}: {v:,}" for k, v in sorted(spent[2].items()))),
+            ("  honest uploads meanwhile", f"{a:,.0f} reports/s alone",
+             f"{d:,.0f} during ({d / a:.0%}); {share[1]:.0%} of batches accepted ({share[0]:.0%} alone)"),
+            ("  the analyst's close meanwhile", "-", f"{outcome['close']} in {outcome['seconds']:.1f} s")]
+    for row in rows:
+        print(row, flush=True)
+    return rows
+
+
 def peer_rows(urls: list[str], args, rng: np.random.Generator) -> list[tuple[str, str, str]]:
     """The peer path's rows: junk /verify and /sync at each n, the ratio, and the close under slow uploads."""
     port1 = int(urls[1].rsplit(":", 1)[1])
@@ -346,17 +567,23 @@ def main() -> None:
     ap.add_argument("--batch", type=int, default=500, help="reports per honest batch")
     ap.add_argument("--honest-reports", type=int, default=20_000)
     ap.add_argument("--label", default="")
-    ap.add_argument("--phases", choices=("all", "peer"), default="all", help="peer: only the peer path's rows")
+    ap.add_argument("--phases", choices=("all", "peer", "flood"), default="all",
+                    help="peer: only the peer path's rows; flood: only one /24's slow bodies and keep-alive flood")
     ap.add_argument("--junk-n", type=lambda s: [int(x) for x in s.split(",")], default=[3000, 120_000],
                     help="report counts of the junk /verify and /sync tasks, comma-separated")
     ap.add_argument("--junk-requests", type=int, default=200, help="junk messages per endpoint and n")
     ap.add_argument("--slow-addresses", type=int, default=8, help="addresses of 8 slow uploads each")
+    ap.add_argument("--slow-bodies", type=int, default=16, help="slow bodies from one /24, per server")
+    ap.add_argument("--flood-conns", type=int, default=1056, help="keep-alive connections from one /24, per server")
+    ap.add_argument("--flood-pause", type=float, default=0.5, help="seconds before a dropped one is opened again")
     args = ap.parse_args()
     import dpcdf
     cpu = next((line.split(":", 1)[1].strip() for line in Path("/proc/cpuinfo").read_text().splitlines()
                 if line.startswith("model name")), "?")
     print(f"dpcdf from {Path(dpcdf.__file__).parent}; {os.cpu_count()} cores ({cpu}); load {os.getloadavg()[0]:.1f}")
     with tempfile.TemporaryDirectory(prefix="dpcdf-exhaustion-") as tmp:
+        if args.phases == "flood":  # on server pairs of their own
+            return report(args.label, flood_rows(tmp, args, np.random.default_rng(7)))
         procs = [start_server(p, f"{tmp}/s{p}") for p in (0, 1)]
         urls = [u for _, u in procs]
         pid, port = procs[0][0].pid, int(urls[0].rsplit(":", 1)[1])
@@ -423,6 +650,7 @@ def main() -> None:
         finally:
             for proc, _ in procs:
                 stop(proc)
+        rows += flood_rows(tmp, args, rng)
     report(args.label, rows)
 
 

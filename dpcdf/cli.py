@@ -69,9 +69,17 @@ def cmd_serve(args) -> None:
     retention = None if args.retention is None else parse_duration(args.retention)
     if args.sweep_every <= 0:
         raise ParameterError(f"--sweep-every must be a positive number of seconds, got {args.sweep_every}")
+    from .service.server.limits import Limits
+
+    for flag, bits, low, high in (("--client-prefix-v4", args.client_prefix_v4, 8, 32),
+                                  ("--client-prefix-v6", args.client_prefix_v6, 16, 128)):
+        if not low <= bits <= high:
+            raise ParameterError(f"{flag} must be a prefix length from {low} to {high} bits, got {bits}")
+    limits = Limits(prefix_v4=args.client_prefix_v4, prefix_v6=args.client_prefix_v6)
     serve(args.party, args.port, args.data, args.host, noise=not args.no_noise,
           admin_token_file=args.admin_token_file, tls_cert=args.tls_cert, tls_key=args.tls_key,
-          dask=args.dask, log_format=args.log_format, retention=retention, sweep_every=args.sweep_every, dask_insecure=args.dask_insecure)
+          dask=args.dask, log_format=args.log_format, retention=retention, sweep_every=args.sweep_every, dask_insecure=args.dask_insecure,
+          limits=limits)
 
 
 def cmd_task(args) -> None:
@@ -251,6 +259,10 @@ def build_parser() -> Parser:
                    "(30d, 12h, 90m, 45s) if they are still stored; default: never (verified tasks' go once their "
                    "release is final, whatever this is; docs/service.md#retention)")
     s.add_argument("--sweep-every", type=float, default=60.0, metavar="SECONDS", help="how often the retention sweep runs")
+    s.add_argument("--client-prefix-v4", type=int, default=24, metavar="BITS", help="clients' budgets (connections, "
+                   "uploads in flight, failures) count per IPv4 network of this prefix length (8-32; 32: per address)")
+    s.add_argument("--client-prefix-v6", type=int, default=64, metavar="BITS", help="and per IPv6 network of this "
+                   "prefix length (16-128; docs/service.md#limits-on-clients-without-a-token)")
 
     t = sub.add_parser("task", help="create a task on both servers; writes the config and the analyst token",
                        description="Registers a task with both servers (each needs its operator token) and writes the "

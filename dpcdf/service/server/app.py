@@ -19,6 +19,7 @@ from .errors import HANDLERS
 from .connections import uvicorn_options
 from .limits import MAX_BODY, Failures, Guard, Limits  # noqa: F401 (MAX_BODY: the package's name)
 from .models import TaskSpec
+from .reserve import Reserve
 from . import metrics
 from .housekeeping import SWEEP_EVERY, Retention
 from .routers import admin, health, queries, reports, tasks
@@ -67,7 +68,9 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bo
         app.include_router(router)
     for exc, handler in HANDLERS.items():
         app.add_exception_handler(exc, handler)
-    app.add_middleware(Guard, limits=limits, failures=failures, gate=app.state.server.peer_gate)  # peers: issue 42
+    gate = app.state.server.peer_gate
+    app.state.reserve = reserve = Reserve(gate, app.state.server.admin_hash)  # room for keys (issue 42)
+    app.add_middleware(Guard, limits=limits, failures=failures, gate=gate, reserve=reserve)  # peers: issue 42
     app.add_middleware(metrics.Middleware, metrics=app.state.metrics)  # outermost: sees the Guard's refusals too
     app.openapi = _schema(app)
     if warm_up:
@@ -98,9 +101,11 @@ def _schema(app: FastAPI):
 def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: bool = True,
           admin_token_file: str | None = None, tls_cert: str | None = None, tls_key: str | None = None,
           dask: str | None = None, log_format: str = "text", retention: float | None = None,
-          sweep_every: float = SWEEP_EVERY, dask_insecure: bool = False) -> None:
+          sweep_every: float = SWEEP_EVERY, dask_insecure: bool = False, limits: Limits | None = None) -> None:
     """Runs the server with uvicorn; with `tls_cert` and `tls_key` (PEM files) over HTTPS. Clients and
-    the other server verify the certificate against the system's CAs, or SSL_CERT_FILE's.
+    the other server verify the certificate against the system's CAs, or SSL_CERT_FILE's. `limits`: what
+    one client may hold (`limits.Limits`, whose defaults are the documented ones; `dpcdf serve
+    --client-prefix-v4/--client-prefix-v6` set its address prefixes).
 
     Logs to stderr: at the start, the URL, party, data directory and where the operator token is; then
     one line per request (`log_format` "text": uvicorn's access log; "json": one JSON object per line
@@ -120,7 +125,7 @@ def serve(party: int, port: int, data_dir: str, host: str = "127.0.0.1", noise: 
     private_dir(data_dir)
     lock = hold(Path(data_dir))  # noqa: F841 (held until this process ends: one server per data directory)
     app = create_app(party, data_dir, noise, admin_token_file=admin_token_file, dask=dask, retention=retention,
-                     sweep_every=sweep_every, dask_insecure=dask_insecure)
+                     sweep_every=sweep_every, dask_insecure=dask_insecure, limits=limits)
     app.state.server.probe_peer = True  # a real server 0 reaches server 1 at each registration (`peers.probe`)
     if admin_token_file is not None:
         token_at = admin_token_file

@@ -13,11 +13,18 @@ prefixes    every budget below "per address" counts per address prefix (issue 42
             address's /`prefix_v4` (24) for IPv4 (and IPv4-mapped IPv6), /`prefix_v6` (64) for IPv6
             (`prefix_of`), so an attacker's neighbouring addresses share one budget;
 connections at most `connections_per_address` (32) open per address prefix and `connections` (1,024)
-            in all; more are closed at once (`connections.protocol`);
+            in all for clients; one more is put on probation (`connections.protocol`): its request is
+            served only if it carries a key (the other server's request tag, an analyst's or the
+            operator's token: `reserve.Reserve`, from its headers and memory), in
+            `reserved_connections` (32) places of their own, else it is answered 429 after
+            `probation_seconds` (5 s: a held flood does not reconnect) and charged. A connection's
+            answer closes it after `keepalive_requests` (100) requests or `keepalive_seconds` (60 s);
 bodies      refused by their Content-Length before a byte is read when over the endpoint's limit
             (413; `BODY_LIMITS`); a body without Content-Length (chunked) is cut at `chunked_bytes`
-            (64 KiB, 411). A body must keep coming (no pause over `idle_seconds`, 5 s) and be whole
-            within `body_seconds` (10 s) of its headers, else 408 and the connection is closed. Past
+            (64 KiB, 411). A body's bytes count as they arrive: after `body_grace` (2 s) of waiting
+            for them it must keep `body_rate` (16 KiB/s) on average (time the server itself does not
+            read is not counted), with no pause over `idle_seconds` (5 s), and be whole within
+            `body_seconds` (10 s) of its headers, else 408 and the connection is closed. Past
             `memory_bytes` (256 KiB) a body waits in an unlinked 0600 file, not in memory
             (`deps.raw_body`);
 uploads     reports and batches: at most `uploads_per_address` (8) and
@@ -31,14 +38,16 @@ peers       /sync and /verify: without the other server's request tag 401, with 
             of `peer_requests` (8) places and `peer_bytes` (256 MiB) of declared bodies, a pool client
             uploads never enter (so slow uploads cannot refuse the close's messages); more get 429
             (Retry-After: 1), which server 0 sends again. An admitted peer is not held back or refused
-            for its address's failure level (its connections still are: `connections.protocol`);
+            for its address's failure level, and its connections pass its prefix's caps and refusal
+            (the reserve, above);
 failures    every report refused at upload (junk, foreign, or a share that does not open with this
             server's key) adds one to its prefix's level (`Failures`), which drains
             `drain_per_second` (0.5) per second. From `slow_level` (8) the prefix's uploads are held
             back before they are read (up to `max_delay`, 1 s); from `refuse_level` (32) they are
             refused (429 with Retry-After) until the level is back at `slow_level`, each refused one
-            adding one more, and its new connections are held `refused_seconds` unread, then answered
-            429 and closed. A batch stops opening shares once its prefix reaches `refuse_level`
+            adding one more, and its new connections are put on probation: without a key held
+            `probation_seconds`, answered 429 and closed, each charged (so is a connection over its
+            prefix's cap). A batch stops opening shares once its prefix reaches `refuse_level`
             (429; nothing of it is stored). The Guard's own refusals count too (issue 42): a body
             refused on its length (413, 411), one that stopped coming (408), a malformed
             Content-Length (400) and an upload over its prefix's own budget (429; not one refused
@@ -97,15 +106,25 @@ class Limits:
     refuse_level: float = 32.0
     drain_per_second: float = 0.5
     max_delay: float = 1.0
-    refused_seconds: float = 1.0  # a refused connection or upload waits this long for its 429
+    refused_seconds: float = 1.0  # a refused upload waits this long for its 429
     peer_requests: int = 8  # the other server's messages in flight (a close sends one at a time per task)
     peer_bytes: int = 256 * MIB  # their declared bodies (reconciliation's chunks are up to 16 MiB)
     addresses: int = 100_000  # failure levels remembered at most (the oldest drained ones go first)
     prefix_v4: int = 24  # the budgets' unit: an IPv4 address's /24 (a network, not a host)
     prefix_v6: int = 64  # and an IPv6 address's /64
+    body_rate: int = 16 * KIB  # bytes a second a body must average, counted as they arrive, after body_grace
+    body_grace: float = 2.0  # seconds of waiting a body has before its pace counts (a slow start, one report)
+    keepalive_seconds: float = 60.0  # a connection's age after which its next answer closes it
+    keepalive_requests: int = 100  # requests per connection: the last one's answer closes it
+    reserved_connections: int = 32  # in all, beyond the clients' caps: the other server, analysts, the operator
+    probation_per_address: int = 1024  # a prefix's connections over its cap or refused, read for a key (oldest dropped)
+    probation: int = 1024  # those in all
+    probation_seconds: float = 5.0  # one without a key is held this long, then 429 (a flood held is not reconnecting)
 
 
 REFUSED = "too many of this address's reports failed to open or were refused; send again in {} s"
+CROWDED = ("too many connections from this address prefix (at most {}), or from all (at most {}); send again "
+           "in 1 s, on fewer connections")
 
 
 def body_rule(path: str) -> tuple[int, str]:
@@ -228,8 +247,9 @@ class Guard:
     messages checked by `gate` (a `peer_gate.PeerGate`; None refuses them all) in their own pool
     (see the module)."""
 
-    def __init__(self, app: ASGIApp, limits: Limits, failures: Failures, gate: PeerGate | None = None):
+    def __init__(self, app: ASGIApp, limits: Limits, failures: Failures, gate: PeerGate | None = None, reserve=None):
         self.app, self.limits, self.failures, self.gate = app, limits, failures, gate
+        self.reserve = reserve  # a `reserve.Reserve`: learns the address of each admitted peer message
         self.in_flight: dict[str, list[int]] = {}  # address prefix -> [uploads, declared bytes]
         self.total = [0, 0]
         self.peers = [0, 0]  # the other server's messages in flight, their declared bytes
@@ -299,6 +319,8 @@ class Guard:
             return await self._refuse(send, 429, f"too many of the other server's messages at once (at most "
                                       f"{lim.peer_requests} and {lim.peer_bytes >> 20} MiB); send again in 1 s", 1)
         scope["dpcdf.peer"] = verdict  # the head the body must start with (`peers.answer`)
+        if self.reserve is not None:
+            self.reserve.learn(client_address(scope))  # its next connections skip the clients' caps (`reserve`)
         self.peers = [pool[0] + 1, pool[1] + length]
         try:
             await self._serve(scope, receive, send, cap)
@@ -308,22 +330,27 @@ class Guard:
     async def _serve(self, scope: Scope, receive: Receive, send: Send, cap: int) -> None:
         lim = self.limits
         deadline = time.monotonic() + lim.body_seconds
-        state = {"size": 0, "done": cap == 0, "failed": None, "started": False}
+        state = {"size": 0, "done": cap == 0, "failed": None, "started": False, "waited": 0.0}
 
         async def guarded() -> Message:
             if state["done"]:
                 return await receive()  # after the body: waits for a disconnect
             if state["failed"] is not None:
                 raise state["failed"]
-            left = min(lim.idle_seconds, deadline - time.monotonic())
+            now = time.monotonic()  # the pace: each byte that came buys 1/body_rate s of waiting for the next
+            credit = lim.body_grace + state["size"] / lim.body_rate - state["waited"]
+            left = min(lim.idle_seconds, deadline - now, credit)
             try:
                 if left <= 0:
                     raise asyncio.TimeoutError
                 message = await asyncio.wait_for(receive(), left)
             except asyncio.TimeoutError:
-                state["failed"] = BodyTimeout(f"the body must keep coming (no pause over {lim.idle_seconds:g} s) and "
+                state["failed"] = BodyTimeout(f"the body must come at {lim.body_rate:,} bytes/s or more (counted after "
+                                              f"{lim.body_grace:g} s), with no pause over {lim.idle_seconds:g} s, and "
                                               f"arrive whole within {lim.body_seconds:g} s")
                 raise state["failed"] from None
+            finally:
+                state["waited"] += time.monotonic() - now  # only time spent waiting for it counts
             if message["type"] == "http.request":
                 state["size"] += len(message.get("body", b""))
                 if state["size"] > cap:

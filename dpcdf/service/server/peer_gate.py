@@ -27,6 +27,9 @@ place in any pool:
   server, which holds n anyway, can time it. The close's own duration grows with n and is the
   analyst's to see (docs/service.md, Trust model): it takes the analyst's token.
 
+The same table holds, for `reserve.Reserve` (the room kept for keys), the tasks' analyst token hashes
+and, on server 1, server 0's IP address where a task's URL names one.
+
 What it does not do: a third party on the wire between the servers (no TLS) can replay a whole
 genuine request, which the channel answers with its journalled answer (its size is on the wire anyway),
 or replay its header with another body of the same length and head, which gets past this gate and is
@@ -35,11 +38,13 @@ refused (400) by the channel; TLS between the servers closes both.
 from __future__ import annotations
 
 import hmac
+import ipaddress
 import json
 import re
 import secrets
 from dataclasses import dataclass
 from typing import Iterable
+from urllib.parse import urlsplit
 
 from cryptography.hazmat.primitives.asymmetric import x25519
 
@@ -79,6 +84,8 @@ class PeerGate:
         self.party, self._own = party, own
         self._tasks: dict[str, tuple[bytes, bool]] = {}  # task id -> (request_key(K), verify)
         self._decoy = secrets.token_bytes(32)  # an unknown task's tag is checked under it: the same time
+        self.analysts: set[str] = set()  # the tasks' analyst token hashes (`reserve.Reserve` reads them)
+        self.peer_addresses: set[str] = set()  # the other server's IP where a task's URL names one
 
     @classmethod
     def load(cls, party: int, own: x25519.X25519PrivateKey, rows: Iterable[tuple[str, str, bytes]]) -> "PeerGate":
@@ -87,19 +94,26 @@ class PeerGate:
         for task_id, text, fingerprint in rows:
             try:
                 d = json.loads(text)
-                gate._add(task_id, d["hpke_keys"][1 - party], bytes(fingerprint), bool(d.get("verify", False)))
+                gate._add(task_id, d["hpke_keys"][1 - party], bytes(fingerprint), bool(d.get("verify", False)),
+                          str(d["token_hash"]), str(d["servers"][1 - party]))
             except (ValueError, KeyError, TypeError, IndexError):
                 continue  # not a config this server could serve: its messages get 403, as an unknown task's
         return gate
 
     def add(self, config: TaskConfig) -> None:
         """A task just registered."""
-        self._add(config.task_id, config.hpke_keys[1 - self.party], config.fingerprint, config.verify)
+        self._add(config.task_id, config.hpke_keys[1 - self.party], config.fingerprint, config.verify,
+                  config.token_hash, config.servers[1 - self.party])
 
-    def _add(self, task_id: str, peer_hex: str, fingerprint: bytes, verify: bool) -> None:
+    def _add(self, task_id: str, peer_hex: str, fingerprint: bytes, verify: bool, analyst: str, peer_url: str) -> None:
+        self.analysts.add(analyst)
         if self.party == 1:  # server 0 takes no server-to-server message: every one is refused 403
             k = pair_key(self._own, bytes.fromhex(peer_hex)[-32:], fingerprint)
             self._tasks[task_id] = (request_key(k), verify)
+            try:
+                self.peer_addresses.add(str(ipaddress.ip_address(urlsplit(peer_url).hostname or "")))
+            except ValueError:
+                pass  # a host name: its address is learned from its first tagged message (`reserve.Reserve.learn`)
 
     def check(self, method: str, path: str, headers: Iterable[tuple[bytes, bytes]], length: int | None) -> PeerRequest | PeerRefusal:
         """The verdict on a request to `path` (/tasks/{id}/sync or /verify) from its method, headers and
