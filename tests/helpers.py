@@ -146,3 +146,13 @@ def peer_post(client, channel, path: str, message: bytes):
 
     endpoint = path.rsplit("/", 1)[1]
     return client.post(path, content=message, headers={PEER_HEADER: channel.request_header(endpoint, message)})
+
+
+async def echo_app(scope, receive, send):
+    """An ASGI app that answers 200 with the request's whole body (what the guard's tests wrap)."""
+    body, more = b"", True
+    while more:
+        message = await receive()
+        body, more = body + message.get("body", b""), message.get("more_body", False)
+    await send({"type": "http.response.start", "status": 200, "headers": []})
+    await send({"type": "http.response.body", "body": body})

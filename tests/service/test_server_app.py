@@ -15,7 +15,7 @@ from dpcdf.service.server import answers, create_app, models
 from dpcdf.service.server.aggregate import Aggregator
 from dpcdf.service.server.limits import Failures, Guard, Limits
 from dpcdf.service.task import TaskConfig, token_hash
-from helpers import GRID, OPERATOR
+from helpers import GRID, OPERATOR, echo_app
 
 with warnings.catch_warnings():  # starlette's TestClient prefers httpx2; httpx works
     warnings.filterwarnings("ignore", message=".*httpx2")
@@ -82,13 +82,7 @@ def test_a_close_that_cannot_reach_server_1_is_a_502_and_leaves_the_task_unanswe
 def test_bodies_over_the_limit_are_refused_even_without_a_length():
     """The guard (`limits.Guard`) refuses a body over its endpoint's limit on its Content-Length, and
     a chunked one (no Content-Length) once it passes the chunked cap."""
-    async def echo(scope, receive, send):
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body, more = body + message.get("body", b""), message.get("more_body", False)
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": body})
+    echo = echo_app
 
     limits = Limits(chunked_bytes=10)
     client = TestClient(Guard(echo, limits=limits, failures=Failures(limits)))

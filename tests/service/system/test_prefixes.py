@@ -24,7 +24,7 @@ from dpcdf.service.client import create_task, make_reports
 from dpcdf.service.processes import start_server, stop
 from dpcdf.service.server.limits import Failures, Limits, prefix_of
 from dpcdf.service.wire import encode_batch
-from helpers import GRID, OPERATOR, TESTING, urls
+from helpers import GRID, OPERATOR, TESTING, echo_app, urls
 from test_exhaustion import JUNK, LIMITS, SLACK, connect, post
 
 
@@ -111,13 +111,7 @@ def test_the_guards_refusals_are_charged(monkeypatch):
         warnings.filterwarnings("ignore", message=".*httpx2")
         from fastapi.testclient import TestClient
 
-    async def echo(scope, receive, send):
-        body, more = b"", True
-        while more:
-            message = await receive()
-            body, more = body + message.get("body", b""), message.get("more_body", False)
-        await send({"type": "http.response.start", "status": 200, "headers": []})
-        await send({"type": "http.response.body", "body": body})
+    echo = echo_app
 
     limits = Limits(chunked_bytes=10, uploads_per_address=0, refused_seconds=0.01)
     failures = Failures(limits)
