@@ -33,7 +33,7 @@ from ._lazy import numpy as _numpy
 
 from .errors import FssError, ParameterError
 from .keys import KeyBatch
-from .params import TreeParams
+from .params import TreeParams, check_int
 
 np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
@@ -85,9 +85,7 @@ def set_threads(n: int) -> None:
     the calling thread (`numba.set_num_threads`), which the kernels read at each call."""
     import numba
 
-    if not 1 <= n <= numba.config.NUMBA_NUM_THREADS:
-        raise ParameterError(f"threads must be in [1, {numba.config.NUMBA_NUM_THREADS}], got {n}")
-    numba.set_num_threads(n)
+    numba.set_num_threads(check_int("threads", n, 1, numba.config.NUMBA_NUM_THREADS))
 
 
 def threads() -> int:

@@ -34,7 +34,7 @@ class DCF(TreeFunction):
         self, bits: int, out_bits: int | None = None, width: int = 1, *, cmp: str = "lt", signed: bool = False,
         group: str = "ring", version: int | None = None,
     ):
-        self.params = TreeParams.make(KIND_DCF, bits, out_bits, width, _CMP_ALIASES.get(cmp, cmp), signed, group, version)
+        self.params = TreeParams.make(KIND_DCF, bits, out_bits, width, _CMP_ALIASES.get(cmp, cmp) if isinstance(cmp, str) else cmp, signed, group, version)
 
     @property
     def cmp(self) -> str:

@@ -3,20 +3,30 @@ from __future__ import annotations
 
 import operator
 import secrets
-from typing import Sequence, Union
+from typing import Iterable, Sequence, Union
 
 from ._lazy import numpy as _numpy
 
 from . import backend, codec, inputs
 from .errors import KeyFormatError, KeyMismatchError, ParameterError
 from .keys import Key, KeyBatch
-from .params import TreeParams, check_int
+from .params import TreeParams, check_int, check_party
 
 np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 Payload = Union[int, Sequence[int]]
 Share = Union[int, tuple]
 ROOT_BYTES = 32  # two 16-byte root seeds per key pair: all the randomness gen needs
+
+
+def _share_int(value: object, name: str) -> int:
+    """One share as a Python int: ints and numpy integers; bools, floats, strings and None refused."""
+    if isinstance(value, (bool, np.bool_)):
+        raise ParameterError(f"{name} must be an int, got bool")
+    try:
+        return operator.index(value)
+    except TypeError:
+        raise ParameterError(f"{name} must be an int, got {type(value).__name__}") from None
 
 
 class TreeFunction:
@@ -44,18 +54,22 @@ class TreeFunction:
 
     def key_from_bytes(self, data: bytes, party: int | None = None) -> Key:
         """Strictly parses one key of this function; raises `KeyFormatError` on anything else."""
-        return Key(KeyBatch.from_logical(self.params, *codec.decode_key(self.params, data, party)))
+        return Key(KeyBatch.from_logical(self.params, *codec.decode_key(self.params, data, check_party(party, True))))
 
     def batch_from_bytes(self, data: bytes, party: int | None = None) -> KeyBatch:
         """Strictly parses a `KeyBatch` of this function (bytes, a bytearray, a memoryview or a uint8
         array, read in place); raises `KeyFormatError` on anything else. `fss.load_batch` needs no
         function: it reads it from the header."""
-        return KeyBatch.from_grouped(self.params, *codec.decode_grouped(self.params, data, party))
+        return KeyBatch.from_grouped(self.params, *codec.decode_grouped(self.params, data, check_party(party, True)))
 
     def batch_from_keys(self, keys: Sequence[bytes], party: int) -> KeyBatch:
         """One `KeyBatch` from many single-key encodings of `party` (as `Key.to_bytes()` makes
         them), decoded in one vectorized pass; raises `KeyFormatError` if any is not such a key."""
         p = self.params
+        party = check_party(party)
+        if isinstance(keys, (str, bytes, bytearray, memoryview)) or not isinstance(keys, Iterable):
+            raise ParameterError(f"keys must be a sequence of single-key encodings, got {type(keys).__name__}")
+        keys = list(keys)
         header = p.header(party)
         for k in keys:
             if not isinstance(k, (bytes, bytearray)) or len(k) != p.key_size or bytes(k[: len(header)]) != header:
@@ -193,42 +207,64 @@ class TreeFunction:
     def reconstruct(self, share0: object, share1: object, signed: bool = False) -> object:
         """share0 + share1 mod 2^out_bits (ints, tuples or arrays alike); with `signed`, read as
         two's complement in [-2^(out_bits-1), 2^(out_bits-1)). For group "p61": mod p, and with
-        `signed` read in (-p/2, p/2)."""
-        if self.params.prime:
-            return self._reconstruct_prime(share0, share1, signed)
-        m, half = self.params.mask, 1 << (self.out_bits - 1)
-
-        def one(a: int, b: int) -> int:
-            v = (int(a) + int(b)) & m
-            return v - (m + 1) if signed and v >= half else v
-
+        `signed` read in (-p/2, p/2). Shares are ints (any sign, taken mod the modulus), equal-length
+        tuples of ints, or integer arrays (or sequences of ints beside an array) of broadcastable
+        shapes; anything else (floats, strings, bools, None) raises `ParameterError`."""
+        if not isinstance(signed, (bool, np.bool_)):
+            raise ParameterError(f"signed must be a bool, got {type(signed).__name__}")
         if isinstance(share0, np.ndarray) or isinstance(share1, np.ndarray):
-            total = (np.asarray(share0, np.uint64) + np.asarray(share1, np.uint64)) & np.uint64(m)
-            if not signed:
-                return total
-            if self.out_bits == 64:
-                return total.view(np.int64)
-            wide = total.astype(np.int64)
-            return np.where(wide >= half, wide - (m + 1), wide)
-        if isinstance(share0, tuple):
-            return tuple(one(a, b) for a, b in zip(share0, share1))
-        return one(share0, share1)
+            a, b = self._share_array(share0, "share0"), self._share_array(share1, "share1")
+            try:
+                np.broadcast_shapes(a.shape, b.shape)
+            except ValueError:
+                raise ParameterError(f"share arrays of shapes {a.shape} and {b.shape} do not match") from None
+            return self._add_arrays(a, b, bool(signed))
+        if isinstance(share0, tuple) or isinstance(share1, tuple):
+            both = isinstance(share0, (tuple, list)) and isinstance(share1, (tuple, list))
+            if not both or len(share0) != len(share1):
+                got = (f"lengths {len(share0)} and {len(share1)}" if both
+                       else f"{type(share0).__name__} and {type(share1).__name__}")
+                raise ParameterError(f"tuple shares must be two tuples of one length, got {got}")
+            return tuple(self._add_ints(_share_int(a, "share0"), _share_int(b, "share1"), bool(signed))
+                         for a, b in zip(share0, share1))
+        return self._add_ints(_share_int(share0, "share0"), _share_int(share1, "share1"), bool(signed))
 
-    def _reconstruct_prime(self, share0: object, share1: object, signed: bool) -> object:
-        from . import field
-
+    def _add_ints(self, a: int, b: int, signed: bool) -> int:
         q = self.params.modulus
-
-        def one(a: int, b: int) -> int:
-            v = (int(a) + int(b)) % q
+        v = (a + b) % q
+        if self.params.prime:
             return v - q if signed and v > q // 2 else v
+        return v - q if signed and v >= q >> 1 else v
 
-        if isinstance(share0, np.ndarray) or isinstance(share1, np.ndarray):
-            total = field.add(field.reduce64(share0), field.reduce64(share1))
+    def _share_array(self, value: object, name: str) -> np.ndarray:
+        """An integer array as uint64 (as before: native integer dtypes wrap mod 2^64); anything else
+        element by element, each an int taken mod the modulus (object arrays, lists, one int)."""
+        if isinstance(value, np.ndarray) and value.dtype.kind in "iu":
+            return value.astype(np.uint64, copy=False)
+        if isinstance(value, np.ndarray) and value.dtype != object:
+            raise ParameterError(f"{name} must be an integer array, got dtype {value.dtype}")
+        try:
+            arr = value if isinstance(value, np.ndarray) else np.array(value, dtype=object)
+        except (TypeError, ValueError) as exc:
+            raise ParameterError(f"{name} must be ints or an integer array: {exc}") from None
+        q = self.params.modulus
+        flat = [_share_int(v, name) % q for v in arr.reshape(-1)]
+        return np.array(flat, dtype=np.uint64).reshape(arr.shape)
+
+    def _add_arrays(self, a: np.ndarray, b: np.ndarray, signed: bool) -> np.ndarray:
+        if self.params.prime:
+            from . import field
+
+            total = field.add(field.reduce64(a), field.reduce64(b))
             return field.signed(total) if signed else total
-        if isinstance(share0, tuple):
-            return tuple(one(a, b) for a, b in zip(share0, share1))
-        return one(share0, share1)
+        m, half = self.params.mask, 1 << (self.out_bits - 1)
+        total = (a + b) & np.uint64(m)
+        if not signed:
+            return total
+        if self.out_bits == 64:
+            return total.view(np.int64)
+        wide = total.astype(np.int64)
+        return np.where(wide >= half, wide - (m + 1), wide)
 
     def __repr__(self) -> str:
         return self.params.describe()

@@ -8,7 +8,7 @@ from ._lazy import numpy as _numpy
 
 from . import codec
 from .errors import KeyIndexError, KeyMismatchError, ParameterError
-from .params import GROUP, TreeParams
+from .params import GROUP, TreeParams, check_party
 
 np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
@@ -36,6 +36,29 @@ def from_groups(a: np.ndarray, n: int) -> np.ndarray:
 def payload_dtype(p: TreeParams) -> type:
     """Payload corrections are stored in 32 bits when they fit, halving their memory."""
     return np.uint32 if p.out_bits <= 32 else np.uint64
+
+
+def _indices(item: object) -> np.ndarray:
+    """Key indices (ints, a sequence or an integer array of them) as a flat int64 array; ParameterError
+    for anything else (floats, bools, strings, None, ints beyond int64)."""
+    arr = item if isinstance(item, np.ndarray) else None
+    if arr is None:
+        try:
+            arr = np.array(item, dtype=object)
+        except (TypeError, ValueError) as exc:
+            raise ParameterError(f"key indices must be ints, a slice or an integer array: {exc}") from None
+    if arr.dtype == object:
+        flat = arr.reshape(-1)
+        if not all(isinstance(v, (int, np.integer)) and not isinstance(v, (bool, np.bool_)) for v in flat):
+            raise ParameterError(f"key indices must be ints, a slice or an integer array, got {item!r:.60}")
+        if any(not -(1 << 63) <= int(v) < 1 << 63 for v in flat):
+            raise KeyIndexError(f"key index out of range: {item!r:.60}")
+        return np.array([int(v) for v in flat], dtype=np.int64)
+    if arr.dtype.kind not in "iu":
+        raise ParameterError(f"key indices must be ints, a slice or an integer array, got dtype {arr.dtype}")
+    if arr.dtype == np.uint64 and arr.size and int(arr.max()) >= 1 << 63:
+        raise KeyIndexError(f"key index {int(arr.max())} out of range")
+    return arr.astype(np.int64).reshape(-1)
 
 
 @dataclass(frozen=True, eq=False)
@@ -79,8 +102,7 @@ class KeyBatch:
         ceil(n / GROUP) groups, the last one zero-padded). Checks shapes and dtypes and copies
         nothing when the arrays are C-contiguous, so memory-mapped arrays stay mapped; raises
         ParameterError otherwise. Like every batch, treat the arrays as read-only."""
-        if party not in (0, 1):
-            raise ParameterError(f"party must be 0 or 1, got {party!r}")
+        party = check_party(party)
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ParameterError(f"n must be a non-negative int, got {n!r}")
         g, p = groups(int(n)), params
@@ -106,7 +128,7 @@ class KeyBatch:
         return self.n
 
     def __getitem__(self, item: int | slice | np.ndarray) -> "Key | KeyBatch":
-        if isinstance(item, (int, np.integer)):
+        if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             i = int(item)
             if not -self.n <= i < self.n:
                 raise KeyIndexError(f"key index {i} out of range for a batch of {self.n} keys")
@@ -115,7 +137,7 @@ class KeyBatch:
 
     def select(self, item: slice | np.ndarray) -> "KeyBatch":
         """The keys at `item` (a slice or index array) as a new batch; costs O(selected keys)."""
-        idx = np.arange(self.n)[item] if isinstance(item, slice) else np.asarray(item, dtype=np.int64).reshape(-1)
+        idx = np.arange(self.n)[item] if isinstance(item, slice) else _indices(item)
         if idx.size and (idx.min() < -self.n or idx.max() >= self.n):
             bad = int(idx.min()) if idx.min() < -self.n else int(idx.max())
             raise KeyIndexError(f"key index {bad} out of range for a batch of {self.n} keys")
@@ -138,8 +160,13 @@ class KeyBatch:
     @classmethod
     def concatenate(cls, batches: Sequence["KeyBatch"]) -> "KeyBatch":
         """One batch of all keys of `batches` (same parameters and party), in order."""
+        if isinstance(batches, KeyBatch) or not isinstance(batches, (list, tuple)):
+            raise ParameterError(f"concatenate needs a list or tuple of KeyBatch, got {type(batches).__name__}")
         if not batches:
             raise ParameterError("concatenate needs at least one batch")
+        for b in batches:
+            if not isinstance(b, KeyBatch):
+                raise ParameterError(f"concatenate needs KeyBatch objects, got {type(b).__name__}")
         first = batches[0]
         for b in batches[1:]:
             if b.params != first.params or b.party != first.party:

@@ -33,7 +33,7 @@ from .dpf import DPF
 from .errors import KeyFormatError, ParameterError
 from .function import TreeFunction
 from .keys import GROUP, Key, KeyBatch
-from .params import BATCH_HEADER_LEN, KIND_DCF, TreeParams
+from .params import BATCH_HEADER_LEN, KIND_DCF, TreeParams, check_party
 
 np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
@@ -82,6 +82,7 @@ def load_keys(data: object, party: int | None = None) -> Loaded:
     """(function, batch) of single keys end to end (each `Key.to_bytes()`, as a store keeps them),
     all of the first key's function and party (and of `party`, if given), parsed where they lie in
     one pass; KeyFormatError for anything else."""
+    party = check_party(party, optional=True)
     p, _, batch = codec.parse_header(data)
     if batch:
         raise KeyFormatError("these bytes start with a key batch, not single keys: use fss.load_batch")
@@ -124,6 +125,7 @@ def read_batch(file: PathLike | object, function: TreeFunction | None = None, pa
     them. KeyFormatError for a truncated, corrupt or foreign file; ParameterError for a bad argument."""
     if function is not None and not isinstance(function, TreeFunction):
         raise ParameterError(f"function must be a DCF or DPF, got {type(function).__name__}")
+    party = check_party(party, optional=True)
     if isinstance(file, (str, os.PathLike)):
         if os.path.getsize(file) == 0:
             raise KeyFormatError(f"{os.fspath(file)} is empty, not a key batch")

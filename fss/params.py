@@ -45,6 +45,20 @@ def check_int(name: str, value: object, lo: int, hi: int) -> int:
     return value
 
 
+def check_party(party: object, optional: bool = False) -> int | None:
+    """`party` as 0 or 1 (or None, where `optional`); anything else (2, 1.0, True, "0") raises ParameterError."""
+    if party is None and optional:
+        return None
+    if not isinstance(party, bool):
+        try:
+            value = operator.index(party)
+        except TypeError:
+            value = None
+        if value in (0, 1):
+            return value
+    raise ParameterError(f"party must be 0 or 1{' or None' if optional else ''}, got {party!r}")
+
+
 @dataclass(frozen=True)
 class TreeParams:
     """Everything a key depends on. `cmp` is one of lt, le, gt, ge (DCF) or eq (DPF). `prime`:
@@ -88,7 +102,7 @@ class TreeParams:
         if not isinstance(signed, bool):
             raise ParameterError(f"signed must be a bool, got {type(signed).__name__}")
         allowed = ("lt", "le", "gt", "ge") if kind == KIND_DCF else ("eq",)
-        if cmp not in allowed:
+        if not isinstance(cmp, str) or cmp not in allowed:
             raise ParameterError(f"cmp must be one of {allowed}, got {cmp!r}")
         return cls(kind, bits, out_bits, width, cmp, signed, group == "p61", int(version))
 

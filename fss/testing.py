@@ -29,6 +29,7 @@ import hashlib
 import operator
 
 from .errors import ParameterError
+from .params import check_int
 from .function import ROOT_BYTES, Payload, TreeFunction
 from .keys import Key, KeyBatch
 
@@ -63,6 +64,7 @@ def expand_seed(seed: bytes | int, size: int) -> bytes:
         if value is None or not 0 <= value < 1 << 256:
             raise ParameterError(f"seed must be bytes or an int in [0, 2^256), got {seed!r}")
         raw = value.to_bytes(32, "little")
+    size = check_int("size", size, 0, 1 << 40)
     return hashlib.shake_256(SEED_DOMAIN + raw).digest(size)
 
 

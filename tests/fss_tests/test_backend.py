@@ -13,7 +13,7 @@ def test_selection_and_errors():
         assert backend.current() == "portable"
     with pytest.raises(ParameterError, match="backend must be one of"):
         backend.set_backend("gpu")
-    with pytest.raises(ParameterError, match="threads must be in"):
+    with pytest.raises(ParameterError, match="threads must lie in"):
         backend.set_threads(0)
     assert isinstance(FssError(), Exception)
 
