@@ -55,7 +55,7 @@ exact guarantee is round one's plus the larger of the two round-two designs', ea
 rational scale, so at most epsilon whichever design the data picks. Over two servers each round is
 fixed once per task (`dpcdf.service`): a server answers round one's bins, and one round-two design,
 from its own PRF noise, so an analyst cannot spend more; a task pins `fine` (`TaskConfig.fine_bins`),
-the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`: 7 since round zero's screen, `adaptive_route`) and the shares' rule (`share_rule`,
+the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`: 8 since round zero's screen under both relations, `adaptive_route`) and the shares' rule (`share_rule`,
 `TaskConfig.adaptive_shares`).
 Measured against OpenDP and the Sarus methods in docs/accuracy.md.
 """
@@ -88,7 +88,7 @@ FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
 MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it); under
 # add/remove from plan version 6 `min_adaptive_epsilon`, as round zero's share and the rest's fine share must reach MIN_EPSILON
-PLAN_VERSION = 7  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
+PLAN_VERSION = 8  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
 EMPTY_SDS = 4.0  # a round-two bin of a non-flat plan within this many noise sds of zero is taken as empty (flat data's
 # equal-width bins never are); 2 before: an empty bin's noise passed 2 sds in 6% of bins and then entered every later prefix
 # (measurements in docs/accuracy.md, "Split groups")
@@ -113,7 +113,8 @@ class AdaptiveRelease:
     round_two: np.ndarray | list[np.ndarray]
     root: float | None = None  # a round-two histogram's noisy count of the whole grid (`AdaptiveMechanism.root`)
     groups: np.ndarray | None = None  # its split groups' noisy totals (plan version 3: `RoundTwo.groups`)
-    zero: np.ndarray | None = None  # round zero's noisy counts (add/remove: of the grid, from plan version 7 of the fine bins)
+    zero: np.ndarray | None = None  # round zero's noisy counts (add/remove: of the grid, from plan version 7 of the fine
+    # bins; from version 8 under substitution too)
 
 
 def round_one_shares(epsilon: float, relation: str, rule: int = SHARE_RULE) -> tuple[float, float]:
@@ -141,7 +142,8 @@ def min_adaptive_epsilon(relation: str = "substitution", plan_version: int = PLA
     """The least epsilon the adaptive mechanism (with fine bins) takes: each of its shares at least
     MIN_EPSILON; under add/remove from plan version 6 round zero's `ZERO_SHARE` too, and the fine bins'
     share of what it leaves (review of version 7: 2e-5 to 5e-5 raised instead of falling back to the tree)."""
-    if relation != "add-remove" or not PLAN_RULES[plan_version].route:
+    rules = PLAN_RULES[plan_version]
+    if not rules.route or (relation != "add-remove" and relation not in rules.screen):
         return MIN_ADAPTIVE_EPSILON
     return max(MIN_EPSILON / ZERO_SHARE, MIN_EPSILON / (FINE_SHARE * (1 - ZERO_SHARE))) * (1 + 1e-9)
 
@@ -310,11 +312,11 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
             for at, z in parts:
                 out[at] = z
             return out
-        if round_ == 0:  # round zero's counts (`adaptive_route`): n, exact under substitution; from version 7 the fine bins'
+        if round_ == 0:  # round zero's counts (`adaptive_route`): n, exact under substitution to version 7; the fine bins'
             k = self.zero_ends.size if self.routed else 0
             if not self.routed or count != k:
-                raise ParameterError("round zero is the count of the whole grid (or from plan version 7 under add/remove of "
-                                     "round one's fine bins), in a release of plan version 6 or later only")
+                raise ParameterError("round zero is the count of the whole grid (or from plan version 7 under add/remove, 8 "
+                                     "under both relations, of round one's fine bins), in a release of plan version 6 or later only")
             if self.scale_zero is None:
                 return np.zeros(1, np.int64)
             return noise(ROUND_ZERO_IDS + np.arange(k, dtype=np.int64), self.scale_zero)
@@ -337,8 +339,10 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
                 asked = np.asarray(bins_at(0, ends), dtype=np.float64).reshape(-1)
                 if asked.size != ends.size or not np.isfinite(asked).all():
                     raise ParameterError(f"round zero has {ends.size} counts, got shape {asked.shape}")
-                zero = asked if self.scale_zero is not None else None  # under substitution n, exact: nothing to merge
+                zero = asked if self.scale_zero is not None else None  # v6, v7 under substitution n, exact: nothing to merge
                 route_n = self.zero_n(asked, copies) if zero is not None else float(asked.sum())
+                if zero is not None and self.relation == "substitution":  # v8: n is public, round zero's counts screen
+                    route_n = float(n() if callable(n) else n) if n is not None else float(asked.sum())
                 n = n if n is not None or zero is not None else route_n  # ... which plans round two too
             if self.take_whole(route_n, copies) or (zero is not None and self.screened(zero, copies)):
                 whole = self.whole.gather(prefix_at, lambda level: nodes_at(level, whole=True))
@@ -509,7 +513,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
                   f"chosen from them with eps {self.eps_two:.4g}{root}")
         if not self.routed:
             return f"adaptive: {rounds}"
-        screen = self.rules.screen and self.scale_zero is not None
+        screen = self.screens and self.scale_zero is not None
         counts = f"the counts of {self.zero_ends.size} bins" if screen else "a count of n"
         zero = f"{counts} with eps {self.eps_zero:.4g}, then " if self.scale_zero is not None else ""
         large = "on large data or point masses" if screen else "on large data"

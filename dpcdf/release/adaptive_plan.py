@@ -74,18 +74,21 @@ class PlanRules:
     min_flat_bins: int  # under substitution, flat data's fewest bins (`MIN_FLAT_BINS` from version 5)
     gate: bool  # version 6: a histogram only where its estimated error beats the tree's (`plan_error`)
     route: bool  # version 6: the whole tree on large data, round zero under add/remove (`adaptive_route`)
-    screen: bool  # version 7: under add/remove round zero counts the fine bins, and data whose point masses no
-    # histogram could keep take the whole tree below the route's n too (`adaptive_route.RoutedRelease.screened`)
+    screen: tuple[str, ...]  # the relations under which round zero counts the fine bins, and data whose point masses no
+    # histogram could keep take the whole tree below the route's n too (`adaptive_route.RoutedRelease.screened`):
+    # version 7 add/remove, version 8 substitution too (there n is public: round zero's counts are for the screen)
 
 
 PLAN_RULES = {
-    1: PlanRules(2, False, False, POWER_BINS, NARROW_SDS, False, None, 1, False, False, False),
-    2: PlanRules(REFINED_WIDTH, True, False, POWER_BINS, NARROW_SDS, False, None, 1, False, False, False),
-    3: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, False, GROUP_SHARE, 1, False, False, False),
-    4: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE, 1, False, False, False),
-    5: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, False, False, False),
-    6: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, True, True, False),
-    7: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, True, True, True),
+    1: PlanRules(2, False, False, POWER_BINS, NARROW_SDS, False, None, 1, False, False, ()),
+    2: PlanRules(REFINED_WIDTH, True, False, POWER_BINS, NARROW_SDS, False, None, 1, False, False, ()),
+    3: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, False, GROUP_SHARE, 1, False, False, ()),
+    4: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE, 1, False, False, ()),
+    5: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, False, False, ()),
+    6: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, True, True, ()),
+    7: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, True, True, ("add-remove",)),
+    8: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, True, True,
+                 ("add-remove", "substitution")),
 }
 
 

@@ -5,7 +5,8 @@ with n. So past some n no histogram round one could find would be chosen (`plan_
 one's budget would only be lost: the release then takes the whole tree, with every bit of epsilon.
 Which side of that n the data lies on is known before round one:
 
-- under substitution n is public: the route is a function of it (post-processing of nothing private);
+- under substitution n is public: the route is a function of it (post-processing of nothing private;
+  version 8 adds the screen, below);
 - under add/remove n is not public: round zero counts the whole grid with `ZERO_SHARE` of epsilon
   (DLap(1 / eps_0)), and the route is a function of that count (post-processing of round zero).
 
@@ -26,6 +27,13 @@ at least POINT_MASS c^2 over the `MIN_REACH` grid indices of its narrowest bin, 
 `plan_error.hidden_miss` adds when the rounds choose. Real data (integers, rounded values, one
 popular value) mostly are such; there the rounds would end in the tree, at 1.3 to 2x its error on
 the DPBench sets at 10^4 records, and the screen keeps the whole tree's (bench/accuracy_sweep.py).
+
+Plan version 8: the same under substitution. There n is public, so version 7 had no round zero (n is
+the route's n, exactly); version 8 counts the fine bins with ZERO_SHARE of epsilon at DLap(2 / eps_0)
+(a unit that changes bins moves two counts by 1: `zero_sensitivity`) for the screen alone, and the
+route's n stays the public n. It costs every release 2% of epsilon (1.02 to 1.04x the tree's error
+where n alone took the whole tree); it saves the rounds (1.2 to 1.6x the tree's error) where point
+masses are screened (bench/accuracy_sweep.py, docs/accuracy.md).
 
 The route's n: `whole_limit`, the n at which a histogram's least hidden error (round one's fine bins
 each holding n / k as a point mass, `plan_error.hidden_miss`), times `plan_error.SAFETY`, reaches the
@@ -70,26 +78,38 @@ class RoutedRelease:
         """Sets round zero's budget and scale (add/remove, routed; else none) and returns the rest, the
         budget of either route, as a float whose exact sum with round zero's is at most epsilon."""
         self.eps_zero, self.scale_zero = 0.0, None
-        if not self.routed or self.relation != "add-remove":
+        if not self.routed or (self.relation != "add-remove" and not self.screens):
             return self.epsilon
         self.eps_zero = self.epsilon * ZERO_SHARE
         rest = self.epsilon - self.eps_zero
         while Fraction(self.eps_zero) + Fraction(rest) > Fraction(self.epsilon):
             rest = math.nextafter(rest, 0.0)
-        self.scale_zero = scale_fraction(1, self.eps_zero)
+        self.scale_zero = scale_fraction(self.zero_sensitivity, self.eps_zero)
         return rest
+
+    @property
+    def screens(self) -> bool:
+        """Whether round zero counts the fine bins, for the screen (`screened`): plan version 7 under
+        add/remove, version 8 under both relations (`PlanRules.screen`)."""
+        return self.relation in self.rules.screen
+
+    @property
+    def zero_sensitivity(self) -> int:
+        """Round zero's L1 sensitivity: 1 under add/remove; under substitution 2 for the fine bins' counts
+        (a unit leaves one and joins another), none needed for v6's exact n."""
+        return 2 if self.relation == "substitution" else 1
 
     @property
     def zero_ends(self) -> np.ndarray:
         """Round zero's partition: the whole grid, or (plan version 7, add/remove) round one's fine bins."""
-        return self.fine_ends if self.rules.screen and self.relation == "add-remove" else np.array([self.size - 1], np.int64)
+        return self.fine_ends if self.screens else np.array([self.size - 1], np.int64)
 
     def zero_n(self, zero: np.ndarray, copies: int = 1) -> float:
         """The n round zero's counts give the route (`take_whole`): their sum; from plan version 7 (many
         counts, whose sum is noisier than one count of the grid) `N_SDS` of its sds low, so that
         small data do not take the whole tree on noise (the rounds can find a histogram there)."""
         zero = np.asarray(zero, np.float64)
-        low = N_SDS * math.sqrt(zero.size * copies * dlaplace_variance(self.scale_zero)) if self.rules.screen else 0.0
+        low = N_SDS * math.sqrt(zero.size * copies * dlaplace_variance(self.scale_zero)) if self.screens else 0.0
         return float(zero.sum()) - low
 
     def screened(self, zero: np.ndarray, copies: int = 1) -> bool:
@@ -100,7 +120,7 @@ class RoutedRelease:
         Laplace noises; the discrete Laplace's fourth moment is within a few percent of it at the scales
         round zero has), so that where round zero's noise hides the masses the rounds still choose, and
         spread data do not take the whole tree on noise. Post-processing of round zero."""
-        if not self.rules.screen or self.scale_zero is None:
+        if not self.screens or self.scale_zero is None:
             return False
         one = dlaplace_variance(self.scale_zero)  # a server's noise; `copies` of them add up
         var = copies * one
@@ -112,7 +132,7 @@ class RoutedRelease:
         return plan_error.SAFETY * least > plan_error.tree_error(self, copies)
 
     def zero_epsilon(self) -> Fraction:
-        return 1 / self.scale_zero if self.scale_zero is not None else Fraction(0)
+        return self.zero_sensitivity / self.scale_zero if self.scale_zero is not None else Fraction(0)
 
     def whole_limit(self, copies: int = 1) -> float:
         """The n above which the release takes the whole tree (module docstring)."""

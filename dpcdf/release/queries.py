@@ -74,7 +74,7 @@ class CoordinatesQuery:
 @dataclass(frozen=True)
 class BinsQuery:
     """An adaptive release's noisy bin counts: round 0 (plan version 6 and later) the counts that choose
-    the route (`adaptive_route`: the whole grid's, from version 7 under add/remove the fine bins'; no
+    the route (`adaptive_route`: the whole grid's, from version 7 under add/remove and 8 under both the fine bins'; no
     `ends`), round 1 its fixed bins (no `ends`), round 2 the bins ending at `ends`, then the totals of
     those split `groups` (`RoundTwo.groups`; None: no groups)."""
     round: int

@@ -13,14 +13,14 @@ import pytest
 
 from dpcdf.release.adaptive import AdaptiveMechanism
 
-SHARE_RULE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2}  # as `tests/vectors/generate_adaptive_plans.py` planned each version
+SHARE_RULE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 2}  # as `tests/vectors/generate_adaptive_plans.py` planned each version
 
 VECTORS = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "adaptive_plans_v1.json").read_text())
 CASES = VECTORS["cases"]
 
 
 def test_the_vectors_cover_every_version_shape_and_design():
-    assert {v for c in CASES for v in c["plans"]} == {"1", "2", "3", "4", "5", "6", "7"}
+    assert {v for c in CASES for v in c["plans"]} == {"1", "2", "3", "4", "5", "6", "7", "8"}
     assert len({c["shape"] for c in CASES}) == 8 and {c["relation"] for c in CASES} == {"substitution", "add-remove"}
     designs = {(v, p["design"], p["fill"], bool(p["groups"])) for c in CASES for v, p in c["plans"].items()}
     assert {("4", "bins", "pchip", True), ("4", "bins", "linear", False), ("4", "bins", "pchip", False),
@@ -30,6 +30,8 @@ def test_the_vectors_cover_every_version_shape_and_design():
     assert any(c["plans"]["4"]["design"] == "bins" and c["plans"]["4"] != c["plans"]["3"] for c in exact)
     assert any(c["relation"] == "add-remove" and c["plans"]["4"]["design"] == c["plans"]["3"]["design"] == "tree" for c in exact)
     assert all(c["plans"]["7"] == c["plans"]["6"] for c in CASES)  # version 7 changes round zero (the route), not the plan
+    assert all(c["plans"]["8"] == c["plans"]["7"] for c in CASES if c["relation"] == "add-remove")  # version 8 plans
+    assert any(c["plans"]["8"] != c["plans"]["7"] for c in CASES)  # substitution's rounds at 98% of epsilon (round zero)
     five = [c for c in CASES if c["plans"]["5"] != c["plans"]["4"]]  # version 5: flat data's 1 or 2 bins, under substitution
     assert five and all(c["relation"] == "substitution" and c["plans"]["4"]["fill"] == "linear"
                         and len(c["plans"]["4"]["ends"]) < 3 <= len(c["plans"]["5"]["ends"]) for c in five)

@@ -112,16 +112,19 @@ def test_the_tree_error_the_plan_compares_is_the_merged_estimates_own(relation):
     assert abs(empirical / exact - 1) < 0.15 and exact < 0.95 * alone, (empirical, exact, alone)
 
 
+@pytest.mark.parametrize("version", [7, 8])
 @pytest.mark.parametrize("relation", ["substitution", "add-remove"])
 @pytest.mark.parametrize("size, epsilon", [(256, 0.1), (1024, 1.0), (4096, 0.37), (1000, 3.0)])
-def test_every_route_spends_at_most_epsilon_exactly(relation, size, epsilon):
-    """Round zero (add/remove) plus the larger of the two routes: the whole tree, or round one, then a
-    histogram (with split groups) or the round-two tree; each part's budget as its rational scale."""
-    mech = AdaptiveMechanism(size, epsilon, relation)
+def test_every_route_spends_at_most_epsilon_exactly(relation, size, epsilon, version):
+    """Round zero (add/remove; from version 8 substitution too, its fine counts at Delta 2) plus the larger
+    of the two routes: the whole tree, or round one, then a histogram (with split groups) or the round-two
+    tree; each part's budget as its rational scale."""
+    mech = AdaptiveMechanism(size, epsilon, relation, plan_version=version)
     delta = 2 if relation == "substitution" else 1
-    zero = Fraction(1) / mech.scale_zero if relation == "add-remove" else Fraction(0)
-    assert (mech.scale_zero is not None) == (relation == "add-remove")
-    if relation == "add-remove":
+    counted = relation == "add-remove" or version >= 8
+    zero = Fraction(delta) / mech.scale_zero if counted else Fraction(0)
+    assert (mech.scale_zero is not None) == counted
+    if counted:
         assert abs(float(zero) - ZERO_SHARE * epsilon) < 1e-6 * epsilon
     one = delta / mech.scale_one + delta / mech.scale_fine
     bins = max(delta / mech.scale_two, delta / mech.scale_group + delta / mech.scale_inner)
@@ -138,7 +141,7 @@ def test_on_large_data_the_default_is_the_tree_with_the_whole_budget():
     values = np.random.default_rng(2).integers(0, 1024, 200_000)  # the data set
     grid = Grid.integers(1024)
     prefix = dpcdf.prefix_counts(values, grid)
-    mech, tree = AdaptiveMechanism(1024, 1.0), TreeMechanism(1024, 1.0)
+    mech, tree = AdaptiveMechanism(1024, 1.0, plan_version=7), TreeMechanism(1024, 1.0)  # (version 8: round zero's 2% first)
     assert mech.take_whole(values.size) and not mech.take_whole(500)
     ours = finish_release(grid, mech, mech.noisy(prefix, _prf), values.size)
     theirs = finish_release(grid, tree, tree.noisy(prefix, _prf), values.size)
@@ -148,7 +151,7 @@ def test_on_large_data_the_default_is_the_tree_with_the_whole_budget():
     release = ar.noisy(prefix, _prf)
     assert release.plan.design == "whole" and release.zero == values.size + _prf(np.array([ROUND_ZERO_IDS]), ar.scale_zero)[0]
     assert dlaplace_variance(ar.scale_zero) > 50 * dlaplace_variance(ar.whole.scales[ar.whole.shape.height])  # a cheap count
-    seven = AdaptiveMechanism(1024, 1.0, "add-remove")  # version 7: round zero counts the fine bins, at the same scale
+    seven = AdaptiveMechanism(1024, 1.0, "add-remove", plan_version=7)  # version 7: round zero counts the fine bins, at the same scale
     release = seven.noisy(prefix, _prf)
     fine = np.diff(np.append(0, prefix[seven.fine_ends]))
     want = fine + _prf(ROUND_ZERO_IDS + np.arange(fine.size), seven.scale_zero)
@@ -223,7 +226,7 @@ def test_an_analyst_without_n_plans_with_round_zeros_exact_n():
     exactly and round two is planned with it."""
     values = np.random.default_rng(4).integers(0, 256, 300)  # the data set
     prefix = dpcdf.prefix_counts(values, Grid.integers(256))
-    mech = AdaptiveMechanism(256, 1.0)
+    mech = AdaptiveMechanism(256, 1.0, plan_version=7)  # (version 8 counts the fine bins with noise: test_plan_version_8)
 
     def bins_at(round_, ends, groups=()):
         return np.diff(np.append(0, prefix[np.asarray(ends)])).astype(float) if round_ != 2 else \

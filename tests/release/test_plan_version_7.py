@@ -1,4 +1,4 @@
-"""Plan version 7 of the adaptive release (the default): under add/remove round zero counts round one's
+"""Plan version 7 of the adaptive release (the default before version 8, `test_plan_version_8`): under add/remove round zero counts round one's
 fine bins (not the grid), and data whose point masses no histogram could be kept on take the whole tree
 below the route's n too (`adaptive_route.RoutedRelease.screened`). Substitution is version 6's."""
 from __future__ import annotations
@@ -28,7 +28,7 @@ def test_point_masses_below_the_routes_n_take_the_whole_tree():
     (At n = 3,000 the screen's floor, 2-point bins around each mass, is below the tree's error there.)"""
     grid = Grid.uniform(0, 100, 12)
     prefix = dpcdf.prefix_counts(np.rint(np.random.default_rng(3).normal(50, 3, 6000)), grid)  # the data set
-    seven, six = AdaptiveMechanism(4096, 1.0, "add-remove"), AdaptiveMechanism(4096, 1.0, "add-remove", plan_version=6)
+    seven, six = AdaptiveMechanism(4096, 1.0, "add-remove", plan_version=7), AdaptiveMechanism(4096, 1.0, "add-remove", plan_version=6)
     fine = np.diff(np.append(0, prefix[seven.fine_ends])).astype(np.float64)
     assert seven.plan_version == 7 and 6000 < seven.whole_limit() and not seven.take_whole(seven.zero_n(fine))
     sevens = [_release(seven, prefix, k) for k in range(12)]
@@ -71,7 +71,7 @@ def test_round_zeros_n_errs_low_by_one_sd_of_its_sum():
 def test_version_7_spends_and_scales_as_version_6(relation, size, epsilon):
     """Round zero's partition changes (the fine bins partition the grid: one unit moves one of their
     counts by 1, as it moves the grid's count), nothing else: the same scales and the same exact epsilon."""
-    seven, six = AdaptiveMechanism(size, epsilon, relation), AdaptiveMechanism(size, epsilon, relation, plan_version=6)
+    seven, six = AdaptiveMechanism(size, epsilon, relation, plan_version=7), AdaptiveMechanism(size, epsilon, relation, plan_version=6)
     for name in ("scale_zero", "scale_one", "scale_fine", "scale_two", "scale_root", "scale_group", "scale_inner"):
         assert getattr(seven, name) == getattr(six, name), name
     assert seven.exact_epsilon(relation) == six.exact_epsilon(relation) <= epsilon

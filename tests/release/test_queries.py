@@ -104,7 +104,7 @@ def test_an_adaptive_release_asks_round_one_without_ends_then_round_two_with_the
 def test_plan_version_6_asks_round_zero_then_one_route(n, route):
     """Version 6 first asks round zero (the count of the grid, no ends: n itself under substitution),
     then either round one and round two, or the whole tree's nodes (every released level, `whole`)."""
-    mech = AdaptiveMechanism(256, 1.0)
+    mech = AdaptiveMechanism(256, 1.0, plan_version=7)  # (version 8's round zero: the fine bins' counts, noisy)
 
     def answer(q):
         if isinstance(q, Q.NodesQuery):

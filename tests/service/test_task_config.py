@@ -140,7 +140,7 @@ def test_the_client_refuses_one_server_before_it_seals_anything(monkeypatch):
 
 def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_1():
     """A server fixes round two's design the first time it is asked, so an analyst must plan from round
-    one with the rules the task was made with: a new adaptive task pins `adaptive_plan` 6 (the route and
+    one with the rules the task was made with: a new adaptive task pins `adaptive_plan` 8 (the route, its screen, and
     the plan by estimated error); one written with version 5 (at least `MIN_FLAT_BINS` flat bins under
     substitution) keeps it, and so does a config written with version 4 (graded
     bins, 1 or 2 flat bins), one with version 3 (a spike's run of bins also counted whole: split groups) keeps it
@@ -150,7 +150,10 @@ def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_
     with the same JSON and fingerprint (the review of issue 25 found 37 of 200 such tasks' plans refused
     with 403 after the change)."""
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0}))
-    assert config.adaptive_plan == 7 and json.loads(config.to_json())["adaptive_plan"] == 7 and config.make_mechanism().routed
+    assert config.adaptive_plan == 8 and json.loads(config.to_json())["adaptive_plan"] == 8 and config.make_mechanism().routed
+    seven = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":8,', '"adaptive_plan":7,'))
+    assert seven.make_mechanism().plan_version == 7 and seven.fingerprint != config.fingerprint
+    config = seven  # the older versions below are written over version 7's JSON
     six = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":7,', '"adaptive_plan":6,'))
     assert six.make_mechanism().plan_version == 6 and six.make_mechanism().zero_ends.size == 1 and six.fingerprint != config.fingerprint
     five = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":7,', '"adaptive_plan":5,'))
@@ -179,7 +182,7 @@ def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_
     assert new.check_plan(plan) == plan
     with pytest.raises(ParameterError, match="no split groups"):
         second.check_plan(plan)
-    for bad in (8, 0, True, "2"):
+    for bad in (9, 0, True, "2"):
         with pytest.raises(ParameterError, match="version"):
             TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0, "adaptive_plan": bad}))
     tree = TaskConfig(**(BASE | {"relation": "substitution"}))
@@ -193,7 +196,7 @@ def test_an_adaptive_task_pins_round_ones_fine_bins_and_an_older_config_keeps_it
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "substitution"}))
     assert config.fine_bins and json.loads(config.to_json())["fine_bins"] is True
     assert config.make_mechanism().bins_one == 32 + 64 and TaskConfig.from_json(config.to_json()) == config
-    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":7,', "").replace('"adaptive_shares":2,', "")
+    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":8,', "").replace('"adaptive_shares":2,', "")
     old = TaskConfig.from_json(old_json)
     assert old.fine_bins is False and old.to_json() == old_json and old.fingerprint != config.fingerprint
     # without fine bins round one has rule 1's shares whatever the field says: one config, one fingerprint

@@ -22,11 +22,13 @@ EPSILON = 4.0  # the whole tree from about 550 values (substitution) or 370 (add
 
 @pytest.mark.parametrize("relation, n, route, version", [("substitution", 700, "whole", 7), ("add-remove", 700, "whole", 6),
                                                          ("add-remove", 150, "rounds", 6), ("add-remove", 1500, "whole", 7),
-                                                         ("add-remove", 150, "rounds", 7)])
+                                                         ("add-remove", 150, "rounds", 7), ("substitution", 700, "whole", 8),
+                                                         ("substitution", 150, "rounds", 8)])
 def test_the_two_server_release_takes_the_route_of_the_central_one(servers, relation, n, route, version):
     """The analyst's release equals, value for value, the central release of the same data with both
     servers' PRF noise (copies = 2), on the same route: the whole tree past the route's n, the rounds
-    below it; under add/remove round zero's count (the same at every ask) is merged into the tree."""
+    below it; under add/remove (from version 8 under substitution too) round zero's counts (the same at
+    every ask) are merged into the tree."""
     pair = servers[0]["noisy"]
     config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", relation, min_batch=0, verify=False, adaptive_plan=version)
     mech = config.make_mechanism()
@@ -37,12 +39,13 @@ def test_the_two_server_release_takes_the_route_of_the_central_one(servers, rela
     grid = config.make_grid()
     central = mech.noisy(prefix_counts(vals, grid), _both_noises(pair, config), copies=2)
     assert (central.plan.design == "whole") == (route == "whole")
-    assert (central.zero is not None) == (relation == "add-remove")
+    counted = relation == "add-remove" or version >= 8  # round zero's noisy counts
+    assert (central.zero is not None) == counted
     want = finish_release(grid, mech, central, n if relation == "substitution" else 0, copies=2)
     assert (rel.released.zero is None) == (central.zero is None)
     if central.zero is not None:  # round zero's counts: the same PRF noise
         assert np.array_equal(rel.released.zero, central.zero)
-        assert central.zero.size == (mech.fine_ends.size if version == 7 else 1)
+        assert central.zero.size == (mech.fine_ends.size if version >= 7 else 1)
     np.testing.assert_allclose(rel.counts, want.counts, atol=1e-6)
     assert rel.released.plan.design == central.plan.design
 
@@ -96,10 +99,12 @@ def test_each_server_answers_one_route_only(servers):
 
 
 def test_route_queries_a_task_cannot_answer_are_400(servers):
-    """Under substitution round zero is n itself, exact (public: no budget is spent on it); round zero
+    """Under substitution in plan version 7 round zero is n itself, exact (public: no budget is spent on
+    it; version 8 counts the fine bins, noisy: `test_the_two_server_release_takes_the_route_of_the_central_one`); round zero
     and the whole tree on a tree task: 400 with a message, nothing fixed."""
     pair = servers[0]["noisy"]
-    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "substitution", min_batch=0, verify=False)
+    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "substitution", min_batch=0, verify=False,
+                                adaptive_plan=7)
     submit(config, _uniform(60, 11), batch=60)
     analyst = Analyst(config, token)
     count, n = analyst._ask({"kind": "bins", "round": 0})
