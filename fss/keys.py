@@ -1,6 +1,7 @@
 """Key objects: `KeyBatch` (many keys of one party, grouped struct of arrays) and `Key` (a batch of one)."""
 from __future__ import annotations
 
+import hmac
 from dataclasses import dataclass
 from typing import Sequence
 
@@ -200,7 +201,12 @@ class Key:
         return codec.encode_key(self.params, self.party, self.batch.logical())
 
     def __eq__(self, other: object) -> bool:
-        return isinstance(other, Key) and self.to_bytes() == other.to_bytes()
+        """Equal iff the two keys serialize to the same bytes, compared in constant time
+        (`hmac.compare_digest`: the time does not depend on where the secret bytes first differ; it
+        does depend on their lengths, which the public parameters fix). NotImplemented for non-keys."""
+        if not isinstance(other, Key):
+            return NotImplemented
+        return hmac.compare_digest(self.to_bytes(), other.to_bytes())
 
     def __hash__(self) -> int:
         return hash(self.to_bytes())
