@@ -39,6 +39,9 @@ def payload_dtype(p: TreeParams) -> type:
     return np.uint32 if p.out_bits <= 32 else np.uint64
 
 
+_ARRAYS = ("seeds", "cw_seed", "cw_t", "cw_v")
+
+
 def _indices(item: object) -> np.ndarray:
     """Key indices (ints, a sequence or an integer array of them) as a flat int64 array; ParameterError
     for anything else (floats, bools, strings, None, ints beyond int64)."""
@@ -74,8 +77,13 @@ class KeyBatch:
     - cw_v    (G, v_levels, width, GROUP) uint32 (out_bits <= 32) or uint64: payload corrections mod
       2^out_bits; the last level is the leaf's (BCG+21's CW^(n+1)); a DPF has only that one.
 
-    `logical()` gives the same fields as (..., n) arrays. Treat the arrays as read-only: the two
-    parties' batches from one gen share their corrections.
+    `logical()` gives the same fields as (..., n) arrays. The four arrays are read-only views (set
+    at construction, whatever the arrays passed in; nothing is copied): the two parties' batches
+    from one gen share their correction arrays, so an in-place edit or wipe of one party's batch
+    would change the other's, and it raises numpy's "assignment destination is read-only"
+    ValueError instead. To change keys, build a new batch (`from_grouped`, `from_logical`) from
+    copies (`logical()` returns copies). Every batch having read-only arrays also gives the numba
+    kernels one argument type, hence one compiled specialization, whatever made the batch.
     """
 
     params: TreeParams
@@ -102,7 +110,7 @@ class KeyBatch:
         """A batch of `n` keys from arrays already in the grouped layout (the dataclass fields: G =
         ceil(n / GROUP) groups, the last one zero-padded). Checks shapes and dtypes and copies
         nothing when the arrays are C-contiguous, so memory-mapped arrays stay mapped; raises
-        ParameterError otherwise. Like every batch, treat the arrays as read-only."""
+        ParameterError otherwise. Like every batch's, its arrays are read-only views of those given."""
         party = check_party(party)
         if isinstance(n, bool) or not isinstance(n, (int, np.integer)) or n < 0:
             raise ParameterError(f"n must be a non-negative int, got {n!r}")
@@ -119,6 +127,14 @@ class KeyBatch:
                 raise ParameterError(f"{name} of {n} grouped keys of {p.describe()} must be a C-contiguous "
                                      f"{np.dtype(dtype)} array of shape {shape}, got {got}")
         return cls(p, party, int(n), seeds, cw_seed, cw_t, cw_v)
+
+    def __post_init__(self) -> None:
+        for name in _ARRAYS:
+            a = getattr(self, name)
+            if isinstance(a, np.ndarray) and a.flags.writeable:
+                view = a.view()
+                view.flags.writeable = False
+                object.__setattr__(self, name, view)  # frozen dataclass: set once, here
 
     def logical(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(seeds (2, n), cw_seed (bits, 2, n), cw_t (bits, n), cw_v (v_levels, width, n))."""

@@ -158,7 +158,9 @@ def test_block_layout_kernel_width_4_above_a_subtree_and_its_fallback():
                 assert np.array_equal(backend.eval_grid(k, 5, 1500, False), want[1]), name
     odd = DCF(6, width=2, group="p61", cmp="ge")
     pair = gen(odd, [3, 40], np.array([[1, 2], [3, 4]], np.uint64))
-    pair[0].cw_seed[:, :, 0, :2] |= np.uint64(1)  # both parties' (one array), every level
+    cw_seed = pair[0].cw_seed.copy()  # the batches' arrays are read-only: a new pair with the bits set
+    cw_seed[:, :, 0, :2] |= np.uint64(1)  # both parties' (one array), every level
+    pair = [KeyBatch.from_grouped(k.params, k.party, k.n, k.seeds, cw_seed, k.cw_t, k.cw_v) for k in pair]
     for keys in pair:
         for name in backend.available():
             with backend.using(name):
