@@ -20,6 +20,9 @@ from .errors import DpcdfError, ParameterError
 from .service.files import read_text
 
 DEBUG_ENV = "DPCDF_DEBUG"
+EXTRA_OF = {"scipy": "release", "osqp": "release", "cryptography": "service", "fastapi": "service", "starlette": "service",
+            "pydantic": "service", "uvicorn": "service", "matplotlib": "demo", "sklearn": "examples", "dask": "dask",
+            "distributed": "dask"}  # optional dependencies (pyproject.toml's extras) by top-level module
 POSTPROCESS_CHOICES = ["auto", "none", "monotone", "monotone-l1", "sparse", "smooth"]  # dpcdf.release.ecdf.POSTPROCESS (a test checks)
 
 
@@ -381,16 +384,26 @@ def main(argv: list[str] | None = None) -> int:
     except DpcdfError as exc:
         print(f"dpcdf: {_one_line(exc)}", file=sys.stderr)
         return 2
+    except ModuleNotFoundError as exc:  # a lean install (`pip install fss-dpcdf` is fss alone): say which extra
+        extra = EXTRA_OF.get((exc.name or "").split(".")[0])
+        if extra is None:
+            return _unexpected(exc)
+        print(f"dpcdf: this command needs {exc.name}, which comes with pip install 'fss-dpcdf[{extra}]'", file=sys.stderr)
+        return 2
     except OSError as exc:
         where = f"{exc.filename}: " if exc.filename else ""
         print(f"dpcdf: {where}{exc.strerror or exc}", file=sys.stderr)
         return 2
     except Exception as exc:  # a bug: still one line, the traceback on request
-        if os.environ.get(DEBUG_ENV) == "1":
-            raise
-        print(f"dpcdf: unexpected error ({exc.__class__.__name__}: {_one_line(exc)}); please report it, with the "
-              f"traceback that {DEBUG_ENV}=1 shows", file=sys.stderr)
-        return 2
+        return _unexpected(exc)
+
+
+def _unexpected(exc: Exception) -> int:
+    if os.environ.get(DEBUG_ENV) == "1":
+        raise exc
+    print(f"dpcdf: unexpected error ({exc.__class__.__name__}: {_one_line(exc)}); please report it, with the "
+          f"traceback that {DEBUG_ENV}=1 shows", file=sys.stderr)
+    return 2
 
 
 def run() -> None:
