@@ -362,3 +362,17 @@ def test_integer_data_on_a_grid_between_integers_is_warned_about():
     for bad in ("integers:5:5", "integers:1.5:9", "integers:3", "integers:0:99999999"):
         with pytest.raises(CliError, match="grid"):
             parse_grid(bad)
+
+
+def test_plan_version_8_screened_substitution_releases_are_covered():
+    """Version 8 under substitution: one point mass of 1,000 values on 2^10 at eps 2 (below the route's n,
+    1,010) is screened by round zero's fine counts in most releases, which then take the whole tree with
+    those counts merged; the band is the merged estimate's and covers at the level."""
+    grid, runs = Grid.integers(1024), 120
+    values = np.full(1000, 500)  # the data set
+    truth = dpcdf.prefix_counts(values, grid) / values.size
+    rels = [dpcdf.release_ecdf(values, grid, 2.0, "adaptive", "substitution") for _ in range(runs)]
+    ours = [r for r in rels if r.released.plan.design == "whole"]
+    assert rels[0].mechanism.plan_version == 8 and len(ours) > 0.7 * runs and ours[0].released.zero is not None
+    assert "earlier rounds' counts" in band.linear_estimate(ours[0]).what
+    assert sum(covered(r, truth) for r in ours) / len(ours) >= exact_floor(len(ours))
