@@ -2,9 +2,16 @@
 portable level-by-level backend. All give bit-identical results (the tests pin them together).
 
     fss.backend.available()        # e.g. ('portable', 'aesni', 'vaes256') on AVX2 + VAES
-    fss.backend.set_backend("portable")   # or FSS_BACKEND=portable in the environment
-    with fss.backend.using("aesni"): ...
-    fss.backend.set_threads(2)     # threads of the fused kernels (numba's count for this thread)
+    fss.backend.set_backend("portable")   # the process-wide default; or FSS_BACKEND=portable in the environment
+    with fss.backend.using("aesni"): ...  # this thread (this context) only, for the block
+    fss.backend.set_threads(2)     # threads of the fused kernels, for calls from this thread only
+
+Scope: `set_backend` sets the process-wide default, which every thread sees unless it is inside a
+`using` block. `using` sets the choice in a `contextvars.ContextVar`: it applies to the calling thread
+(or asyncio task) for the block and never to another thread. A new `threading.Thread` starts from
+the process-wide default (Python threads do not inherit context variables); to carry a block's
+choice into one, run its target in `contextvars.copy_context().run`. `set_threads` is per thread too
+(numba keeps its thread count per thread): see its docstring.
 
 The tiers, one per instruction set (`available()` lists those this CPU has, slowest first):
   "portable"  level by level, one pycryptodome ECB call per level (any CPU);
@@ -24,6 +31,7 @@ also do the F_p arithmetic (and have their own self-tests per width, DCF or DPF,
 from __future__ import annotations
 
 import contextlib
+import contextvars
 import functools
 import os
 import warnings
@@ -49,7 +57,15 @@ def _portable():
 
 NAMES = ("auto", "portable", "aarch64", "aesni", "vaes256", "vaes")
 FUSED = ("aarch64", "aesni", "vaes256", "vaes")  # slowest first (aarch64 and the x86 tiers exclude each other)
-_chosen = os.environ.get("FSS_BACKEND", "auto")
+_default = os.environ.get("FSS_BACKEND", "auto")  # the process-wide choice: FSS_BACKEND, then set_backend
+_scoped: contextvars.ContextVar[str | None] = contextvars.ContextVar("fss_backend", default=None)  # using()
+
+
+def chosen() -> str:
+    """The backend name in force for the caller ("auto" not resolved: `current()` resolves it): the
+    innermost `using` block of this thread or task, else the process-wide default."""
+    name = _scoped.get()
+    return _default if name is None else name
 
 
 def available() -> tuple[str, ...]:
@@ -59,30 +75,41 @@ def available() -> tuple[str, ...]:
     return ("portable",) + tuple(name for name in FUSED if _aes.supported(name))
 
 
-def set_backend(name: str) -> None:
-    """Selects the backend for every later call; raises ParameterError if the CPU cannot run it."""
-    global _chosen
-    if name not in NAMES:
+def _check_name(name: object) -> str:
+    if not isinstance(name, str) or name not in NAMES:
         raise ParameterError(f"backend must be one of {NAMES}, got {name!r}")
     if name != "auto" and name not in available():
         raise ParameterError(f"this CPU cannot run the {name!r} backend (available: {available()})")
-    _chosen = name
+    return name
+
+
+def set_backend(name: str) -> None:
+    """Sets the process-wide default backend, for every later call of every thread that is not
+    inside a `using` block (such a block keeps its own choice until it ends). ParameterError for an
+    unknown name or one the CPU cannot run."""
+    global _default
+    _default = _check_name(name)
 
 
 @contextlib.contextmanager
 def using(name: str) -> Iterator[None]:
-    """Runs a block with another backend, restoring the previous choice afterwards."""
-    before = _chosen
-    set_backend(name)
+    """Runs a block with another backend in this thread (or asyncio task) only: the choice lives in a
+    context variable, so other threads keep theirs, and the block's end restores the previous one.
+    ParameterError (before the block runs) for an unknown name or one the CPU cannot run."""
+    token = _scoped.set(_check_name(name))
     try:
         yield
     finally:
-        set_backend(before)
+        _scoped.reset(token)
 
 
 def set_threads(n: int) -> None:
-    """Threads the fused kernels use (1 .. the number of cores numba found). It is numba's count of
-    the calling thread (`numba.set_num_threads`), which the kernels read at each call."""
+    """Threads the fused kernels use for calls made from the calling thread: an int in 1 ..
+    NUMBA_NUM_THREADS (the cores numba found), else ParameterError. It is numba's thread count
+    (`numba.set_num_threads`), which numba's threading layer keeps per thread: it applies to the
+    calling thread only, each kernel call reads the count of the thread that makes it, and every
+    other thread, including threads started later, keeps its own (numba's default is
+    NUMBA_NUM_THREADS) until it calls `set_threads` itself. It is not scoped to a `using` block."""
     import numba
 
     numba.set_num_threads(check_int("threads", n, 1, numba.config.NUMBA_NUM_THREADS))
@@ -119,11 +146,12 @@ def _self_test(name: str) -> bool:
 def current() -> str:
     """The backend calls use now ("auto" resolved). A name from FSS_BACKEND that is unknown or that
     this CPU cannot run raises ParameterError here (the kernels never emit instructions the CPU lacks)."""
-    if _chosen != "auto":
-        if _chosen not in available():
-            raise ParameterError(f"FSS_BACKEND={_chosen!r}: backend must be one of {NAMES} and run on this CPU "
+    name = chosen()
+    if name != "auto":
+        if name not in available():
+            raise ParameterError(f"FSS_BACKEND={name!r}: backend must be one of {NAMES} and run on this CPU "
                                  f"(available: {available()})")
-        return _chosen
+        return name
     for name in reversed(FUSED):
         if name in available():
             if _self_test(name):
@@ -133,14 +161,14 @@ def current() -> str:
 
 
 def _fast_for(p: TreeParams) -> str | None:
-    if p.prime and _chosen == "auto":  # the portable backend's, whatever the tier: no kernel to choose or self-test
+    if p.prime and chosen() == "auto":  # the portable backend's, whatever the tier: no kernel to choose or self-test
         return None
     from . import fast
 
     name = current()
     if name == "portable" or p.width > fast.MAX_WIDTH or p.prime:
         return None
-    if _chosen != "auto" and not _self_test(name):
+    if chosen() != "auto" and not _self_test(name):
         raise FssError(f"the {name} kernel failed its self-test against the portable backend")
     return name
 
@@ -240,7 +268,7 @@ def _trusted(name: str, what: str, passed: bool) -> bool:
     """A fused kernel's self-test verdict: a failure is an FssError for a tier chosen by name, and a
     warning (the caller then takes the portable backend) under "auto"."""
     if not passed:
-        if _chosen != "auto":
+        if chosen() != "auto":
             raise FssError(f"the {name} {what} failed its self-test against the portable backend")
         warnings.warn(f"fss: the {name} {what} failed its self-test; using the portable backend", RuntimeWarning)
     return passed
