@@ -15,16 +15,17 @@ def eval_grid_sums(batch: KeyBatch, start: int, size: int, reverse: bool, tier: 
     """`sums_of(fast.eval_grid(...), weights, offs)` for a batch over F_p, without the (n, size,
     width) array: each key's row is written to a ring of two rows and reduced to its sketch while it
     is in cache (one pass of round one's check, `dpcdf`). weights (q, size, c) canonical, offs (q,).
-    Where a vector's lanes each hold one column of the row (`_linear.lane_streams`) the sketch runs in
-    32 x 32-bit lanes on split weights, with the whole row's column sums (the first c kept)."""
+    The sketch runs in 32 x 32-bit lanes on split weights (`_linear.lane_streams`: dots on disjoint
+    columns share a stream where each lane holds one column of the row, else one stream per dot), with
+    the whole row's column sums (the first c kept); past MAX_LANE_DOTS dots, on the whole array."""
     tier = require(tier)
     p, n = batch.params, len(batch)
-    if fast._unfit(batch, tier) or not p.prime or not 1 <= len(offs) <= MAX_DOTS:
-        return sums_of(fast.eval_grid(batch, start, size, reverse, tier, threads), weights, offs)
     q, c = weights.shape[0], weights.shape[2]
     offs_t = tuple(int(o) for o in offs)
     lanes = lanes_for(tier)
-    streams = lane_streams(p.width, c, offs_t, lanes)
+    streams = lane_streams(p.width, c, offs_t, lanes) if offs_t else None
+    if fast._unfit(batch, tier) or not p.prime or (streams is None and not 1 <= len(offs) <= MAX_DOTS):
+        return sums_of(fast.eval_grid(batch, start, size, reverse, tier, threads), weights, offs)
     if streams is None:
         lanes, wf, kept = 0, weights.reshape(q, size * c), c
     else:

@@ -62,7 +62,8 @@ def no_sketch(row, wf, dots, col, last):
     """The plain grid kernel's `row_sketch` (never called)."""
 
 
-MAX_DOTS = 3  # dots the grid kernel's sketch takes (one loop, three accumulators); more: `sums_of` on eval_grid
+MAX_DOTS = 3  # dots the grid kernel's scalar sketch takes (one loop, three accumulators); more: the lane sketch
+MAX_LANE_DOTS = 8  # dots the lane sketch takes (the calibration check's six; more: `sums_of` on eval_grid)
 
 
 @functools.lru_cache(maxsize=None)
@@ -160,10 +161,14 @@ def lanes_for(tier: str) -> int:
 def lane_streams(width: int, c: int, offs: tuple, lanes: int) -> tuple | None:
     """Which dot each word of a row feeds, packed into as few weight streams as possible: a tuple of
     streams, each a tuple over the row's columns e < width of a dot index or -1 (dots on disjoint
-    columns share a stream: round one's z of the values and z of the tags). None where a lane does
-    not always hold the same column (width not dividing lanes): the scalar sketch runs there."""
-    if lanes % width:
+    columns share a stream: round one's z of the values and z of the tags). Where a lane does not
+    always hold the same column (width not dividing lanes: the calibration check's width 6), one
+    stream per dot, unpacked: a stream's every lane then sums that dot alone (its weights are 0 on the
+    other columns), whatever column a lane holds. None beyond MAX_LANE_DOTS dots (`sums_of` runs)."""
+    if len(offs) > MAX_LANE_DOTS:
         return None
+    if lanes % width:
+        return tuple(tuple(j if o <= e < o + c else -1 for e in range(width)) for j, o in enumerate(offs))
     streams: list[list[int]] = []
     for j, o in enumerate(offs):
         cols_j = range(o, o + c)
@@ -252,8 +257,9 @@ def _lane_chunks(streams: tuple, width: int, lanes: int, q: int):
                 m = canon_v(b.load(rm))  # times 2^31 mod p: a 61-bit rotation by 31
                 rot = b.or_(b.and_(b.shl(m, vc(31)), p), b.lshr(m, vc(30)))
                 v = canon_v(b.add(canon_v(b.load(rl)), rot))
+                single = {j for j in streams[t] if j >= 0}  # an unpacked stream: every lane is its one dot's
                 for lane in range(lanes):
-                    j = streams[t][lane % width]
+                    j = next(iter(single)) if len(single) == 1 else streams[t][lane % width]
                     if j >= 0:
                         sums[j] = b.add(sums[j], b.extract_element(v, ir.Constant(ir.IntType(32), lane)))
             pp = ir.Constant(_I64, int(_P))

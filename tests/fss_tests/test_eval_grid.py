@@ -171,7 +171,8 @@ def test_block_layout_kernel_width_4_above_a_subtree_and_its_fallback():
 # portable and the fastest: a fused kernel is compiled per shape and tier (about 5 s each from a cold
 # cache), the walk is the tier's (pinned on every tier above) and the row's reduction the same code on all
 @pytest.mark.parametrize("width, c, offsets, tiers", [(2, 1, [0, 0, 1], "all"), (4, 2, [0, 0, 2], "all"),
-                                                     (1, 1, [0], BACKENDS), (2, 1, [1, 0, 1, 0], BACKENDS)])
+                                                     (1, 1, [0], BACKENDS), (2, 1, [1, 0, 1, 0], BACKENDS),
+                                                     (6, 3, [0, 0, 0, 2, 3, 3], BACKENDS)])  # the calibration check's six
 def test_eval_grid_sums_equals_the_sums_of_eval_grid(width, c, offsets, tiers):
     """`eval_grid_sums` (the grid kernel with each key's row reduced in cache, `fss._linear`) against
     Python integers on `eval_grid`'s values, both orders, one and two threads, a partial subtree and a
@@ -205,11 +206,13 @@ def test_eval_grid_sums_equals_the_sums_of_eval_grid(width, c, offsets, tiers):
         fn.eval_grid_sums(keys, size, w[:1], [width])
 
 
-@pytest.mark.parametrize("width, c, offsets", [(2, 1, (0, 0, 1)), (4, 2, (0, 0, 2)), (1, 1, (0,))])
+@pytest.mark.parametrize("width, c, offsets", [(2, 1, (0, 0, 1)), (4, 2, (0, 0, 2)), (1, 1, (0,)), (6, 3, (0, 0, 0, 2, 3, 3)),
+                                               (3, 1, (0, 1, 2))])
 def test_the_lane_sketch_holds_at_its_bounds(width, c, offsets):
     """`_linear.lane_sketch` (the check's sums in 32 x 32-bit lanes, folded every 2 and 4 vectors)
     against Python integers where every product is largest (values and weights p - 1, so a missed
-    fold overflows) and on random rows, with 4 and 8 lanes and rows that leave a tail of every length."""
+    fold overflows) and on random rows, with 4 and 8 lanes and rows that leave a tail of every length;
+    widths 6 and 3 (which divide neither) take one stream per dot, up to the calibration check's six."""
     from numba import njit
 
     from fss._linear import lane_sketch, lane_streams, lane_weights
