@@ -86,8 +86,9 @@ ROOT_SHARE_TWO = 0.2  # share rule 2, add/remove: of a round-two histogram's bud
 ROOT_EPSILON = 0.5  # ... from this epsilon up (at 0.25 it cost the skewed data 1.12x: too few bins kept for it to pay)
 FINE_WIDTH, MAX_FINE_BINS = 16, 256  # fine bins of about 16 grid points: 64 to 256 of them (`fine_bins`)
 MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks it)
-MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it); under
-# add/remove from plan version 6 `min_adaptive_epsilon`, as round zero's share and the rest's fine share must reach MIN_EPSILON
+MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it); where round
+# zero spends (add/remove from plan version 6, substitution from 8) `min_adaptive_epsilon`, as its share and the rest's fine
+# share must reach MIN_EPSILON
 PLAN_VERSION = 8  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
 EMPTY_SDS = 4.0  # a round-two bin of a non-flat plan within this many noise sds of zero is taken as empty (flat data's
 # equal-width bins never are); 2 before: an empty bin's noise passed 2 sds in 6% of bins and then entered every later prefix
@@ -140,8 +141,8 @@ def split_budget(epsilon: float, share: float) -> tuple[float, float]:
 
 def min_adaptive_epsilon(relation: str = "substitution", plan_version: int = PLAN_VERSION) -> float:
     """The least epsilon the adaptive mechanism (with fine bins) takes: each of its shares at least
-    MIN_EPSILON; under add/remove from plan version 6 round zero's `ZERO_SHARE` too, and the fine bins'
-    share of what it leaves (review of version 7: 2e-5 to 5e-5 raised instead of falling back to the tree)."""
+    MIN_EPSILON; where round zero spends (add/remove from plan version 6, substitution from 8) its
+    `ZERO_SHARE` too, and the fine bins' share of what it leaves (review of version 7: 2e-5 to 5e-5 raised instead of falling back to the tree)."""
     rules = PLAN_RULES[plan_version]
     if not rules.route or (relation != "add-remove" and relation not in rules.screen):
         return MIN_ADAPTIVE_EPSILON
@@ -333,6 +334,9 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
             raise ParameterError("the adaptive mechanism's release is asked for in bins (bins_at)")
         zero = None
         if self.routed:  # plan version 6: the whole tree on large data (`adaptive_route`)
+            if n is None and self.relation == "substitution" and self.scale_zero is not None:  # review of version 8
+                raise ParameterError("under substitution a release of plan version 8 is asked with n (public), before "
+                                     "round zero, whose counts are noisy there")
             route_n = n
             if self.scale_zero is not None or n is None or callable(n):  # round zero: n, noisy under add/remove
                 ends = self.zero_ends
@@ -500,7 +504,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         rounds = delta / self.scale_one + fine + max(bins + root, tree)
         if not self.routed:
             return rounds
-        return self.zero_epsilon() + max(rounds, self.whole.exact_epsilon(relation))
+        return self.zero_epsilon(relation) + max(rounds, self.whole.exact_epsilon(relation))
 
     def rounded_budgets(self) -> int:
         rounds = 1 + self.fine + max(1 + self.root + (self.scale_group is not None), self.tree.rounded_budgets())

@@ -51,7 +51,7 @@ from . import plan_error
 from .adaptive_plan import PLAN_RULES
 from .noise import dlaplace_variance, scale_fraction
 
-ZERO_SHARE = 0.02  # add/remove, plan version 6 and later: round zero's share of epsilon (`zero_ends`' counts)
+ZERO_SHARE = 0.02  # add/remove from plan version 6, substitution from 8: round zero's share of epsilon (`zero_ends`' counts)
 MIN_REACH = 2  # the fewest grid indices a proposed histogram's bin around a point mass spans (`refined_ends`: 2-point bins)
 N_SDS = 1.0  # round zero's n (version 7: a sum of many counts) taken this many of its sds low (3 sent DPBench sets of
 # 10^4 records at eps 1 to the rounds in about half the tasks, 1.2x the tree's error)
@@ -75,7 +75,7 @@ class RoutedRelease:
         return takes_routes(self.plan_version, self.fine)
 
     def route_budget(self) -> float:
-        """Sets round zero's budget and scale (add/remove, routed; else none) and returns the rest, the
+        """Sets round zero's budget and scale (routed: add/remove, or `screens`; else none) and returns the rest, the
         budget of either route, as a float whose exact sum with round zero's is at most epsilon."""
         self.eps_zero, self.scale_zero = 0.0, None
         if not self.routed or (self.relation != "add-remove" and not self.screens):
@@ -101,7 +101,8 @@ class RoutedRelease:
 
     @property
     def zero_ends(self) -> np.ndarray:
-        """Round zero's partition: the whole grid, or (plan version 7, add/remove) round one's fine bins."""
+        """Round zero's partition: the whole grid, or (`screens`: plan version 7 under add/remove, 8 under
+        both) round one's fine bins."""
         return self.fine_ends if self.screens else np.array([self.size - 1], np.int64)
 
     def zero_n(self, zero: np.ndarray, copies: int = 1) -> float:
@@ -113,7 +114,7 @@ class RoutedRelease:
         return float(zero.sum()) - low
 
     def screened(self, zero: np.ndarray, copies: int = 1) -> bool:
-        """Plan version 7: whether round zero's fine counts show point masses whose least cost to any
+        """Plan version 7 (add/remove), 8 (both relations): whether round zero's fine counts show point masses whose least cost to any
         histogram the rounds could keep, times `plan_error.SAFETY`, is above the tree's error (module
         docstring): sum c^2 estimated without bias (each count squared less its noise variance), taken
         `SCREEN_SDS` of its sds low (Var of a noisy square: 4 c^2 var + E z^4 - var^2, z the sum of `copies`
@@ -131,8 +132,16 @@ class RoutedRelease:
         least = plan_error.POINT_MASS * MIN_REACH * max(0.0, squares - SCREEN_SDS * sd) / self.size
         return plan_error.SAFETY * least > plan_error.tree_error(self, copies)
 
-    def zero_epsilon(self) -> Fraction:
-        return self.zero_sensitivity / self.scale_zero if self.scale_zero is not None else Fraction(0)
+    def zero_epsilon(self, relation: str | None = None) -> Fraction:
+        """Round zero's epsilon under `relation` (default the mechanism's own): its counts' L1 sensitivity
+        there over its scale. Under substitution the fine bins' counts move by 2 and the grid's count
+        (version 6) not at all; under add/remove either moves by 1 (review of version 8: the stated
+        epsilon under the other relation counted the fine bins at 1)."""
+        if self.scale_zero is None:
+            return Fraction(0)
+        if (relation or self.relation) == "add-remove":
+            return 1 / self.scale_zero
+        return Fraction(2 if self.zero_ends.size > 1 else 0) / self.scale_zero
 
     def whole_limit(self, copies: int = 1) -> float:
         """The n above which the release takes the whole tree (module docstring)."""

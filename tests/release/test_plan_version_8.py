@@ -97,3 +97,31 @@ def test_the_route_takes_the_public_n_not_round_zeros_sum(n, design):
     for given in (n, lambda: n):
         release = mech.gather(None, lambda level, whole=False: nodes(level), None, bins_at, given)
         assert (release.plan.design == "whole") == (design == "whole")
+
+
+def test_a_substitution_release_without_n_is_refused_before_any_question():
+    """Review of version 8: with n unknown (None) under substitution, round zero's noisy sum would route
+    the release and round two could not be planned; the release is refused before anything is asked."""
+    mech, asked = AdaptiveMechanism(1024, 1.0), []
+
+    def bins_at(round_, ends, groups=()):
+        asked.append(round_)
+        return np.zeros(len(ends) + len(groups))
+
+    with pytest.raises(dpcdf.ParameterError, match="asked with n"):
+        mech.gather(None, lambda level, whole=False: np.zeros(1), None, bins_at, None)
+    assert asked == []
+
+
+@pytest.mark.parametrize("version", [6, 7, 8])
+def test_round_zero_is_counted_at_its_sensitivity_under_either_relation(version):
+    """Review of version 8: an add/remove mechanism's epsilon stated under substitution counts round zero
+    at the sensitivity there (the fine bins' counts 2, version 6's grid count 0), not at add/remove's 1."""
+    for mech in (AdaptiveMechanism(1024, 1.0, "add-remove", plan_version=version), AdaptiveMechanism(1024, 1.0, plan_version=version)):
+        if mech.scale_zero is None:
+            continue
+        fine = mech.zero_ends.size > 1
+        assert mech.zero_epsilon("add-remove") == 1 / mech.scale_zero
+        assert mech.zero_epsilon("substitution") == (Fraction(2) if fine else Fraction(0)) / mech.scale_zero
+        rest = max(mech.tree.exact_epsilon("substitution"), mech.whole.exact_epsilon("substitution"))
+        assert mech.exact_epsilon("substitution") >= mech.zero_epsilon("substitution") + rest - Fraction(1, 10**6)

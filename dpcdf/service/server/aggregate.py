@@ -166,8 +166,8 @@ class Aggregator:
         if not hasattr(mech, "round_one_ends") or self.dcf.width != 1:
             raise ParameterError("bins are released by adaptive count tasks only")
         plan = None
-        if round_ == 0:  # plan version 6: the count of the whole grid (`adaptive_route`; exact under substitution), from 7
-            parts = [(mech.zero_ends, slice(None))]  # under add/remove the fine bins' counts
+        if round_ == 0:  # plan version 6: the count of the whole grid (`adaptive_route`; exact under substitution to
+            parts = [(mech.zero_ends, slice(None))]  # version 7), from 7 under add/remove, 8 under both the fine bins' counts
         elif round_ == 1:  # its partitions one after another (coarse, then fine: `AdaptiveMechanism.round_one_parts`)
             parts = [(e, slice(None)) for e in mech.round_one_parts]
         else:
