@@ -103,50 +103,67 @@ def finish_eval(acc, conv, t, cw_last, negate):
 
 
 @njit(nogil=True)
+def _pick(mask, one, zero):
+    """`one` where `mask` is all ones, `zero` where it is 0: a select by masks, no branch."""
+    return (one & mask) | (zero & ~mask)
+
+
+@njit(nogil=True)
 def gen_level(out, s, t, v_alpha, a_bits, below, cw_seed, cw_t, cw_v, has_v):
     """One level of Gen for n key pairs (BCG+21 Fig. 1, step 4). out[b, k] holds the blocks of party
     b's seed for key k as filled by `fill_expand`. Writes this level's correction words and advances
-    both parties' seeds (s[b] = (lo, hi) rows) and control bits along alpha's path, in place."""
+    both parties' seeds (s[b] = (lo, hi) rows) and control bits along alpha's path, in place.
+
+    Branch-free in the secrets: alpha's bit (`a_bits`), the control bits `t` and every PRG word.
+    Alpha's bit becomes a mask `keep` (all ones: keep the right child and correct the left one), and
+    each child's word is read from both children at indices fixed by k, e and the layout alone, then
+    chosen with `_pick`; the control bit t1 negates by (x ^ m) - m. The only branches and indices are
+    on public values (k, e, n, width, has_v). tests/fss_tests/test_constant_time.py checks this source
+    (ast: no condition or index on a secret-derived name) and the compiled LLVM IR (no conditional
+    branch, switch or address computed from a_bits or t); it does not check the machine code LLVM
+    emits from it (a select may still become a branch there), nor the AES calls around the kernel."""
     w, n = v_alpha.shape[0], v_alpha.shape[1]
     for k in range(n):
-        keep = np.int64(a_bits[k])
-        lose = 1 - keep
-        s_lo = (out[0, k, lose, 0] ^ out[1, k, lose, 0]) & _NOT1
-        s_hi = out[0, k, lose, 1] ^ out[1, k, lose, 1]
-        t_l = np.uint8((out[0, k, 0, 0] ^ out[1, k, 0, 0]) & _U1) ^ np.uint8(keep) ^ np.uint8(1)
-        t_r = np.uint8((out[0, k, 1, 0] ^ out[1, k, 1, 0]) & _U1) ^ np.uint8(keep)
+        keep = _U0 - (np.uint64(a_bits[k]) & _U1)  # all ones iff alpha's bit here is 1
+        bit = np.uint8(keep & _U1)
+        lo_l0, lo_l1, lo_r0, lo_r1 = out[0, k, 0, 0], out[1, k, 0, 0], out[0, k, 1, 0], out[1, k, 1, 0]
+        hi_l0, hi_l1, hi_r0, hi_r1 = out[0, k, 0, 1], out[1, k, 0, 1], out[0, k, 1, 1], out[1, k, 1, 1]
+        s_lo = _pick(keep, lo_l0 ^ lo_l1, lo_r0 ^ lo_r1) & _NOT1  # the lost child's seeds, xored
+        s_hi = _pick(keep, hi_l0 ^ hi_l1, hi_r0 ^ hi_r1)
+        t_l = np.uint8((lo_l0 ^ lo_l1) & _U1) ^ bit ^ np.uint8(1)
+        t_r = np.uint8((lo_r0 ^ lo_r1) & _U1) ^ bit
         cw_seed[0, k] = s_lo
         cw_seed[1, k] = s_hi
         cw_t[k] = t_l | (t_r << np.uint8(1))
-        t_keep = t_r if keep else t_l
-        t1 = t[1, k]
+        t_keep = np.uint8(_pick(keep, np.uint64(t_r), np.uint64(t_l)))
+        neg = _U0 - (np.uint64(t[1, k]) & _U1)  # all ones iff party 1's control bit is 1
         if has_v:
             for e in range(w):
-                wl, wk = lose * w + e, keep * w + e
-                vcw = out[1, k, 2 + (wl >> 1), wl & 1] - out[0, k, 2 + (wl >> 1), wl & 1] - v_alpha[e, k]
-                if lose == 0:
-                    vcw += below[e, k]
-                if t1:
-                    vcw = _U0 - vcw
-                cw_v[e, k] = vcw
-                signed_cw = _U0 - vcw if t1 else vcw
-                v_alpha[e, k] += out[0, k, 2 + (wk >> 1), wk & 1] - out[1, k, 2 + (wk >> 1), wk & 1] + signed_cw
+                r = w + e  # the right child's element e (the left's is e): block 2 + i // 2, word i % 2
+                l0, l1 = out[0, k, 2 + (e >> 1), e & 1], out[1, k, 2 + (e >> 1), e & 1]
+                r0, r1 = out[0, k, 2 + (r >> 1), r & 1], out[1, k, 2 + (r >> 1), r & 1]
+                raw = _pick(keep, l1 - l0, r1 - r0) - v_alpha[e, k] + (below[e, k] & keep)  # beta left of alpha
+                cw_v[e, k] = (raw ^ neg) - neg  # -raw where t1, else raw
+                v_alpha[e, k] += _pick(keep, r0 - r1, l0 - l1) + raw
         for b in range(2):
-            lo = out[b, k, keep, 0]
+            lo = _pick(keep, out[b, k, 1, 0], out[b, k, 0, 0])
+            hi = _pick(keep, out[b, k, 1, 1], out[b, k, 0, 1])
             tm = _U0 - np.uint64(t[b, k])
             s[b, 0, k] = (lo & _NOT1) ^ (s_lo & tm)
-            s[b, 1, k] = out[b, k, keep, 1] ^ (s_hi & tm)
+            s[b, 1, k] = hi ^ (s_hi & tm)
             t[b, k] = np.uint8(lo & _U1) ^ (t_keep & t[b, k])
 
 
 @njit(nogil=True)
 def gen_leaf(conv0, conv1, t1, v_alpha, equal, cw_last):
-    """Final correction word (BCG+21 Fig. 1, step 5, with beta added on x == alpha when `equal`)."""
+    """Final correction word (BCG+21 Fig. 1, step 5, with beta added on x == alpha when `equal`),
+    negated where party 1's control bit t1 is 1 by (c ^ m) - m: no branch on t1."""
     w, n = v_alpha.shape[0], v_alpha.shape[1]
     for k in range(n):
+        neg = _U0 - (np.uint64(t1[k]) & _U1)
         for e in range(w):
             c = conv1[e, k] - conv0[e, k] - v_alpha[e, k] + equal[e, k]
-            cw_last[e, k] = _U0 - c if t1[k] else c
+            cw_last[e, k] = (c ^ neg) - neg
 
 
 @njit(nogil=True)

@@ -119,7 +119,7 @@ def _gen_logical(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np
         K.gen_level(out, s, t, v_alpha, a_bits, below, cw_seed[i], cw_t[i], level_v, p.level_payload and not p.prime)
     if p.prime:
         c = F.add(F.sub(F.sub(convert(p, s[1]), convert(p, s[0])), v_alpha), equal)
-        cw_v[-1] = np.where(t[1].astype(bool), F.neg(c), c)
+        cw_v[-1] = _pick(_mask(t[1]), F.neg(c), c)
     else:
         K.gen_leaf(convert(p, s[0]), convert(p, s[1]), t[1], v_alpha, equal, cw_v[-1])
         cw_v &= np.uint64(p.mask)
@@ -141,13 +141,23 @@ def _gen_payload_prime(p, out, s, t1, v_alpha, a_bits, below, cw_out) -> None:
     blocks of their seeds s (2, 2, n)."""
     n, w = a_bits.shape[0], p.width
     vals = np.stack([_values(p, out[b], s[b]) for b in (0, 1)]).reshape(2, n, 2, w).transpose(0, 2, 3, 1)  # (b, side, e, k)
-    keep = a_bits.astype(bool)
-    v_keep = np.where(keep, vals[:, 1], vals[:, 0])
-    v_lose = np.where(keep, vals[:, 0], vals[:, 1])
+    keep = _mask(a_bits)  # selections by masks, as `_kernels.gen_level`: no data-dependent branch
+    v_keep = _pick(keep, vals[:, 1], vals[:, 0])
+    v_lose = _pick(keep, vals[:, 0], vals[:, 1])
     vcw = F.sub(F.sub(v_lose[1], v_lose[0]), v_alpha)
-    vcw = F.add(vcw, np.where(keep, below, np.uint64(0)))  # beta on the left (lost) child: x < alpha
-    cw_out[...] = np.where(t1.astype(bool), F.neg(vcw), vcw)
+    vcw = F.add(vcw, below & keep)  # beta on the left (lost) child: x < alpha
+    cw_out[...] = _pick(_mask(t1), F.neg(vcw), vcw)
     v_alpha[...] = F.add(F.sub(F.add(v_alpha, v_keep[0]), v_keep[1]), vcw)
+
+
+def _mask(bits: np.ndarray) -> np.ndarray:
+    """0/1 values -> uint64 masks: all ones where 1."""
+    return np.uint64(0) - (bits.astype(np.uint64) & np.uint64(1))
+
+
+def _pick(mask: np.ndarray, one: np.ndarray, zero: np.ndarray) -> np.ndarray:
+    """`one` where `mask` is all ones, `zero` where 0 (elementwise and, or: no data-dependent branch)."""
+    return (one & mask) | (zero & ~mask)
 
 
 def _eval_batch_prime(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
