@@ -5,6 +5,7 @@ portable level-by-level backend. All give bit-identical results (the tests pin t
     fss.backend.set_backend("portable")   # the process-wide default; or FSS_BACKEND=portable in the environment
     with fss.backend.using("aesni"): ...  # this thread (this context) only, for the block
     fss.backend.set_threads(2)     # threads of the fused kernels, for calls from this thread only
+    fss.backend.info()             # the choice, the tiers, and whether pycryptodome's fast ECB path is active
 
 Scope: `set_backend` sets the process-wide default, which every thread sees unless it is inside a
 `using` block. `using` sets the choice in a `contextvars.ContextVar`: it applies to the calling thread
@@ -119,6 +120,17 @@ def threads() -> int:
     import numba
 
     return numba.get_num_threads()
+
+
+def info() -> dict:
+    """What this process runs on, for logs and bug reports (cheap: no kernel is compiled or self-tested):
+    "backend" (`chosen()`, "auto" not resolved), "available" (the tiers this CPU can run), "threads",
+    "fast_ecb" (whether the portable backend calls pycryptodome's C ECB routine directly, `fss.prg`)
+    and "fast_ecb_error" (what failed when it does not: the portable eval is then slower, same bits)."""
+    from . import prg
+
+    return {"backend": chosen(), "available": available(), "threads": threads(), "fast_ecb": prg.fast_ecb(),
+            "fast_ecb_error": prg.fast_ecb_error()}
 
 
 @functools.lru_cache(maxsize=None)

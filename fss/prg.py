@@ -47,6 +47,9 @@ What it is not
 from __future__ import annotations
 
 import hashlib
+import logging
+import threading
+import warnings
 
 import numpy as np
 from Crypto.Cipher import AES
@@ -117,44 +120,99 @@ def element(word: int, seed: int, src: int) -> int:
     return x if x != M61 else resample(seed, src)
 
 
+# The fast path into pycryptodome's C ECB routine. pycryptodome's public `encrypt` checks its buffers
+# and builds their C pointers on every call (about 20 us); the portable eval calls it once a level, so
+# it reaches past the public API into private internals that a release may rename or change:
+# `Crypto.Cipher._mode_ecb.raw_ecb_lib.ECB_encrypt` (and its C signature, which `fss._ecbwalk` calls
+# through its address), the cipher's `_state`, and `Crypto.Util._raw_api` (`backend`, `ffi`,
+# `c_uint8_ptr`, `c_size_t`). `_raw_ecb()` probes them once, checks the routine against the public
+# API on one block, and on any failure logs one warning (logger "fss", and a RuntimeWarning) naming
+# what failed; the portable eval then takes the public API (same bits, slower). `fast_ecb()` says
+# which path is active, `fast_ecb_error()` why not (also in `fss.backend.info()`).
+ECB_SIGNATURE = "int(*)(void *, uint8_t *, uint8_t *, size_t)"  # ECB_encrypt(state, in, out, bytes) as `_ecbwalk` calls it
+SLOW_PATH = ("fss's portable backend falls back to pycryptodome's public ECB API: the same outputs, but its eval_batch "
+             "runs a Python loop a level with a slower ECB call, about 1.5x slower on large batches and 3-5x on "
+             "small ones (the fused AES-NI/VAES tiers are not affected)")
+_log = logging.getLogger("fss")
+_probe_lock = threading.Lock()
+_raw: tuple | None = None  # (lib, state, c_uint8_ptr, c_size_t, routine address, state address) once probed
+_raw_error: str | None = None
+_probed = False
+
+
+def _probe_raw():
+    from Crypto.Cipher import _mode_ecb
+    from Crypto.Util import _raw_api
+
+    if _raw_api.backend != "cffi":
+        raise RuntimeError(f"pycryptodome uses its {_raw_api.backend!r} backend, not cffi (install cffi)")
+    ffi, lib = _raw_api.ffi, _mode_ecb.raw_ecb_lib
+    sig = ffi.getctype(ffi.typeof(lib.ECB_encrypt))
+    if sig != ECB_SIGNATURE:
+        raise RuntimeError(f"ECB_encrypt is now {sig!r}, not {ECB_SIGNATURE!r}")
+    state = _ECB._state.get()
+    c_uint8_ptr, c_size_t = _raw_api.c_uint8_ptr, _raw_api.c_size_t
+    block = bytes(range(16))
+    out = bytearray(16)
+    status = lib.ECB_encrypt(state, c_uint8_ptr(block), c_uint8_ptr(out), c_size_t(16))
+    if status or bytes(out) != _ECB.encrypt(block):
+        raise RuntimeError(f"ECB_encrypt on one block returned status {status} and did not match the public encrypt")
+    return lib, state, c_uint8_ptr, c_size_t, int(ffi.cast("uintptr_t", lib.ECB_encrypt)), int(ffi.cast("uintptr_t", state))
+
+
+def _raw_ecb() -> tuple | None:
+    """The probed internals (see above), or None after the one warning of the process."""
+    global _raw, _raw_error, _probed
+    if not _probed:
+        with _probe_lock:
+            if not _probed:
+                try:
+                    _raw = _probe_raw()
+                except Exception as exc:  # another pycryptodome, or its ctypes backend
+                    _raw_error = f"{type(exc).__name__}: {exc}"
+                    msg = f"fss: cannot use pycryptodome's private ECB internals ({_raw_error}); {SLOW_PATH}"
+                    _log.warning(msg)
+                    warnings.warn(msg, RuntimeWarning, stacklevel=3)
+                _probed = True
+    return _raw
+
+
+def fast_ecb() -> bool:
+    """True when the portable backend calls pycryptodome's C ECB routine directly (probes it the first time)."""
+    return _raw_ecb() is not None
+
+
+def fast_ecb_error() -> str | None:
+    """Why the fast ECB path is not active (what failed), or None when it is."""
+    _raw_ecb()
+    return _raw_error
+
+
 def ecb_pointers() -> tuple[int, int] | None:
     """(address of pycryptodome's C `ECB_encrypt`, address of the fixed key's ECB state), for kernels
-    that call the ECB routine themselves (`fss._ecbwalk`); None when pycryptodome's backend is not
-    cffi. The state lives as long as this module (`_ECB`)."""
-    try:
-        from Crypto.Cipher import _mode_ecb
-        from Crypto.Util import _raw_api
-
-        if _raw_api.backend != "cffi":
-            return None
-        ffi = _raw_api.ffi
-        return int(ffi.cast("uintptr_t", _mode_ecb.raw_ecb_lib.ECB_encrypt)), int(ffi.cast("uintptr_t", _ECB._state.get()))
-    except Exception:  # another pycryptodome: the Python loop
-        return None
+    that call the ECB routine themselves (`fss._ecbwalk`); None (after one warning a process) when
+    pycryptodome's internals are not as expected. The state lives as long as this module (`_ECB`)."""
+    raw = _raw_ecb()
+    return None if raw is None else (raw[4], raw[5])
 
 
 class EcbPass:
     """out = AES_K(inp) (no MMO xor) over the same two buffers again and again (the portable eval's
     levels): pycryptodome's ECB, with the C pointers of the buffers made once. `encrypt` costs about
     20 us of Python per call around the C call (buffer checks and pointers), as much as the AES of
-    a 4096-key level; with cffi (pycryptodome's usual backend) this calls its C `ECB_encrypt` on
+    a 4096-key level; when the fast path is active (`fast_ecb`) this calls its C `ECB_encrypt` on
     the kept pointers, else the public `encrypt`. The buffers must stay alive and unmoved."""
 
     def __init__(self, inp: np.ndarray, out: np.ndarray):
         self._in = memoryview(inp.view(np.uint8).reshape(-1))
         self._out = memoryview(out.view(np.uint8).reshape(-1))
         self._call = None
-        try:
-            from Crypto.Cipher import _mode_ecb
-            from Crypto.Util import _raw_api
-
-            if _raw_api.backend == "cffi" and len(self._in) == len(self._out):
-                lib, state = _mode_ecb.raw_ecb_lib, _ECB._state.get()
-                pin, pout = _raw_api.c_uint8_ptr(self._in), _raw_api.c_uint8_ptr(self._out)
-                size = _raw_api.c_size_t(len(self._in))
-                self._call = lambda: lib.ECB_encrypt(state, pin, pout, size)  # noqa: E731
-        except Exception:  # another pycryptodome: its public API
-            self._call = None
+        raw = _raw_ecb()
+        if raw is not None and len(self._in) == len(self._out):
+            lib, state, c_uint8_ptr, c_size_t = raw[:4]
+            pin, pout = c_uint8_ptr(self._in), c_uint8_ptr(self._out)
+            size = c_size_t(len(self._in))
+            self._call = lambda: lib.ECB_encrypt(state, pin, pout, size)  # noqa: E731
 
     def __call__(self) -> None:
         if self._call is None:
