@@ -12,11 +12,15 @@ cache machinery with another key:
 - a hash of every source file of the `fss` package (its version is in `__init__.py`) with the numba,
   llvmlite and Python versions: any edit of the package invalidates every entry.
 
-Entries live where numba would put them: in $NUMBA_CACHE_DIR if set, else in `fss/__pycache__` if
-it is writable (an editable install or a clone), else in the user's cache directory. One index file
-per kernel and tag; each data file is named by a hash of its key, so two processes that compile
-different kernels at once never write them under one name. If no cache location is writable, the
-kernels are compiled per process as before.
+Where entries live (`cache_dir()`): in $NUMBA_CACHE_DIR if set (numba's own setting, which wins), else
+in the user's cache directory, `$XDG_CACHE_HOME/fss-dpcdf/numba` or `~/.cache/fss-dpcdf/numba`
+(`~/Library/Caches/fss-dpcdf/numba` on macOS, `%LOCALAPPDATA%\\fss-dpcdf\\numba` on Windows), never
+in the package's own folder unless neither is writable (then `fss/__pycache__` if that is, as numba's
+default would). Each in a subfolder named by the package's path (as numba names them), so two
+installs never share entries. The location is chosen when a kernel is defined (its module imported),
+before anything is compiled. One index file per kernel and tag; each data file is named by a hash of
+its key, so two processes that compile different kernels at once never write them under one name. If
+no cache location is writable, the kernels are compiled per process (one warning says so).
 """
 from __future__ import annotations
 
@@ -29,10 +33,66 @@ import warnings
 
 import llvmlite
 import numba
-from numba.core.caching import FunctionCache, IndexDataCacheFile
+from numba.core import caching as _nc
+from numba.core.caching import CompileResultCacheImpl, FunctionCache, IndexDataCacheFile
 from numba.core.runtime import rtsys
 
 _HERE = os.path.dirname(os.path.abspath(__file__))
+APP = "fss-dpcdf"
+
+
+def _numba_class(name: str):
+    return getattr(_nc, name, None) or getattr(_nc, "_" + name)  # numba < 0.61 named them with an underscore
+
+
+def user_cache_dir() -> str | None:
+    """The per-user folder of the kernel cache (without NUMBA_CACHE_DIR): $XDG_CACHE_HOME/fss-dpcdf/numba
+    (an absolute XDG_CACHE_HOME), else ~/.cache/fss-dpcdf/numba (macOS: ~/Library/Caches/..., Windows:
+    %LOCALAPPDATA%\\fss-dpcdf\\numba); None without a home directory."""
+    xdg = os.environ.get("XDG_CACHE_HOME", "")
+    if os.path.isabs(xdg):
+        base = xdg
+    elif sys.platform == "win32" and os.path.isabs(os.environ.get("LOCALAPPDATA", "")):
+        base = os.environ["LOCALAPPDATA"]
+    else:
+        home = os.path.expanduser("~")
+        if not os.path.isabs(home):
+            return None
+        base = os.path.join(home, "Library", "Caches") if sys.platform == "darwin" else os.path.join(home, ".cache")
+    return os.path.join(base, APP, "numba")
+
+
+def cache_dir() -> str | None:
+    """The folder the kernels' entries go to in this process (the package's subfolder included), None
+    when no location is writable (then every process compiles them)."""
+    from . import _kernels
+
+    cache = getattr(_kernels.sum_columns, "_cache", None)
+    return getattr(cache, "_cache_path", None)
+
+
+class _UserCacheLocator(_numba_class("SourceFileBackedLocatorMixin"), _numba_class("CacheLocator")):
+    """numba's cache locator for `user_cache_dir()`, with numba's subfolder per package path."""
+
+    def __init__(self, py_func, py_file):
+        self._py_file = py_file
+        self._lineno = py_func.__code__.co_firstlineno
+        self._cache_path = os.path.join(user_cache_dir(), self.get_suitable_cache_subpath(py_file))
+
+    def get_cache_path(self):
+        return self._cache_path
+
+    @classmethod
+    def from_function(cls, py_func, py_file):
+        if user_cache_dir() is None:
+            return None
+        return super().from_function(py_func, py_file)  # None when it cannot be created or written
+
+
+class _CacheImpl(CompileResultCacheImpl):
+    # NUMBA_CACHE_DIR, then the user's cache folder, then (only if that is not writable) the package's
+    # __pycache__ if writable; NUMBA_CACHE_LOCATOR_CLASSES, if set, overrides the list as for numba.
+    _locator_classes = [_numba_class("UserProvidedCacheLocator"), _UserCacheLocator, _numba_class("InTreeCacheLocator")]
 
 
 @functools.lru_cache(maxsize=None)
@@ -81,7 +141,9 @@ def _digest(key) -> str:
 
 class KernelCache(FunctionCache):
     """numba's FunctionCache keyed on (argument types, codegen magic tuple, tag) and stamped with
-    `source_hash()` instead of the bytecode, closure and source file of the function."""
+    `source_hash()` instead of the bytecode, closure and source file of the function, in `cache_dir()`."""
+
+    _impl_class = _CacheImpl
 
     def __init__(self, py_func, tag: str):
         super().__init__(py_func)
@@ -109,11 +171,18 @@ def cached(dispatcher, tag: str):
     name every value the function closes over that changes its code."""
     if not hasattr(dispatcher, "py_func"):  # NUMBA_DISABLE_JIT: a plain Python function
         return dispatcher
+    global _uncached
     try:
         dispatcher._cache = KernelCache(dispatcher.py_func, tag)
     except Exception as exc:  # no writable cache location, or a numba without these internals
-        warnings.warn(f"fss: kernels will not be cached on disk ({exc})", RuntimeWarning, stacklevel=2)
+        if not _uncached:  # once a process, not once a kernel
+            _uncached = True
+            warnings.warn(f"fss: kernels will not be cached on disk, every process compiles them ({exc})",
+                          RuntimeWarning, stacklevel=2)
     return dispatcher
+
+
+_uncached = False
 
 
 def njit(tag: str | None = None, **options):

@@ -22,6 +22,8 @@ from numba import njit, types
 from numba.core import cgutils
 from numba.extending import intrinsic
 
+from . import _cache
+
 
 _P = np.uint64((1 << 61) - 1)
 _I64, _I128 = ir.IntType(64), ir.IntType(128)
@@ -110,7 +112,7 @@ def fold_all(col):
         col[j] = fold(col[j])
 
 
-@njit(nogil=True, cache=True)
+@_cache.njit(nogil=True)  # the on-disk cache of every fss kernel (`fss._cache`)
 def sums_of(y, weights, offs):
     """The sketch of every row of y (n, size, width), canonical: (dots (n, q), col (size, c), last
     (n, width)), as `eval_grid_sums` returns them (residues mod p: the same bits however summed)."""

@@ -126,11 +126,12 @@ def info() -> dict:
     """What this process runs on, for logs and bug reports (cheap: no kernel is compiled or self-tested):
     "backend" (`chosen()`, "auto" not resolved), "available" (the tiers this CPU can run), "threads",
     "fast_ecb" (whether the portable backend calls pycryptodome's C ECB routine directly, `fss.prg`)
-    and "fast_ecb_error" (what failed when it does not: the portable eval is then slower, same bits)."""
-    from . import prg
+    "fast_ecb_error" (what failed when it does not: the portable eval is then slower, same bits) and
+    "cache_dir" (the folder of the compiled kernels' on-disk cache, `fss._cache`; None if not cached)."""
+    from . import _cache, prg
 
     return {"backend": chosen(), "available": available(), "threads": threads(), "fast_ecb": prg.fast_ecb(),
-            "fast_ecb_error": prg.fast_ecb_error()}
+            "fast_ecb_error": prg.fast_ecb_error(), "cache_dir": _cache.cache_dir()}
 
 
 @functools.lru_cache(maxsize=None)

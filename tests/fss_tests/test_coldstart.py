@@ -64,11 +64,13 @@ CHILD = textwrap.dedent(
 ).replace("CONFIGS", CONFIGS)
 
 
-def run_child(cache_dir, src=None, code=CHILD):
+def run_child(cache_dir, src=None, code=CHILD, xdg=None):
     env = dict(os.environ)
     env.pop("NUMBA_CACHE_DIR", None)
     if cache_dir is not None:
         env["NUMBA_CACHE_DIR"] = str(cache_dir)
+    if xdg is not None:
+        env["XDG_CACHE_HOME"] = str(xdg)
     if src is not None:
         env["PYTHONPATH"] = str(src) + os.pathsep + env.get("PYTHONPATH", "")
     res = subprocess.run([sys.executable, "-c", code], env=env, capture_output=True, text=True, cwd=src or FSS_DIR.parent,
@@ -164,20 +166,23 @@ SMALL = textwrap.dedent(
 )
 
 
-def test_cache_lives_next_to_a_clones_sources_and_follows_their_edits(tmp_path):
+def test_cache_follows_the_sources_edits(tmp_path):
     """A fresh copy of the package (as an editable install of a new clone sees it), without
-    NUMBA_CACHE_DIR: entries go to its fss/__pycache__, are reused, and an edit of any source
-    file (here a comment in _fused.py, which sum_columns does not even import) recompiles."""
-    clone = tmp_path / "clone"
+    NUMBA_CACHE_DIR: entries go to the user's cache folder (XDG_CACHE_HOME here), are reused, and an
+    edit of any source file (here a comment in _fused.py, which sum_columns does not even import)
+    recompiles; the package's folder stays clean (tests/fss_tests/test_cache_dir.py: where entries go)."""
+    clone, xdg = tmp_path / "clone", tmp_path / "xdg"
     shutil.copytree(FSS_DIR, clone / "fss", ignore=shutil.ignore_patterns("__pycache__"))
-    runs = [run_child(None, clone, SMALL), run_child(None, clone, SMALL)]
+    runs = [run_child(None, clone, SMALL, xdg), run_child(None, clone, SMALL, xdg)]
     with open(clone / "fss" / "_fused.py", "a") as f:
         f.write("# an edit\n")
-    runs.append(run_child(None, clone, SMALL))
-    runs.append(run_child(None, clone, SMALL))
+    runs.append(run_child(None, clone, SMALL, xdg))
+    runs.append(run_child(None, clone, SMALL, xdg))
+    where = {Path(r["path"]).resolve() for r in runs}
+    assert len(where) == 1 and next(iter(where)).parent == xdg / "fss-dpcdf" / "numba", where
     for r in runs:
         assert Path(r["file"]).resolve().parent == clone / "fss"
-        assert Path(r["path"]).resolve() == clone / "fss" / "__pycache__"
     assert [(r["hits"], r["misses"]) for r in runs] == [(0, 1), (1, 0), (0, 1), (1, 0)]
-    data = sorted(p.name for p in (clone / "fss" / "__pycache__").glob("fss._kernels.sum_columns*.nbc"))
+    data = sorted(p.name for p in next(iter(where)).glob("fss._kernels.sum_columns*.nbc"))
     assert len(data) == 1, data  # the outdated entry was removed when the new one was written
+    assert not list((clone / "fss").rglob("*.nb[ic]"))
