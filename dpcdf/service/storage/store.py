@@ -9,6 +9,7 @@ are read inside the same transaction, so they cannot go stale between the check 
 and a failure anywhere rolls the whole write back."""
 from __future__ import annotations
 
+import secrets
 import sqlite3
 import threading
 import time
@@ -19,12 +20,10 @@ from pathlib import Path
 from typing import Callable, Iterator, Sequence
 
 from ..files import create_private
+from .lifecycle import DONE_KIND, GONE, MARK_COLUMN, Lifecycle, select
 from .records import (AlreadyAnswered, CheckBatch, CollectionClosed, CollectionOpen, Exchange, Frozen, Mark, SegmentFile,
                       StoreError, UnknownTask)
 from .schema import migrate
-
-_MARK_COLUMN = {Mark.FROZEN: "closed_at", Mark.RECONCILED: "reconciled_at", Mark.VERIFIED: "verified_at",
-                Mark.ANSWERED: "answered_at"}
 
 SetHash = Callable[[list[bytes]], str]
 
@@ -178,13 +177,55 @@ class Store:
             self.db.execute("UPDATE tasks SET report_count = ?, set_hash = ? WHERE task_id = ?", (fixed.count, fixed.digest, task_id))
             return fixed
 
+    def lifecycle(self, task_id: str) -> Lifecycle | None:
+        """The task's phase, times, DONE and restore mark in one query (`storage.lifecycle`, which says
+        where each comes from and what each allows); None for an unknown task."""
+        with self.lock:
+            row = self.db.execute(select(self.restored) + " WHERE t.task_id = ?", (task_id,)).fetchone()
+        return None if row is None else Lifecycle.from_row(row)
+
+    def lifecycles(self) -> list[Lifecycle]:
+        """Every task's `lifecycle`, in the order they were registered (one query)."""
+        with self.lock:
+            rows = self.db.execute(select(self.restored) + " ORDER BY t.created").fetchall()
+        return [Lifecycle.from_row(r) for r in rows]
+
     def marked(self, task_id: str, mark: Mark | str) -> bool:
         """Whether the task reached a milestone (a `Mark` or its value): 'frozen' (its collection is
         closed), 'reconciled' (its close is done), 'answered'. An unknown mark raises ValueError."""
-        column = _MARK_COLUMN[Mark.parse(mark)]
+        Mark.parse(mark)
+        life = self.lifecycle(task_id)
+        return life is not None and life.reached(mark)
+
+    def mark_purged(self, task_id: str, reason: str) -> None:
+        """A purge's transition (`storage.retention`), in one transaction: marks the task purged for
+        `reason` (purged_at, purge_reason) and deletes its round-one batches, segment records and journal
+        but its DONE; for a gone reason also its histogram share, fixed designs, exclusions and query log,
+        overwrites its noise seed, and closes a still open collection on no report set. A gone task, or
+        the same reason again, changes nothing. Raises UnknownTask. (The caller turns secure_delete on.)"""
+        with self._transaction() as db:
+            life = self.lifecycle(task_id)
+            if life is None:
+                raise UnknownTask(task_id)
+            if not (life.gone or life.purge_reason == reason):
+                for table in ("check_batches", "segments"):
+                    db.execute(f"DELETE FROM {table} WHERE task_id = ?", (task_id,))
+                db.execute("DELETE FROM exchanges WHERE task_id = ? AND kind != ?", (task_id, DONE_KIND))
+                now = time.time()
+                if reason in GONE:
+                    for table in ("histograms", "releases", "excluded", "queries"):
+                        db.execute(f"DELETE FROM {table} WHERE task_id = ?", (task_id,))
+                    db.execute("UPDATE tasks SET noise_seed = ? WHERE task_id = ?", (secrets.token_bytes(32), task_id))
+                    if life.collecting:  # its collection closes, on no report set: later uploads are refused
+                        db.execute("UPDATE tasks SET frozen_seq = 0, report_count = 0, set_hash = '', closed_at = ? "
+                                   "WHERE task_id = ?", (now, task_id))
+                db.execute("UPDATE tasks SET purged_at = ?, purge_reason = ? WHERE task_id = ?", (now, reason, task_id))
+        self._reconciled.pop(task_id, None)
+
+    def fixed_designs(self, task_id: str) -> set[str]:
+        """The release kinds whose design a query fixed for the task (`fix_release`)."""
         with self.lock:
-            row = self.db.execute(f"SELECT {column} FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
-        return row is not None and row[0] is not None
+            return {k for (k,) in self.db.execute("SELECT kind FROM releases WHERE task_id = ?", (task_id,))}
 
     def mark(self, task_id: str, mark: Mark | str) -> None:
         """Records that the closed task reached 'reconciled' or 'answered' (once; later calls keep
@@ -193,7 +234,7 @@ class Store:
         mark = Mark.parse(mark)
         if mark is Mark.FROZEN:
             raise ValueError("the 'frozen' mark is set by Store.freeze, which fixes the report set")
-        column = _MARK_COLUMN[mark]
+        column = MARK_COLUMN[mark]
         with self._transaction():
             self._frozen_seq(task_id)
             self.db.execute(f"UPDATE tasks SET {column} = ? WHERE task_id = ? AND {column} IS NULL", (time.time(), task_id))
@@ -299,8 +340,8 @@ class Store:
         stored it) and the task is not purged (a batch computed during the purge, on Dask several are in
         flight, would outlive it: review of issue 24); returns whether it was stored."""
         with self._transaction():
-            purged = self.db.execute("SELECT purged_at IS NOT NULL FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
-            if batch.first_seq <= self.checked_upto(task_id) or purged is None or purged[0]:
+            life = self.lifecycle(task_id)
+            if batch.first_seq <= self.checked_upto(task_id) or life is None or life.purge_reason is not None:
                 return False
             self.db.execute("INSERT INTO check_batches VALUES (?, ?, ?, ?, ?, ?, ?, ?, ?)",
                             (task_id, *batch[:3], *(bytes(b) for b in batch[3:])))
