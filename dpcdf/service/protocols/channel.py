@@ -43,6 +43,7 @@ from typing import Callable
 from cryptography.exceptions import InvalidTag
 from cryptography.hazmat.primitives.ciphers.aead import AESGCM
 
+from ..storage.lifecycle import DONE_KIND
 from ..storage.records import Mark
 from ..storage.restore import refuse_steps
 from ..storage.store import Store
@@ -70,7 +71,7 @@ class Kind(IntEnum):
     CHECK_ACK = 10      # the answer: the chunk's digest
     CHECK_FINISH = 11   # server 0 -> 1: its set hash after the exclusions
     CHECK_FINAL = 12    # the answer: server 1's
-    DONE = 13           # server 0 -> 1: the close is over; server 1 answers no further message
+    DONE = DONE_KIND    # 13, server 0 -> 1: the close is over; server 1 answers no further message
     DONE_ACK = 14
 
 
@@ -198,7 +199,7 @@ class Channel:
         step, for a new step when `new_steps` is False (the protocol is past it), and for anything
         once `finished`; `Restored` for any step of a task restored unfinished from a backup (its journal
         may lack steps answered since: the restored server must not answer one again for other content)."""
-        refuse_steps(self.store, self.task_id)
+        refuse_steps(self.store.lifecycle(self.task_id))
         if self.finished():
             raise Refused("this task's exchange between the servers is finished: no further message is answered")
         kind, chunk = message.kind, message.chunk
@@ -230,7 +231,7 @@ class Channel:
         `check` (which raises SyncError), is journalled before it is returned. `Restored` for a task
         restored unfinished from a backup: an answer used since may be missing from its journal, and asking
         again would let a deviating server 1 answer differently (its V_0 computed on two inputs)."""
-        refuse_steps(self.store, self.task_id)
+        refuse_steps(self.store.lifecycle(self.task_id))
         done = self.store.exchange(self.task_id, "leader", kind, chunk)
         if done is not None:
             if same and not hmac.compare_digest(done.request, payload() if callable(payload) else payload):

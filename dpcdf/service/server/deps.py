@@ -9,7 +9,6 @@ from typing import Annotated
 from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
-from ..storage import retention
 from ..task import token_hash
 from .errors import HttpError, TaskNotFound
 from .models import Error
@@ -60,7 +59,7 @@ def analyst_task(task_id: str, srv: Annotated[Server, Depends(server)],
         raise HttpError(401, UNAUTHORIZED) from None
     if not secrets.compare_digest(token_hash(credentials.credentials), st.config.token_hash):
         raise HttpError(401, UNAUTHORIZED)
-    gone = retention.gone(srv.store, task_id)  # after the token: only the analyst learns it (issue 24)
+    gone = srv.store.lifecycle(task_id).gone  # after the token: only the analyst learns it (issue 24)
     if gone:
         raise HttpError(410, f"task {task_id} is {gone}: its reports are deleted and it answers nothing again")
     return st

@@ -21,7 +21,6 @@ from contextlib import nullcontext
 from pathlib import Path
 from typing import TYPE_CHECKING
 
-from ..storage import restore
 from ..storage import retention as policy
 from ..storage.records import UnknownTask
 from .errors import TaskNotFound
@@ -97,8 +96,7 @@ class Retention:
     def tasks(self, counts: bool = True) -> list[dict]:
         """`retention.tasks`, each with `restored`: on a server restored from a backup, whether the task was
         finished in it ('finished', or 'unfinished': it takes no step again), else None."""
-        marks = restore.states(self.server.store)
-        return [{**t, "restored": marks.get(t["task_id"])} for t in policy.tasks(self.server.store, counts)]
+        return policy.tasks(self.server.store, counts)
 
 
 def _crash_point() -> None:

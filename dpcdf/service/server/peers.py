@@ -15,7 +15,6 @@ from fastapi import Request
 from ..http import ServerError, fetch, http
 from ..protocols.channel import PEER_HEADER, NotReady, Refused, Unopened
 from ..protocols.reconciliation.maths import SyncError
-from ..storage import retention
 from .errors import HttpError, PeerFailed, TaskNotFound
 from .limits import client_address
 from .peer_gate import BAD_TAG, PeerRequest
@@ -120,8 +119,8 @@ def _peer_task(srv: "Server", task_id: str, what: str) -> "TaskState":
         st = srv.task(task_id)
     except TaskNotFound:
         raise HttpError(400, FORGED) from None
-    purged = retention.purge_reason(srv.store, task_id)  # issue 24: a task whose key shares are deleted
-    if purged in retention.GONE or (purged and what == "report-check"):
+    life = srv.store.lifecycle(task_id)  # issue 24: a task whose key shares are deleted
+    if life.gone or (life.purge_reason and what == "report-check"):
         # expired or deleted: as unknown to the protocol; released: its check is over (its round one
         # deleted), and an honest server 0 sends nothing after its DONE, so the same answer as an unknown
         # id (a 409 here, before the message is opened, told anyone which tasks are released)

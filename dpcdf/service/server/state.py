@@ -28,7 +28,8 @@ from ..protocols.check import round_one
 from ..protocols.check.exchange import CheckHelper, CheckLeader, ready_mark
 from ..protocols.reconciliation.exchange import ReconcileHelper, ReconcileLeader, finish, say_done
 from ..protocols.reconciliation.maths import SyncError
-from ..storage import restore, retention, segments
+from ..storage import restore, segments
+from ..storage.lifecycle import Lifecycle
 from ..storage.records import CollectionClosed, Mark
 from ..storage.store import Store
 from ..task import TaskConfig, token_hash
@@ -47,7 +48,8 @@ CLOSED = "collection is closed: the analyst has closed the task"
 
 def closed_because(srv: "Server", task_id: str) -> str:
     """Why a task takes no more reports: CLOSED, or its key shares deleted by the operator or expired."""
-    why = {"deleted": "deleted by this server's operator", "expired": "expired (this server's retention)"}.get(retention.gone(srv.store, task_id))
+    life = srv.store.lifecycle(task_id)
+    why = {"deleted": "deleted by this server's operator", "expired": "expired (this server's retention)"}.get(life and life.gone)
     return CLOSED if why is None else f"collection is closed: the task was {why}; its key shares are deleted and it takes no more reports"
 
 
@@ -93,8 +95,7 @@ class TaskState:
         """Server 1's answer to a reconciliation message or DONE (Unopened, Refused, SyncError)."""
         message = self._open(raw, (*RECONCILIATION, Kind.DONE))
         with self.answering:
-            self._not_purged()
-            restore.refuse_steps(self.store, self.config.task_id)  # before the reconciliation freezes the set
+            restore.refuse_steps(self._not_purged())  # before the reconciliation freezes the set
             if message.kind == Kind.DONE:
                 answer = finish(self.ctx, message, ready_mark(self.config))
                 self.warm_histogram()
@@ -103,11 +104,11 @@ class TaskState:
 
     def answer_check(self, raw: bytes) -> bytes:
         """Server 1's answer to a report-check message (Unopened, Refused, NotReady, SyncError, Restored)."""
-        store, task_id = self.store, self.config.task_id
-        if restore.unfinished(store, task_id) or not self.config.verify or not store.marked(task_id, Mark.RECONCILED):
+        life = self.store.lifecycle(self.config.task_id)
+        if restore.unfinished(life) or not self.config.verify or not life.reached(Mark.RECONCILED):
             # refused unopened: opening needs H_R, the keyed hash of the whole report set, and what depends on
             # n waits for the other server's request tag and the reconciled set (issue 42, `peer_gate`)
-            restore.refuse_steps(store, task_id)
+            restore.refuse_steps(life)
             raise Refused("the report check starts once the task is verified and reconciled")
         helper = self.helper_if_ready()
         if helper is None:
@@ -117,14 +118,17 @@ class TaskState:
             self._not_purged()
             return helper.answer(message)
 
-    def _not_purged(self) -> None:
+    def _not_purged(self) -> Lifecycle:
         """Under `answering`: Unopened (answered as a forged message) once an expiry or a delete purged
         the task, deleting its key shares and its journal of answered steps. A message that got past the
         routers' purge check before the purge took the lock would otherwise be answered as a new step,
         from a round one still in memory: the once-only rule lives in the journal (security review of
-        issue 24). A released task keeps its DONE, so its channel refuses every step already."""
-        if retention.purge_reason(self.store, self.config.task_id) in retention.GONE:
+        issue 24). A released task keeps its DONE, so its channel refuses every step already. Returns the
+        task's lifecycle, read under the lock."""
+        life = self.store.lifecycle(self.config.task_id)
+        if life.gone:
             raise Unopened("the task's reports are deleted")
+        return life
 
     def _open(self, raw: bytes, kinds: tuple, context: bytes = b"") -> Message:
         try:
@@ -136,24 +140,26 @@ class TaskState:
     def collecting(self) -> bool:
         """Whether the collection is still open (no report set fixed yet); `Restored` (409) if restored
         unfinished from a backup: never closed here, its reports would never count (`storage.restore`)."""
-        restore.refuse_uploads(self.store, self.config.task_id)
-        return self.store.frozen(self.config.task_id) is None
+        life = self.store.lifecycle(self.config.task_id)
+        restore.refuse_uploads(life)
+        return life.collecting
 
     def status(self) -> tuple[int | None, bool, str | None]:
         """(reports, closed, restored) for GET /tasks/{id}: while collecting, this server's count of stored
         reports; once closed, the reconciled count, none between the two (a count that changed at the
         reconciliation would show what it dropped); n only where it is public; `restore.state`."""
         task_id = self.config.task_id
-        closed = self.store.frozen(task_id) is not None
+        life = self.store.lifecycle(task_id)
+        closed = not life.collecting
         n = self.view()["n"] if closed else self.store.count(task_id)
-        return (n if self.config.n_public else None), closed, restore.state(self.store, task_id)
+        return (n if self.config.n_public else None), closed, restore.state(life)
 
     def check_progress(self) -> float | None:
         """A verified task's share of reports evaluated for the check (round one) on this server, until
         the check is over; None otherwise (`dpcdf close` shows it while it waits), and always where n is
         private (add/remove): round one counts whole batches of known size, so a share would give n."""
         task_id = self.config.task_id
-        if not self.config.verify or not self.config.n_public or self.store.marked(task_id, Mark.VERIFIED):
+        if not self.config.verify or not self.config.n_public or self.store.lifecycle(task_id).reached(Mark.VERIFIED):
             return None
         total = self.store.count(task_id)
         return min(1.0, self.store.checked_count(task_id) / total) if total else 0.0
@@ -162,7 +168,7 @@ class TaskState:
         """n (when public) and the report-set hash, once this server is reconciled; before, nothing
         (an intermediate hash would show whether reconciliation dropped anything)."""
         task_id, verified = self.config.task_id, self.config.verify
-        if not self.store.marked(task_id, Mark.VERIFIED if verified else Mark.RECONCILED):
+        if not self.store.lifecycle(task_id).ready:  # verified if `verified`, else reconciled
             return {"n": None, "reports_hash": None, "reconciled": False}
         _, n, digest = self.store.frozen(task_id)
         return {"n": n if self.config.n_public else None, "reports_hash": digest, "reconciled": True,
@@ -175,8 +181,9 @@ class TaskState:
         reconciled `view`. 409 (`Restored`) for a task restored unfinished from a backup."""
         store, task_id = self.store, self.config.task_id
         with self.answering:
-            restore.refuse_steps(store, task_id)  # restored unfinished: 409 before anything is frozen or sent
-            if store.frozen(task_id) is None and not store.holds(task_id, self.config.min_batch):
+            life = store.lifecycle(task_id)
+            restore.refuse_steps(life)  # restored unfinished: 409 before anything is frozen or sent
+            if life.collecting and not store.holds(task_id, self.config.min_batch):
                 raise TooFewReports(f"the task has {store.count(task_id)} reports; queries need at least {self.config.min_batch}")
             store.freeze(task_id, self.set_hash)
             try:
@@ -194,12 +201,13 @@ class TaskState:
         with another design after.
         Marks the task answered; returns what to evaluate, n and the report-set hash."""
         store, task_id, config = self.store, self.config.task_id, self.config
-        if not store.marked(task_id, Mark.VERIFIED if config.verify else Mark.RECONCILED):
+        life = store.lifecycle(task_id)
+        if not life.ready:  # verified for a verified task, else reconciled
             raise NotClosed("the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
         upto, n, digest = store.frozen(task_id)
         if n < config.min_batch:
             raise TooFewReports(f"the task has {n} reports after reconciliation; queries need at least {config.min_batch}")
-        restore.refuse_new_designs(store, task_id, [kind for kind, _, _ in fixes])  # a restore forgot any since
+        restore.refuse_new_designs(store, life, [kind for kind, _, _ in fixes])  # a restore forgot any since
         for kind, design, refusal in fixes:
             if store.fix_release(task_id, kind, design) != design:
                 raise BudgetSpent(refusal)

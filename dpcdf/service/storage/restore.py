@@ -37,23 +37,23 @@ run it as a new task (registered afresh, it would answer again steps it answered
 a deviating other server need not have discarded the task to ask them).
 
 Cost: a Store caches at open whether the table has rows (`Store.restored`); a live store's is empty and a
-running server never writes it, so a live server does no lookup here."""
+running server never writes it, so a live server's `Store.lifecycle` does no lookup in it. Each refusal
+below takes the task's `Lifecycle` (`storage.lifecycle`: its `restored` and `backup`), None for an unknown
+task."""
 from __future__ import annotations
 
 import sqlite3
 from typing import Sequence
 
+from .lifecycle import FINISHED, Lifecycle
 from .records import StoreError
-from .retention import DONE_KIND
 from .store import Store
 
 # the snapshot's view of each task, as `restored` rows: finished when nothing but replays and DONE is left
 _MARK = f"""
 INSERT OR IGNORE INTO restored (task_id, finished, backup)
-SELECT task_id, purge_reason IS NOT NULL OR answered_at IS NOT NULL
-       OR (CASE WHEN json_extract(config, '$.verify') THEN verified_at ELSE reconciled_at END) IS NOT NULL
-       OR EXISTS (SELECT 1 FROM exchanges e WHERE e.task_id = tasks.task_id AND e.kind = {DONE_KIND}), ?
-FROM tasks
+SELECT t.task_id, {FINISHED}, ?
+FROM tasks t
 """
 
 
@@ -74,58 +74,46 @@ def mark_copy(db: sqlite3.Connection, backup: str) -> tuple[int, int]:
     return tasks, int(unfinished)
 
 
-def _row(store: Store, task_id: str) -> tuple[int, str] | None:
-    if not store.restored:
-        return None
-    with store.lock:
-        return store.db.execute("SELECT finished, backup FROM restored WHERE task_id = ?", (task_id,)).fetchone()
-
-
-def _unfinished_in(store: Store, task_id: str) -> str | None:
+def _unfinished_in(life: Lifecycle | None) -> str | None:
     """When the backup was taken, if the task was restored from one before its exchange was over."""
-    row = _row(store, task_id)
-    return row[1] if row is not None and not row[0] else None
+    return life.backup if life is not None and life.restored_unfinished else None
 
 
-def unfinished(store: Store, task_id: str) -> bool:
+def unfinished(life: Lifecycle | None) -> bool:
     """Whether the task was restored from a backup taken before its exchange between the servers was over."""
-    return _unfinished_in(store, task_id) is not None
+    return _unfinished_in(life) is not None
 
 
-def refuse_steps(store: Store, task_id: str) -> None:
+def refuse_steps(life: Lifecycle | None) -> None:
     """`Restored` if the task was unfinished in the backup this store was restored from."""
-    taken = _unfinished_in(store, task_id)
+    taken = _unfinished_in(life)
     if taken is not None:
-        raise Restored(f"task {task_id} was restored from a backup (of {taken}) taken before its close was over: "
+        raise Restored(f"task {life.task_id} was restored from a backup (of {taken}) taken before its close was over: "
                        "(collecting or closing): this server may have answered or asked its server-to-server steps "
                        f"since, and takes none again. {_AGAIN}")
 
 
-def refuse_uploads(store: Store, task_id: str) -> None:
+def refuse_uploads(life: Lifecycle | None) -> None:
     """`Restored` for a report upload to a task unfinished in the backup: it can never be closed here, so
     a report acknowledged to a client would never count."""
-    taken = _unfinished_in(store, task_id)
+    taken = _unfinished_in(life)
     if taken is not None:
-        raise Restored(f"task {task_id} was restored from a backup (of {taken}) taken before its close was over "
+        raise Restored(f"task {life.task_id} was restored from a backup (of {taken}) taken before its close was over "
                        f"(collecting or closing): it can never be closed here, so its reports are refused. {_AGAIN}")
 
 
-def state(store: Store, task_id: str) -> str | None:
+def state(life: Lifecycle | None) -> str | None:
     """'finished' or 'unfinished' for a task restored from a backup, else None (GET /tasks/{id})."""
-    row = _row(store, task_id)
-    return None if row is None else "finished" if row[0] else "unfinished"
+    return None if life is None else life.restored
 
 
-def refuse_new_designs(store: Store, task_id: str, kinds: Sequence[str]) -> None:
+def refuse_new_designs(store: Store, life: Lifecycle | None, kinds: Sequence[str]) -> None:
     """`Restored` if the task is in the backup this store was restored from and one of these release
     kinds has no design fixed there (it may have been fixed since, otherwise)."""
-    row = _row(store, task_id)
-    if row is None or not kinds:
+    if life is None or life.restored is None or not kinds:
         return
-    with store.lock:
-        fixed = {k for (k,) in store.db.execute("SELECT kind FROM releases WHERE task_id = ?", (task_id,))}
-    if not set(kinds) <= fixed:
-        raise Restored(f"task {task_id} was restored from a backup (of {row[1]}) that holds no design for this "
+    if not set(kinds) <= store.fixed_designs(life.task_id):
+        raise Restored(f"task {life.task_id} was restored from a backup (of {life.backup}) that holds no design for this "
                        "release: a first query may have fixed one since, so this server fixes none. Queries "
                        "whose design the backup holds are answered as before; for this release run the task "
                        "again as a new task on both servers")
@@ -133,6 +121,4 @@ def refuse_new_designs(store: Store, task_id: str, kinds: Sequence[str]) -> None
 
 def states(store: Store) -> dict[str, str]:
     """'finished' or 'unfinished' per task restored from a backup (for the admin listing)."""
-    with store.lock:
-        rows = store.db.execute("SELECT task_id, finished FROM restored").fetchall()
-    return {task_id: "finished" if finished else "unfinished" for task_id, finished in rows}
+    return {life.task_id: life.restored for life in store.lifecycles() if life.restored is not None}

@@ -30,23 +30,18 @@ import json
 import logging
 import os
 import re
-import secrets
 import sqlite3
-import time
 from pathlib import Path
 from contextlib import contextmanager
 from typing import Callable, Iterator, NamedTuple
 
 from ...errors import DpcdfError
-from .records import UnknownTask
+from .lifecycle import DONE_KIND, GONE, REASONS  # noqa: F401 (DONE_KIND, GONE: named here too)
 from .segments import task_dir
 from .store import Store
 
 log = logging.getLogger("dpcdf.retention")
 
-REASONS = ("released", "expired", "deleted")
-GONE = ("expired", "deleted")  # tasks that answer nothing again
-DONE_KIND = 13  # protocols.channel.Kind.DONE: the step kept, so a finished exchange stays finished
 _UNITS = {"s": 1, "m": 60, "h": 3600, "d": 86400, "w": 7 * 86400}
 
 
@@ -68,32 +63,25 @@ def parse_duration(text: str) -> float:
 
 def gone(store: Store, task_id: str) -> str | None:
     """'expired' or 'deleted' for a task that answers nothing again, else None (also for unknown ids)."""
-    reason = purge_reason(store, task_id)
-    return reason if reason in GONE else None
+    life = store.lifecycle(task_id)
+    return None if life is None else life.gone
 
 
 def purge_reason(store: Store, task_id: str) -> str | None:
     """Why the task's key shares were deleted ('released', 'expired', 'deleted'), or None."""
-    with store.lock:
-        row = store.db.execute("SELECT purge_reason FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
-    return None if row is None else row[0]
+    life = store.lifecycle(task_id)
+    return None if life is None else life.purge_reason
 
 
 def released(store: Store) -> list[str]:
     """Verified tasks whose release is final on this server and whose key shares are still stored: the
-    check is done and the exchange finished (DONE journalled, or a query answered)."""
-    with store.lock:
-        return [r[0] for r in store.db.execute(
-            "SELECT task_id FROM tasks WHERE purged_at IS NULL AND verified_at IS NOT NULL AND (answered_at IS NOT NULL "
-            "OR EXISTS (SELECT 1 FROM exchanges e WHERE e.task_id = tasks.task_id AND e.kind = ?)) ORDER BY created",
-            (DONE_KIND,))]
+    check is done and the exchange finished (DONE journalled, or a query answered): `Lifecycle.releasable`."""
+    return [life.task_id for life in store.lifecycles() if life.releasable]
 
 
 def expired(store: Store, before: float) -> list[str]:
     """Tasks registered before `before` (a time) that still hold key shares."""
-    with store.lock:
-        return [r[0] for r in store.db.execute(
-            "SELECT task_id FROM tasks WHERE purged_at IS NULL AND created < ? ORDER BY created", (before,))]
+    return [life.task_id for life in store.lifecycles() if life.purge_reason is None and life.created < before]
 
 
 def purge(store: Store, task_id: str, reason: str, data_dir: str | Path,
@@ -106,9 +94,8 @@ def purge(store: Store, task_id: str, reason: str, data_dir: str | Path,
     there)."""
     if reason not in REASONS:
         raise ValueError(f"unknown purge reason {reason!r}")
-    with _secure(store), store._transaction() as db:
-        _mark(db, task_id, reason)
-    store._reconciled.pop(task_id, None)
+    with _secure(store):
+        store.mark_purged(task_id, reason)
     after_commit()
     reports = delete_rows(store, task_id)
     files = remove_files(data_dir, task_id)
@@ -171,27 +158,6 @@ def delete_rows(store: Store, task_id: str) -> int:
             return total
 
 
-def _mark(db, task_id: str, reason: str) -> None:
-    row = db.execute("SELECT purge_reason, closed_at FROM tasks WHERE task_id = ?", (task_id,)).fetchone()
-    if row is None:
-        raise UnknownTask(task_id)
-    before, closed = row
-    if before in GONE or (before == reason):
-        return
-    for table in ("check_batches", "segments"):
-        db.execute(f"DELETE FROM {table} WHERE task_id = ?", (task_id,))
-    db.execute("DELETE FROM exchanges WHERE task_id = ? AND kind != ?", (task_id, DONE_KIND))
-    now = time.time()
-    if reason in GONE:
-        for table in ("histograms", "releases", "excluded", "queries"):
-            db.execute(f"DELETE FROM {table} WHERE task_id = ?", (task_id,))
-        db.execute("UPDATE tasks SET noise_seed = ? WHERE task_id = ?", (secrets.token_bytes(32), task_id))
-        if closed is None:  # its collection closes, on no report set: later uploads are refused
-            db.execute("UPDATE tasks SET frozen_seq = 0, report_count = 0, set_hash = '', closed_at = ? WHERE task_id = ?",
-                       (now, task_id))
-    db.execute("UPDATE tasks SET purged_at = ?, purge_reason = ? WHERE task_id = ?", (now, reason, task_id))
-
-
 def remove_files(data_dir: str | Path, task_id: str) -> int:
     """Removes the task's segment directory (files, then the directory, then an fsync of the parent);
     how many files it removed (0 if there was none)."""
@@ -215,43 +181,28 @@ def recover(store: Store, data_dir: str | Path) -> int:
     """Finishes purges a crash interrupted: the report rows and segment files of tasks marked purged
     (and round-one batches a background check stored after a purge). Returns how many rows and
     files it deleted."""
-    with store.lock:
-        purged = [r[0] for r in store.db.execute("SELECT task_id FROM tasks WHERE purged_at IS NOT NULL")]
+    purged = [life.task_id for life in store.lifecycles() if life.purge_reason is not None]
     return sum(delete_rows(store, t) + remove_files(data_dir, t) for t in purged)
 
 
-def state(row: dict) -> str:
-    """A task's state as the admin API names it, from its row's times and purge reason."""
-    if row["purge_reason"]:
-        return row["purge_reason"]
-    for column, name in (("answered_at", "answered"), ("verified_at", "verified"), ("reconciled_at", "reconciled"),
-                         ("closed_at", "closed")):
-        if row[column] is not None:
-            return name
-    return "collecting"
-
-
-_COLUMNS = ("task_id", "config", "created", "closed_at", "reconciled_at", "verified_at", "answered_at", "purged_at",
-            "purge_reason", "report_count")
-
-
 def tasks(store: Store, counts: bool = True) -> list[dict]:
-    """Every task's id, state, times, and (with `counts`) its stored report rows, counted reports,
-    excluded reports, segment files, whether it holds a histogram share, and queries answered."""
+    """Every task's id, state (its `Phase`), times, restore mark, and (with `counts`) its stored report rows,
+    counted reports, excluded reports, segment files, whether it holds a histogram share, and queries answered."""
     with store.lock:
-        rows = [dict(zip(_COLUMNS, r)) for r in store.db.execute(f"SELECT {', '.join(_COLUMNS)} FROM tasks ORDER BY created")]
+        lives = store.lifecycles()
+        rows = {r[0]: (json.loads(r[1]), r[2]) for r in store.db.execute("SELECT task_id, config, report_count FROM tasks")}
         per = {}
         if counts:
             for table, name in (("reports", "stored"), ("excluded", "excluded"), ("segments", "segment_files"),
                                 ("histograms", "histogram"), ("queries", "queries")):
                 per[name] = dict(store.db.execute(f"SELECT task_id, COUNT(*) FROM {table} GROUP BY task_id").fetchall())
     out = []
-    for row in rows:
-        config, counted = json.loads(row.pop("config")), row.pop("report_count")
-        item = {**row, "state": state(row), "verified_task": bool(config.get("verify", False)), "counted": counted,
-                "name": config.get("name")}
+    for life in lives:
+        config, counted = rows[life.task_id]
+        item = {**life.times(), "verified_task": bool(config.get("verify", False)), "counted": counted,
+                "name": config.get("name"), "restored": life.restored}
         for name, values in per.items():
-            item[name] = values.get(row["task_id"], 0)
+            item[name] = values.get(life.task_id, 0)
         if counts:
             item["histogram"] = bool(item["histogram"])
         out.append(item)
