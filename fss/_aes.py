@@ -115,7 +115,12 @@ def tier_name(tier) -> str:
 
 
 def supported(tier: str) -> bool:
-    return _SUPPORTED[tier_name(tier)]()
+    return _supported(tier_name(tier))
+
+
+@functools.lru_cache(maxsize=None)
+def _supported(name: str) -> bool:  # the CPU's features (`host_features`, `machine`) are fixed for the process
+    return _SUPPORTED[name]()
 
 
 def require(tier) -> str:

@@ -69,8 +69,10 @@ def chosen() -> str:
     return _default if name is None else name
 
 
+@functools.lru_cache(maxsize=None)
 def available() -> tuple[str, ...]:
-    """The backends this CPU can run (asks LLVM for the CPU's features the first time)."""
+    """The backends this CPU can run (asks LLVM for the CPU's features the first time; they do not
+    change within a process, so the answer is kept: every gen and eval asks)."""
     from . import _aes
 
     return ("portable",) + tuple(name for name in FUSED if _aes.supported(name))

@@ -84,9 +84,13 @@ def _spread(run, groups: int, threads: int | None, weight: float = 1.0) -> int:
     """Calls run(part, g0, g1) over consecutive ranges of `groups` groups that cover them all, part
     0 in this thread and the others on the pool; at most `threads` parts, and one part (no pool)
     unless each gets MIN_GROUPS_PER_THREAD * weight-adjusted groups. Returns the number of parts."""
+    cap = min(int(groups * weight) // MIN_GROUPS_PER_THREAD, groups)
+    if cap <= 1:  # one part whatever the thread count (one key, or a few): no pool, no numba call
+        run(0, 0, groups)
+        return 1
     if threads is None:
         threads = numba.get_num_threads()
-    parts = max(1, min(threads, int(groups * weight) // MIN_GROUPS_PER_THREAD, groups))
+    parts = max(1, min(threads, cap))
     bounds = [groups * c // parts for c in range(parts + 1)]
     futures = [_threads_pool().submit(run, c, bounds[c], bounds[c + 1]) for c in range(1, parts)]
     try:
@@ -471,7 +475,11 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
     tier = require(tier)  # a name the CPU can run (True / False of older callers: 'vaes' / 'aesni')
     n, w = alphas.shape[0], p.width
     G = groups(n)
-    pad = lambda a: np.concatenate([a, np.zeros(a.shape[:-1] + (G * GROUP - n,), a.dtype)], axis=-1)  # noqa: E731
+    def pad(a):  # a new C-contiguous, writable array (the kernels' one argument type), zero lanes up to whole groups
+        out = np.zeros(a.shape[:-1] + (G * GROUP,), a.dtype)
+        out[..., :n] = a
+        return out
+
     cw_seed = np.empty((G, p.bits, 2, GROUP), np.uint64)
     cw_t = np.empty((G, p.bits, GROUP), np.uint8)
     cw_v = np.empty((G, p.v_levels, w, GROUP), payload_dtype(p))
@@ -480,7 +488,13 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
         below = ones if p.beta_below else np.uint64(0)
         equal = ones if p.beta_equal else np.uint64(0)
         kernel = _gen_kernel(w, p.level_payload, tier)
-        args = (pad(alphas), pad(betas), pad(roots), p.bits, np.uint64(p.mask), below, equal, round_keys(), cw_seed, cw_t, cw_v)
+        padded_roots = pad(roots)  # the kernel only reads it
+        args = (pad(alphas), pad(betas), padded_roots, p.bits, np.uint64(p.mask), below, equal, round_keys(), cw_seed, cw_t, cw_v)
         _spread(lambda c, g0, g1: kernel(*args, g0, g1), G, threads, 4.0)  # a group's gen: about 4 evals
-    k0 = KeyBatch(p, 0, n, to_groups(roots[0]), cw_seed, cw_t, cw_v)
-    return k0, KeyBatch(p, 1, n, to_groups(roots[1]), cw_seed, cw_t, cw_v)
+    if G == 1:  # one group (one key, or a few): party d's seeds are padded_roots[d] as they lie, copied so
+        s0, s1 = padded_roots[0:1].copy(), padded_roots[1:2].copy()  # that neither key holds the other's seed
+    else:
+        s0, s1 = to_groups(roots[0]), to_groups(roots[1])
+    for a in (s0, s1, cw_seed, cw_t, cw_v):  # read-only once (the corrections shared by both parties' batches)
+        a.setflags(write=False)
+    return KeyBatch._of(p, 0, n, s0, cw_seed, cw_t, cw_v), KeyBatch._of(p, 1, n, s1, cw_seed, cw_t, cw_v)

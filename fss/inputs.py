@@ -43,6 +43,9 @@ def points(p: TreeParams, xs: object, name: str = "x") -> np.ndarray:
 
 
 def point(p: TreeParams, x: object, name: str = "x") -> int:
+    if type(x) is int:  # the common case, without numpy: what `points` computes for one int
+        lo, hi = p.domain_range()
+        return ((check_int(name, x, lo, hi) % _U64) & p.domain_mask) ^ p.input_xor
     if isinstance(x, (bool, np.bool_)) or np.ndim(x) != 0:
         raise ParameterError(f"{name} must be a single int, got {type(x).__name__}")
     return int(points(p, x, name))
@@ -54,11 +57,14 @@ def payloads(p: TreeParams, betas: object, n: int) -> np.ndarray:
     Accepted: one int (every element of every key); for width 1 a 1-D array of n ints; for width > 1
     a sequence of width ints (the same vector for every key) or an (n, width) array. Each value lies in
     [-2^(out_bits-1), 2^out_bits) and is taken mod 2^out_bits; for F_p (group "p61") in (-p, p), mod p."""
+    w = p.width
+    if type(betas) is int and not p.prime:  # one int (every gen's default): what the general path gives
+        v = check_int("beta", betas, -(1 << (p.out_bits - 1)), p.mask) % _U64 & p.mask
+        return np.full((n, w), v, np.uint64)
     if p.prime:
         arr = _int_array(betas, -(p.modulus - 1), p.modulus - 1, "beta")
     else:
         arr = _int_array(betas, -(1 << (p.out_bits - 1)), p.mask, "beta")
-    w = p.width
     if arr.ndim == 0:
         arr = np.full((n, w), arr, np.uint64)
     elif arr.ndim == 1 and w == 1 and arr.shape[0] == n:

@@ -22,6 +22,10 @@ def to_groups(a: np.ndarray) -> np.ndarray:
     """(..., n) -> (ceil(n / GROUP), ..., GROUP), zero-padded: each group of GROUP keys contiguous."""
     n = a.shape[-1]
     g = groups(n)
+    if g == 1:  # one group (a single key): the same array without numpy's axis moves
+        out = np.zeros((1,) + a.shape[:-1] + (GROUP,), a.dtype)
+        out[0, ..., :n] = a
+        return out
     padded = np.zeros(a.shape[:-1] + (g * GROUP,), a.dtype)
     padded[..., :n] = a
     moved = padded.reshape(a.shape[:-1] + (g, GROUP))
@@ -128,12 +132,21 @@ class KeyBatch:
                                      f"{np.dtype(dtype)} array of shape {shape}, got {got}")
         return cls(p, party, int(n), seeds, cw_seed, cw_t, cw_v)
 
+    @classmethod
+    def _of(cls, params: TreeParams, party: int, n: int, seeds: np.ndarray, cw_seed: np.ndarray, cw_t: np.ndarray,
+            cw_v: np.ndarray) -> "KeyBatch":
+        """Private: a batch of arrays the caller made read-only and laid out itself (the gen kernels'
+        outputs), without the dataclass's per-field work (about 2 us a batch, most of one key's gen)."""
+        self = object.__new__(cls)
+        self.__dict__.update(params=params, party=party, n=n, seeds=seeds, cw_seed=cw_seed, cw_t=cw_t, cw_v=cw_v)
+        return self
+
     def __post_init__(self) -> None:
         for name in _ARRAYS:
             a = getattr(self, name)
             if isinstance(a, np.ndarray) and a.flags.writeable:
                 view = a.view()
-                view.flags.writeable = False
+                view.setflags(write=False)
                 object.__setattr__(self, name, view)  # frozen dataclass: set once, here
 
     def logical(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
