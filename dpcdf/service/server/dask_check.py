@@ -77,7 +77,7 @@ class RoundOneMap:
         config, store = ctx.config, ctx.store
         dcf, check = config.key_dcf(), config.check()
         per = self.reports_per_batch(check.size, dcf.width)
-        partial = check.size <= MAX_VERIFIED_GRID or store.frozen(config.task_id) is not None
+        partial = check.size <= MAX_VERIFIED_GRID or not store.lifecycle(config.task_id).collecting
         ch, after, done, pending, width = None, None, 0, deque(), dcf.key_size + 8 * check.extras
         while True:
             while len(pending) < self._window():
