@@ -12,7 +12,7 @@ cache machinery with another key:
 - a hash of every source file of the `fss` package (its version is in `__init__.py`) with the numba,
   llvmlite and Python versions: any edit of the package invalidates every entry.
 
-Where entries live (`cache_dir()`): in $NUMBA_CACHE_DIR if set (numba's own setting, which wins), else
+Where entries live (`cache_dir(kernel)`): in $NUMBA_CACHE_DIR if set (numba's own setting, which wins), else
 in the user's cache directory, `$XDG_CACHE_HOME/fss-dpcdf/numba` or `~/.cache/fss-dpcdf/numba`
 (`~/Library/Caches/fss-dpcdf/numba` on macOS, `%LOCALAPPDATA%\\fss-dpcdf\\numba` on Windows), never
 in the package's own folder unless neither is writable (then `fss/__pycache__` if that is, as numba's
@@ -62,12 +62,11 @@ def user_cache_dir() -> str | None:
     return os.path.join(base, APP, "numba")
 
 
-def cache_dir() -> str | None:
-    """The folder the kernels' entries go to in this process (the package's subfolder included), None
-    when no location is writable (then every process compiles them)."""
-    from . import _kernels
-
-    cache = getattr(_kernels.sum_columns, "_cache", None)
+def cache_dir(kernel) -> str | None:
+    """The folder a kernel defined by `njit` (any: they share the location) puts its entries in, in this
+    process (the package's subfolder included); None when no location is writable (then every process
+    compiles them). The kernel is the caller's, so that this module imports none of them."""
+    cache = getattr(kernel, "_cache", None)
     return getattr(cache, "_cache_path", None)
 
 
@@ -141,7 +140,7 @@ def _digest(key) -> str:
 
 class KernelCache(FunctionCache):
     """numba's FunctionCache keyed on (argument types, codegen magic tuple, tag) and stamped with
-    `source_hash()` instead of the bytecode, closure and source file of the function, in `cache_dir()`."""
+    `source_hash()` instead of the bytecode, closure and source file of the function, in `cache_dir(kernel)`."""
 
     _impl_class = _CacheImpl
 

@@ -130,10 +130,10 @@ def info() -> dict:
     "fast_ecb" (whether the portable backend calls pycryptodome's C ECB routine directly, `fss.prg`)
     "fast_ecb_error" (what failed when it does not: the portable eval is then slower, same bits) and
     "cache_dir" (the folder of the compiled kernels' on-disk cache, `fss._cache`; None if not cached)."""
-    from . import _cache, prg
+    from . import _cache, _kernels, prg
 
     return {"backend": chosen(), "available": available(), "threads": threads(), "fast_ecb": prg.fast_ecb(),
-            "fast_ecb_error": prg.fast_ecb_error(), "cache_dir": _cache.cache_dir()}
+            "fast_ecb_error": prg.fast_ecb_error(), "cache_dir": _cache.cache_dir(_kernels.sum_columns)}
 
 
 @functools.lru_cache(maxsize=None)

@@ -31,7 +31,7 @@ CHILD = textwrap.dedent(
     _kernels.sum_columns(np.arange(6, dtype=np.uint64).reshape(2, 3), np.uint64(7))
     paths = {d._cache._cache_path for d in (_kernels.sum_columns, _kernels.gen_level, _linear.sums_of)}
     print(json.dumps(dict(file=fss.__file__, shares=[int(s) for s in shares], paths=sorted(paths),
-                          cache_dir=_cache.cache_dir(), info_dir=backend.info()["cache_dir"],
+                          cache_dir=_cache.cache_dir(_kernels.sum_columns), info_dir=backend.info()["cache_dir"],
                           hits=sum(_kernels.sum_columns._cache_hits.values()))))
     """
 )
