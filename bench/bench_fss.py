@@ -3,7 +3,7 @@ ECB and sycret, all measured in the same run.
 
     python bench/bench_fss.py            # --quick for a smaller run; --no-table to skip the full table
                                          # of (bits, out_bits, width) on the auto tier; --eval-grid for the
-                                         # eval_grid section alone; --one-key for one key's gen/eval latency
+                                         # eval_grid section alone (one key's latency: bench_one_key.py)
 
 Per tier (`fss.backend.available()`: portable, aesni, vaes256 on AVX2 + VAES, vaes on AVX-512), one
 core, CPU time of this process (`time.process_time`; the machine is shared, and wall time would
@@ -272,42 +272,6 @@ def sycret_section(quick: bool) -> None:
         print("(sycret not installed: pip install sycret)")
 
 
-def one_key_section(quick: bool) -> None:
-    """Latency of one key: `gen(alpha)` (a pair) and `eval(key, x)` of DCF(32, 64, x <= alpha), CPU
-    microseconds a call (best of 5 loops), against sycret's LeFactory keygen(1) and eval of one point."""
-    n = 500 if quick else 3000
-
-    def us(call) -> float:
-        def loop() -> None:  # keeps no result (a list of 3000 key pairs would time the garbage collector too)
-            for _ in range(n):
-                call()
-
-        return best_of(loop, 5) / n * 1e6
-
-    fn = DCF(32, 64, 1, cmp="le")
-    print("\none key (DCF(32, 64), x <= alpha, one core): CPU us a call")
-    print(f"{'':>16} {'gen us':>8} {'eval us':>8}")
-    try:
-        import sycret
-
-        le = sycret.LeFactory(n_threads=1)
-        ka, _ = le.keygen(1)
-        x1 = np.array([999], dtype=np.int64)
-        syc = (us(lambda: le.keygen(1)), us(lambda: le.eval(0, x1, ka)))
-        print(f"{'sycret':>16} {syc[0]:>8.1f} {syc[1]:>8.1f}")
-    except ImportError:
-        syc = None
-    before = backend.threads()
-    backend.set_threads(1)
-    for name in reversed(backend.available()):
-        with backend.using(name):
-            k0, _ = fn.gen(1000, 1)
-            ours = (us(lambda: fn.gen(1000, 1)), us(lambda: fn.eval(k0, 999)))
-        ratio = "" if syc is None else f"  ({ours[0] / syc[0]:.1f}x, {ours[1] / syc[1]:.1f}x sycret's time)"
-        print(f"{'fss ' + name:>16} {ours[0]:>8.1f} {ours[1]:>8.1f}{ratio}")
-    backend.set_threads(before)
-
-
 def full_table(quick: bool) -> None:
     """gen, eval and eval_sum (all cores, wall time) over (bits, out_bits, width) on the auto tier."""
     n = 50_000 if quick else 400_000
@@ -371,19 +335,14 @@ def main() -> None:
     ap.add_argument("--no-table", action="store_true", help="skip the full (bits, out_bits, width) table on the auto tier")
     ap.add_argument("--eval-grid", action="store_true", help="only the eval_grid section, on every tier")
     ap.add_argument("--reps", type=int, default=3, help="runs per measurement (best of)")
-    ap.add_argument("--one-key", action="store_true", help="only the one-key gen/eval latency section")
     args = ap.parse_args()
     print(f"CPU: {describe_cpu()}; tiers {', '.join(backend.available())} (auto: {backend.current()}); "
           f"one core, CPU time\n")
     if args.eval_grid:
         eval_grid_section(args.quick)
         return
-    if args.one_key:
-        one_key_section(args.quick)
-        return
     tier_section(args.quick, args.reps)
     sycret_section(args.quick)
-    one_key_section(args.quick)
     eval_grid_section(args.quick)
     if not args.no_table:
         full_table(args.quick)
