@@ -123,3 +123,41 @@ def test_the_journal_and_retention_share_one_done_constant():
     from dpcdf.service.protocols.channel import Kind
 
     assert Kind.DONE == DONE_KIND == policy.DONE_KIND == 13
+
+
+def test_a_query_that_raced_a_delete_is_refused_under_the_lock(tmp_path):
+    """Review of issue 43 (a gap older than the lifecycle): the analyst's 410 is read before the query
+    takes the task's `answering` lock, which a purge holds; a query that passed it while the operator
+    deleted the task used to answer after the delete, re-creating a release row and marking the task
+    answered. `open_for_query` now refuses it there (TaskGone, 410) and writes nothing."""
+    import threading
+    from types import SimpleNamespace
+
+    from dpcdf.service.server.context import TaskGone
+    from dpcdf.service.server.errors import status_of
+    from dpcdf.service.server.state import TaskState
+
+    store, task = Store(tmp_path / "s.sqlite"), "t"
+    store.add_task(task, '{"verify": true}', b"f" * 32, secrets.token_bytes(32))
+    store.add_many(task, [(secrets.token_bytes(16), secrets.token_bytes(48)) for _ in range(6)])
+    store.freeze(task, lambda ids: "h")
+    store.mark(task, "reconciled")
+    store.mark(task, "verified")
+
+    class Borrowed:  # TaskState's methods on just the state they read
+        def __getattr__(self, name):
+            return getattr(TaskState, name).__get__(self)
+
+    st = Borrowed()
+    st.store, st.answering = store, threading.Lock()
+    st.config = SimpleNamespace(task_id=task, verify=True, n_public=True, min_batch=2)
+    st.source = lambda store, upto: "the histogram share"
+    assert st.open_for_query([("prefix", "d", "spent")])[0] == "the histogram share"  # before the delete: answers
+    policy.purge(store, task, "deleted", tmp_path)
+    answered_before = store.lifecycle(task).answered_at
+    rows = store.db.execute("SELECT COUNT(*) FROM releases WHERE task_id = ?", (task,)).fetchone()[0]
+    with pytest.raises(TaskGone, match="deleted") as refused:
+        st.open_for_query([("prefix", "d", "spent")])
+    assert status_of(refused.value) == 410
+    assert store.lifecycle(task).answered_at == answered_before
+    assert store.db.execute("SELECT COUNT(*) FROM releases WHERE task_id = ?", (task,)).fetchone()[0] == rows

@@ -44,6 +44,12 @@ class NotClosed(DpcdfError):
     """A query before the task is closed (reconciled, or verified): HTTP 409."""
 
 
+class TaskGone(DpcdfError):
+    """A query of a task whose reports are deleted (by its operator, by retention, or released): HTTP
+    410. The analyst's dependency answers it before the query; the query checks again under the task's
+    `answering` lock, which a purge holds, so one that raced the delete cannot answer after it."""
+
+
 class TooFewReports(DpcdfError):
     """Fewer reports than the task's min_batch (a query, or a close before the freeze): HTTP 403."""
 

@@ -16,7 +16,7 @@ from ...errors import DpcdfError
 from ..storage.restore import Restored
 from ..wire import TAKEN
 from .answers import QueryRefused
-from .context import BudgetSpent, CloseRefused, NotClosed, PeerFailed, TaskNotFound, TooFewReports
+from .context import BudgetSpent, CloseRefused, NotClosed, PeerFailed, TaskGone, TaskNotFound, TooFewReports
 
 NOT_JSON = "the body must be JSON"
 
@@ -50,7 +50,7 @@ def problem(error: dict) -> str:
 
 
 STATUS: dict[type[DpcdfError], int] = {QueryRefused: 400, TaskNotFound: 404, NotClosed: 409, TooFewReports: 403,
-                                       BudgetSpent: 403, CloseRefused: 409, PeerFailed: 502, Restored: 409}
+                                       BudgetSpent: 403, CloseRefused: 409, PeerFailed: 502, Restored: 409, TaskGone: 410}
 """The domain errors of the state and protocol layer, each answered with its status (the most
 specific class listed wins)."""
 

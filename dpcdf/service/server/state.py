@@ -36,7 +36,7 @@ from ..task import TaskConfig, token_hash
 from .aggregate import GRID_SUMS_MAX, Evaluator, Histogram
 from .checker import Checker
 from .context import BudgetSpent, NotClosed, TaskContext, TooFewReports, pair_key  # noqa: F401 (pair_key: its old home)
-from .context import CloseRefused, PeerFailed, TaskNotFound
+from .context import CloseRefused, PeerFailed, TaskGone, TaskNotFound
 from .errors import HttpError
 from .ownership import claim_party
 from .peer_gate import PeerGate
@@ -195,13 +195,16 @@ class TaskState:
             return self.view()
 
     def open_for_query(self, fixes: list[tuple[str, str, str]]) -> tuple["list[KeyBatch] | Histogram", int, str]:
-        """Before a query's answer, under the task's `answering` lock: NotClosed (409) unless the task is
+        """Before a query's answer, under the task's `answering` lock: TaskGone (410) if its reports were
+        deleted meanwhile (a purge holds that lock), NotClosed (409) unless the task is
         closed (reconciled, or verified), TooFewReports (403) below min_batch reports; each (kind,
         design, refusal) of `fixes` is fixed at its first query and refused (BudgetSpent, 403, `refusal`)
         with another design after.
         Marks the task answered; returns what to evaluate, n and the report-set hash."""
         store, task_id, config = self.store, self.config.task_id, self.config
         life = store.lifecycle(task_id)
+        if life.gone:  # a query that passed the analyst's 410 while a purge held this lock (review of issue 43)
+            raise TaskGone(f"task {task_id} is {life.gone}: its reports are deleted and it answers nothing again")
         if not life.ready:  # verified for a verified task, else reconciled
             raise NotClosed("the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
         upto, n, digest = store.frozen(task_id)
