@@ -1,5 +1,5 @@
 """The lean install (issue 43): `pip install fss-dpcdf` is `fss` with numpy, numba and pycryptodome
-only; dpcdf's release (scipy, osqp), the service (cryptography, FastAPI, uvicorn) and the tools come
+(and cffi, pycryptodome's C backend, which fss's portable tier calls directly) only; dpcdf's release (scipy, osqp), the service (cryptography, FastAPI, uvicorn) and the tools come
 with extras (`[release]`, `[service]`, `[demo]`, `[test]`, ...). Checked here in subprocesses in
 which importing an optional package fails (a meta-path finder, as in a venv without it), and in
 `.ci/run` by a real install of the base package into a bare venv."""
@@ -36,7 +36,7 @@ def _requirement_names(requirements: list[str]) -> set[str]:
 
 def test_the_base_install_is_fss_alone_and_every_tool_extra_brings_the_service():
     project = tomllib.loads((ROOT / "pyproject.toml").read_text())["project"]
-    assert _requirement_names(project["dependencies"]) == {"numpy", "numba", "pycryptodome"}
+    assert _requirement_names(project["dependencies"]) == {"numpy", "numba", "pycryptodome", "cffi"}  # cffi: pycryptodome's fast backend
     extras = project["optional-dependencies"]
     assert _requirement_names(extras["release"]) == {"scipy", "osqp"}
     assert "fss-dpcdf[release]" in extras["service"] and {"cryptography", "fastapi", "uvicorn"} <= _requirement_names(extras["service"])
