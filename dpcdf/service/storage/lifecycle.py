@@ -2,7 +2,11 @@
 
 `Store.lifecycle(task_id)` reads it in one query (`Store.lifecycles()`: every task's, in one query);
 every refusal that depends on where a task is (uploads, closes, queries, server-to-server steps, the
-operator's listing and retention) is derived from the `Lifecycle` it returns.
+operator's listing and retention) reads the `Lifecycle` it returns. The `takes_*` and `answers_queries`
+properties below state the rules; the refusals themselves (in the server's state, routers and
+retention) test the underlying fields (`collecting`, `ready`, `gone`, ...), and `tests/service/
+test_lifecycle.py` checks both on every phase (review of issue 43: the properties are not yet what the
+refusals call).
 
 Where each phase comes from (table `tasks` unless said), in the order a task reaches them:
 - COLLECTING ('collecting'): `closed_at` is NULL: no report set is fixed yet.
