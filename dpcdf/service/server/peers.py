@@ -27,6 +27,9 @@ OCTETS = "application/octet-stream"
 PEER_TIMEOUT = 60  # seconds per socket operation with server 1 (its part for 10^6 reports: a few seconds)
 CHECK_WAIT = 1800  # seconds server 0 waits for server 1's evaluation of its reports (10^6 at 2^10: about a minute)
 BUSY_WAIT = 60  # seconds server 0 sends a message again while server 1's pool of peer messages is full (429)
+CHECK_RETRY = (0.02, 1.0)  # seconds between sends while server 1 is still evaluating (503): from the first, doubling to the
+# second (a flat second held every verified close that found server 1 a tenth of a second from ready: a calibration
+# task's close at 20,000 reports took 1.4 s, 1.0 of it this wait, bench/bench_calibration.py)
 FORGED = "the message is not the other server's for this task"
 PROBE_TIMEOUT = 10  # seconds for server 0's probe of server 1 at a registration
 
@@ -58,12 +61,14 @@ def _post(url: str, message: bytes, headers: dict[str, str], patient: bool = Fal
     """One message to server 1 and its answer; PeerFailed (502) if it does not come (PEER_TIMEOUT per socket
     operation, so a peer that accepts but never answers holds the close for a minute, not forever),
     `Refused` if server 1 refuses it (409). `patient`: a 503 (server 1 still evaluating its reports
-    for the check) is sent again each second for up to CHECK_WAIT seconds. A 429 (server 1 has its
+    for the check) is sent again after 20 ms, then each time twice as long up to a second
+    (`CHECK_RETRY`), for up to CHECK_WAIT seconds. A 429 (server 1 has its
     peers' pool full: other tasks' closes), or a connection broken before any answer (a large message
     server 1 refused with 429 from its headers and closed while it was being sent: review of issue 42),
     is sent again each second for up to BUSY_WAIT seconds from the last other answer (every step is
     answered once, from the journal: sending one again is safe)."""
     first = other = time.monotonic()  # the first attempt (CHECK_WAIT), the last answer that was not "busy" (BUSY_WAIT)
+    pause = CHECK_RETRY[0]
     while True:
         try:
             return fetch("POST", url, message, content_type=OCTETS, timeout=PEER_TIMEOUT, headers=headers)
@@ -71,7 +76,8 @@ def _post(url: str, message: bytes, headers: dict[str, str], patient: bool = Fal
             now = time.monotonic()
             if patient and exc.status == 503 and now - first < CHECK_WAIT:
                 other = now
-                time.sleep(1)
+                time.sleep(pause)
+                pause = min(CHECK_RETRY[1], 2 * pause)
                 continue
             busy = exc.status == 429 or (exc.status is None and any(s in str(exc) for s in ("Broken pipe", "reset by peer")))
             if busy and now - other < BUSY_WAIT:
