@@ -344,9 +344,12 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
                 if asked.size != ends.size or not np.isfinite(asked).all():
                     raise ParameterError(f"round zero has {ends.size} counts, got shape {asked.shape}")
                 zero = asked if self.scale_zero is not None else None  # v6, v7 under substitution n, exact: nothing to merge
-                route_n = self.zero_n(asked, copies) if zero is not None else float(asked.sum())
-                if zero is not None and self.relation == "substitution":  # v8: n is public, round zero's counts screen
-                    route_n = float(n() if callable(n) else n) if n is not None else float(asked.sum())
+                if zero is None:
+                    route_n = float(asked.sum())
+                elif self.relation == "substitution":  # v8: n is public (given: above), round zero's counts screen
+                    route_n = float(n() if callable(n) else n)
+                else:
+                    route_n = self.zero_n(asked, copies)
                 n = n if n is not None or zero is not None else route_n  # ... which plans round two too
             if self.take_whole(route_n, copies) or (zero is not None and self.screened(zero, copies)):
                 whole = self.whole.gather(prefix_at, lambda level: nodes_at(level, whole=True))
