@@ -50,6 +50,12 @@ class TaskGone(DpcdfError):
     `answering` lock, which a purge holds, so one that raced the delete cannot answer after it."""
 
 
+def gone_message(task_id: str, why: str) -> str:
+    """The 410's text for a task whose reports are deleted (`why`: 'expired' or 'deleted'), one wording
+    whether the analyst's dependency or the query under its lock (`TaskGone`) finds it."""
+    return f"task {task_id} is {why}: its reports are deleted and it answers nothing again"
+
+
 class TooFewReports(DpcdfError):
     """Fewer reports than the task's min_batch (a query, or a close before the freeze): HTTP 403."""
 

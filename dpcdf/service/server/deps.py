@@ -10,6 +10,7 @@ from fastapi import Depends, Request
 from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 
 from ..task import token_hash
+from .context import gone_message
 from .errors import HttpError, TaskNotFound
 from .models import Error
 from .state import Server, TaskState
@@ -61,7 +62,7 @@ def analyst_task(task_id: str, srv: Annotated[Server, Depends(server)],
         raise HttpError(401, UNAUTHORIZED)
     gone = srv.store.lifecycle(task_id).gone  # after the token: only the analyst learns it (issue 24)
     if gone:
-        raise HttpError(410, f"task {task_id} is {gone}: its reports are deleted and it answers nothing again")
+        raise HttpError(410, gone_message(task_id, gone))
     return st
 
 

@@ -36,7 +36,7 @@ from ..task import TaskConfig, token_hash
 from .aggregate import GRID_SUMS_MAX, Evaluator, Histogram
 from .checker import Checker
 from .context import BudgetSpent, NotClosed, TaskContext, TooFewReports, pair_key  # noqa: F401 (pair_key: its old home)
-from .context import CloseRefused, PeerFailed, TaskGone, TaskNotFound
+from .context import CloseRefused, PeerFailed, TaskGone, TaskNotFound, gone_message
 from .errors import HttpError
 from .ownership import claim_party
 from .peer_gate import PeerGate
@@ -204,7 +204,7 @@ class TaskState:
         store, task_id, config = self.store, self.config.task_id, self.config
         life = store.lifecycle(task_id)
         if life.gone:  # a query that passed the analyst's 410 while a purge held this lock (review of issue 43)
-            raise TaskGone(f"task {task_id} is {life.gone}: its reports are deleted and it answers nothing again")
+            raise TaskGone(gone_message(task_id, life.gone))
         if not life.ready:  # verified for a verified task, else reconciled
             raise NotClosed("the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
         upto, n, digest = store.frozen(task_id)
