@@ -5,6 +5,7 @@ import itertools
 import os
 import subprocess
 import sys
+import threading
 
 import numpy as np
 
@@ -156,3 +157,20 @@ async def echo_app(scope, receive, send):
         body, more = body + message.get("body", b""), message.get("more_body", False)
     await send({"type": "http.response.start", "status": 200, "headers": []})
     await send({"type": "http.response.body", "body": body})
+
+
+def send_each_second(socks: list, data: bytes, stop: threading.Event) -> threading.Thread:
+    """A started daemon thread that sends `data` on every socket of `socks` once a second until `stop` is
+    set (a socket the server closed is skipped): held connections that never go idle long enough to be
+    dropped (a trickled body, a keep-alive asked again)."""
+    def run() -> None:
+        while not stop.wait(1.0):
+            for s in socks:
+                try:
+                    s.send(data)
+                except OSError:
+                    pass
+
+    thread = threading.Thread(target=run, daemon=True)
+    thread.start()
+    return thread

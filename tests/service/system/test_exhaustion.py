@@ -28,7 +28,7 @@ from dpcdf.service.http import ServerError, http
 from dpcdf.service.server.limits import Limits
 from dpcdf.service.task import SameServerError
 from dpcdf.service.wire import MAGIC, encode_batch
-from helpers import GRID, OPERATOR, urls
+from helpers import GRID, OPERATOR, send_each_second, urls
 
 LIMITS = Limits()
 SLACK = 3.0  # seconds on top of a timeout (2 busy cores)
@@ -358,17 +358,7 @@ def test_slow_uploads_do_not_hold_the_servers_messages(servers):
             s.sendall(f"POST {path} HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\nx".encode())
             socks.append(s)
     stop = threading.Event()
-
-    def trickle():  # a byte a second: under the 5 s idle limit, so each body is held its whole 10 s
-        while not stop.wait(1.0):
-            for s in socks:
-                try:
-                    s.send(b"x")
-                except OSError:
-                    pass
-
-    thread = threading.Thread(target=trickle, daemon=True)
-    thread.start()
+    thread = send_each_second(socks, b"x", stop)  # a byte a second: under the 5 s idle limit, so each body is held its whole 10 s
     try:
         time.sleep(0.5)
         status, _, body = post(port, "127.0.18.1", path, make_reports(config, [40.0])[0].to_bytes())

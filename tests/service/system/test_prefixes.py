@@ -24,7 +24,7 @@ from dpcdf.service.client import create_task, make_reports
 from dpcdf.service.processes import start_server, stop
 from dpcdf.service.server.limits import Failures, Limits, prefix_of
 from dpcdf.service.wire import encode_batch
-from helpers import GRID, OPERATOR, TESTING, echo_app, urls
+from helpers import GRID, OPERATOR, TESTING, echo_app, send_each_second, urls
 from test_exhaustion import JUNK, LIMITS, SLACK, connect, post
 
 
@@ -354,15 +354,7 @@ def test_the_close_succeeds_while_server_0s_prefix_is_flooded(tmp_path):
                 s.sendall(f"POST /tasks/{config.task_id}/reports HTTP/1.1\r\nHost: x\r\nContent-Length: 60000\r\n\r\nx".encode())
                 socks.append(s)
 
-        def keep_up():  # the held connections ask again every second (their 5 s keep-alive never runs out)
-            while not stopping.wait(1.0):
-                for s in socks:
-                    try:
-                        s.send(b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n")
-                    except OSError:
-                        pass
-
-        threading.Thread(target=keep_up, daemon=True).start()
+        send_each_second(socks, b"GET /health HTTP/1.1\r\nHost: x\r\n\r\n", stopping)  # their 5 s keep-alive never runs out
         time.sleep(0.5)
         with ThreadPoolExecutor(1) as pool:
             keyless = pool.submit(_get, ports[0], "127.0.0.99", "/health")  # held 5 s meanwhile
