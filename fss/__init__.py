@@ -24,6 +24,7 @@ from .errors import FssError, KeyFormatError, KeyIndexError, KeyMismatchError, P
 from .gates import ComparisonGate, IntervalGate, MultiIntervalGate, ReluGate
 from .keys import Key, KeyBatch
 from .loaders import Loaded, function_of, load_batch, load_key, load_keys, read_batch, write_batch
+from . import layout  # keys as rows and as grouped arrays (stores, transports, files)
 
 # Submodules load on first access (`fss.backend`, `fss.portable`, ...), so that `import fss` imports
 # neither numba nor llvmlite: they come with the first kernel (gen, eval, or `fss.backend.available()`).
@@ -42,4 +43,5 @@ def __getattr__(name: str):
 __all__ = ["DCF", "DPF", "ComparisonGate", "FssError", "IntervalGate", "Key", "KeyBatch", "KeyFormatError", "KeyIndexError",
            "KeyMismatchError", "Loaded", "MultiIntervalGate", "ParameterError", "ReluGate", "function_of", "load_batch",
            "load_key", "load_keys", "read_batch", "write_batch"]
+__all__ += ["layout"]
 __version__ = "0.1.0"
