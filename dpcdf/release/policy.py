@@ -39,6 +39,7 @@ from ..errors import ParameterError
 from .adaptive import MIN_ADAPTIVE_GRID, min_adaptive_epsilon
 from .factorization import MAX_FACTOR_GRID
 from .mechanisms import check_epsilon
+from .payload import Payload
 from .zcdp import check_rho
 
 
@@ -46,7 +47,7 @@ def auto_mechanism(size: int, relation: str, privacy: str = "pure", epsilon: flo
                    payload: str = "count") -> str:
     """The mechanism "auto" stands for (the first table above). `epsilon=None`: not yet known, taken
     as large enough for the adaptive design."""
-    if payload != "count":
+    if not Payload.parse(payload).plain:
         return "tree"
     if privacy == "zcdp":
         return "factorization" if 2 <= size <= MAX_FACTOR_GRID else "tree"
@@ -57,9 +58,10 @@ def auto_mechanism(size: int, relation: str, privacy: str = "pure", epsilon: flo
 def curve_budget(payload: str, budget: float, relation: str, split: float = 0.5) -> tuple[float, str]:
     """(budget, relation) of each ECDF a payload releases (the second table above); `budget` is the
     task's epsilon, or rho under zCDP."""
-    if payload == "label":
+    kind = Payload.parse(payload)
+    if kind.roc:  # a person is in one class: each curve add/remove
         return budget / 2, "add-remove"
-    if payload == "calibration":
+    if kind.scored:  # the rest goes to the group sums
         return budget * split, relation
     return budget, relation
 

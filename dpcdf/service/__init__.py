@@ -4,7 +4,8 @@ key shares with each server's own noise, the FastAPI server, and the analyst tha
 
 Rooms: the shared wire at the top (`task`, `wire`, `hpke`, `http`, `files`, `processes`); `client/`
 (the data holder's reports and spool, the analyst); `storage/` (the SQLite store, the segments);
-`protocols/` (the channel, the reconciliation, the report check); `server/` (the FastAPI app, its
+`verification/` (the report check's arithmetic, which the task config, the client and the protocols
+use); `protocols/` (the channel, the reconciliation, the report check's steps); `server/` (the FastAPI app, its
 routers and state, the aggregation in-process or on Dask). Routers reach storage and protocols only
 through the server's state.
 

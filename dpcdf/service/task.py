@@ -22,11 +22,12 @@ from ..release.policy import auto_mechanism, curve_budget
 from ..release.calibration import group_scales
 from ..release.factorization import sqrt_factorization
 from ..release.grid import Grid
+from ..release.payload import Payload
 from ..release.mechanisms import ROOT_SHARE, Mechanism, PathMechanism, TreeMechanism, check_epsilon, check_relation
 from ..release.zcdp import check_rho, gaussian_tree
 from .files import TaskFileError, read_text
 from .hpke import check_kem
-from .protocols.check.maths import CHECKED, Check
+from .verification.maths import Check
 
 FORMAT = "dpcdf-task/v1"
 OUT_BITS = 64
@@ -101,7 +102,7 @@ class TaskConfig:
     calibration task's ECDF split * rho, its group sums the rest, all with the exact discrete Gaussian.
 
     verify: the servers check every report at the close and count only well-formed ones (keys over
-    F_p plus the client's check randomness; `dpcdf.service.protocols.check.maths`, docs/verification.md) and answer
+    F_p plus the client's check randomness; `dpcdf.service.verification.maths`, docs/verification.md) and answer
     every query from a histogram share made once then. None (the default) means: verified when the
     payload can be and the grid has at most MAX_VERIFIED_GRID points; True allows grids of up to
     MAX_CLUSTER_VERIFIED_GRID, which servers without a Dask cluster refuse. A config without the field
@@ -123,7 +124,7 @@ class TaskConfig:
     servers: tuple[str, str]
     hpke_keys: tuple[str, str]
     token_hash: str
-    payload: str = "count"
+    payload: Payload = Payload.COUNT  # a string in the JSON ("count", "label", "calibration"), parsed to a Payload
     split: float = 0.5
     kem: str = "x25519"
     verify: bool | None = None
@@ -145,16 +146,14 @@ class TaskConfig:
             raise ParameterError("servers, hpke_keys, token_hash and kem are strings")
         if not isinstance(self.grid, dict):
             raise ParameterError(f"grid must be an object, got {self.grid!r:.80}")
+        object.__setattr__(self, "payload", Payload.parse(self.payload))
         check_relation(self.relation)
         self._check_privacy()
         self._check_root_share()
         self._check_fine_bins()
         if isinstance(self.min_batch, bool) or not isinstance(self.min_batch, int) or self.min_batch < 0:
             raise ParameterError(f"min_batch must be an int >= 0, got {self.min_batch!r}")
-        if self.payload not in ("count", "label", "calibration"):
-            raise ParameterError(f"payload must be 'count' (an ECDF), 'label' (a ROC curve) or 'calibration' "
-                                 f"(Hosmer-Lemeshow), got {self.payload!r}")
-        if self.payload == "calibration" and (self.relation != "substitution" or not 0 < self.split < 1):
+        if self.payload.scored and (self.relation != "substitution" or not 0 < self.split < 1):
             raise ParameterError("a calibration task needs relation 'substitution' and a split in (0, 1)")
         if len(self.servers) != 2 or len(self.hpke_keys) != 2:
             raise ParameterError("a task has exactly two servers and two HPKE keys")
@@ -167,7 +166,7 @@ class TaskConfig:
         if self.relation == "add-remove" and self.min_batch != 0:
             raise ParameterError("under add/remove the number of reports is private, and a minimum-batch gate would "
                                  "reveal whether it reached the gate (even 1: no report against one): use min_batch=0")
-        if self.mechanism == "adaptive" and (self.payload != "count" or not MIN_ADAPTIVE_GRID <= self.make_grid().size <= MAX_TREE_SIZE):
+        if self.mechanism == "adaptive" and (not self.payload.plain or not MIN_ADAPTIVE_GRID <= self.make_grid().size <= MAX_TREE_SIZE):
             raise ParameterError(f"an adaptive task releases one ECDF (payload 'count') on a grid of {MIN_ADAPTIVE_GRID} "
                                  f"to {MAX_TREE_SIZE} points")
         if self.mechanism == "tree" and self.make_grid().size > MAX_TREE_SIZE:
@@ -179,7 +178,7 @@ class TaskConfig:
         self.make_mechanism()  # validates the grid, the noise scales and that the mechanism can be built
         size = self.make_grid().size
         if self.verify is None:
-            object.__setattr__(self, "verify", size <= MAX_VERIFIED_GRID and self.payload in CHECKED)
+            object.__setattr__(self, "verify", size <= MAX_VERIFIED_GRID and self.payload.verifiable)
         if not isinstance(self.verify, bool):
             raise ParameterError(f"verify must be true or false, got {self.verify!r}")
         if self.verify:
@@ -192,7 +191,7 @@ class TaskConfig:
                 raise ParameterError(f"key_format must be 1 or {KEY_FORMAT}, got {self.key_format!r:.40}")
         else:
             object.__setattr__(self, "key_format", 1)  # ring keys: one format
-        if self.payload == "calibration":
+        if self.payload.scored:
             self.group_scales()  # the group sums' noise scales are in range
 
     def _check_root_share(self) -> None:
@@ -201,7 +200,7 @@ class TaskConfig:
         plan they were answered with (0: the root noised only in a full tree). It applies to pure
         add/remove tree count tasks; elsewhere it is 0 and left out of the JSON (label tasks keep the
         old plan, as the central `roc`)."""
-        applies = self.privacy == "pure" and self.mechanism == "tree" and self.relation == "add-remove" and self.payload == "count"
+        applies = self.privacy == "pure" and self.mechanism == "tree" and self.relation == "add-remove" and self.payload.plain
         if not applies:
             object.__setattr__(self, "root_share", 0.0)
         share = self.root_share
@@ -249,8 +248,8 @@ class TaskConfig:
             check_rho(self.rho)
             if self.mechanism not in ("factorization", "tree"):
                 raise ParameterError(f"a zCDP task's mechanism is 'factorization' or 'tree', got {self.mechanism!r}")
-            if self.payload != "count" and self.mechanism != "tree":
-                raise ParameterError(f"a zCDP {self.payload!r} task uses the Gaussian tree (mechanism 'tree'): the "
+            if not self.payload.plain and self.mechanism != "tree":
+                raise ParameterError(f"a zCDP {self.payload.value!r} task uses the Gaussian tree (mechanism 'tree'): the "
                                      "factorization releases one ECDF (payload 'count')")
         else:
             raise ParameterError(f"privacy must be 'pure' or 'zcdp', got {self.privacy!r}")
@@ -280,7 +279,7 @@ class TaskConfig:
 
     @property
     def width(self) -> int:
-        return {"count": 1, "label": 2, "calibration": 3}[self.payload]
+        return self.payload.width
 
     def make_mechanism(self) -> Mechanism:
         """The mechanism of each released ECDF (for a label payload: of each of the two curves)."""
@@ -293,7 +292,7 @@ class TaskConfig:
         if self.mechanism == "adaptive":  # its round-two tree's plan is ROOT_SHARE's: a new plan needs a new name
             return AdaptiveMechanism(size, self.epsilon, self.relation, fine=self.fine_bins, plan_version=self.adaptive_plan,
                                      share_rule=self.adaptive_shares)
-        if self.mechanism == "tree" and self.payload == "count":
+        if self.mechanism == "tree" and self.payload.plain:
             return TreeMechanism(size, self.epsilon, self.relation, root_share=self.root_share)
         eps, relation = curve_budget(self.payload, self.epsilon, self.relation, self.split)
         if self.mechanism == "path":
@@ -322,7 +321,7 @@ class TaskConfig:
     @_derived
     def key_dcf(self) -> DCF:
         """The DCF the clients' keys are made with: `dcf`, except that a verified task's keys also carry
-        kappa * beta, the report check's MAC (`protocols.check.maths.Check.key_width`)."""
+        kappa * beta, the report check's MAC (`verification.maths.Check.key_width`)."""
         if self.verify:
             return DCF(self.make_grid().bits, width=self.check().key_width, cmp="ge", group="p61", version=self.key_format)
         return self.dcf()

@@ -6,7 +6,7 @@ import pytest
 from hypothesis import given, settings, strategies as st
 
 from dpcdf import ParameterError
-from dpcdf.service.protocols.check import maths as V, randomness as RND
+from dpcdf.service.verification import maths as V, randomness as RND
 from fss import DCF
 from fss import field as F
 
@@ -90,7 +90,7 @@ def test_without_a_mac_the_check_is_the_sketch_alone():
 def _two_sketches(check, party, y, extras, ch):
     """Check.round_one with the MAC as it was before the fused kernel: `sketch.sketch` run on a copy of
     the values and on a copy of the tags (the message, state and MAC bits every server must keep)."""
-    from dpcdf.service.protocols.check import sketch
+    from dpcdf.service.verification import sketch
 
     w, xs = check.width, check.base_extras
 
@@ -111,7 +111,8 @@ def test_the_fused_round_one_gives_the_bits_of_two_sketches(payload, size, seed,
     """One pass over values and tags in place (`sketch.sketch_mac`) sends and keeps exactly what two
     `sketch` runs over copies did, on any grid values (honest or not, edge elements included), and
     `round_one_sums` adds the column sums of the values (`column_sums` of `round_one.data`)."""
-    from dpcdf.service.protocols.check import round_one, sketch
+    from dpcdf.service.protocols.check import round_one
+    from dpcdf.service.verification import sketch
 
     check = V.Check(payload, size, mac=True)
     rng = np.random.default_rng(seed)
@@ -130,7 +131,8 @@ def test_the_fused_round_one_gives_the_bits_of_two_sketches(payload, size, seed,
 
 def test_round_one_sums_of_calibration_and_of_a_check_without_mac():
     """The other checks' round_one_sums: their round_one and the values' column sums."""
-    from dpcdf.service.protocols.check import round_one, sketch
+    from dpcdf.service.protocols.check import round_one
+    from dpcdf.service.verification import sketch
 
     rng = np.random.default_rng(3)
     for check in (V.Check("calibration", 9, mac=True), V.Check("count", 9), V.Check("label", 9)):

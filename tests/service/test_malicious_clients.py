@@ -12,7 +12,7 @@ import pytest
 
 from dpcdf.release.calibration import fixed_point
 from dpcdf.release.ecdf import prefix_counts
-from dpcdf.service.protocols.check import maths as V, randomness as RND
+from dpcdf.service.verification import maths as V, randomness as RND
 from dpcdf.service import hpke
 from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, submit

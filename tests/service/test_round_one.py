@@ -11,7 +11,8 @@ import time
 import numpy as np
 
 from dpcdf.release.ecdf import prefix_counts
-from dpcdf.service.protocols.check import sketch, round_one
+from dpcdf.service.protocols.check import round_one
+from dpcdf.service.verification import sketch
 from dpcdf.service.client.analyst import Analyst
 from dpcdf.service.client import create_task, make_reports, submit
 from dpcdf.service.http import http

@@ -1,4 +1,4 @@
-"""The check's numba kernels (`dpcdf.service.protocols.check.sketch`) against Python integers: every weighted sum
+"""The check's numba kernels (`dpcdf.service.verification.sketch`) against Python integers: every weighted sum
 mod p, at sizes around the 128-bit accumulator's fold interval and with the largest field elements
 (p - 1 everywhere is the case where an accumulator that took one product too many would wrap)."""
 from __future__ import annotations
@@ -7,7 +7,7 @@ import numpy as np
 from hypothesis import given, settings
 from hypothesis import strategies as st
 
-from dpcdf.service.protocols.check import sketch
+from dpcdf.service.verification import sketch
 from fss import field as F
 
 P = F.P

@@ -1,4 +1,4 @@
-"""The report check of docs/verification.md (dpcdf.service.protocols.check.maths): honest reports always pass, every
+"""The report check of docs/verification.md (dpcdf.service.verification.maths): honest reports always pass, every
 malformed class from issue 12 fails, a lying (a, A) pair gains nothing, and over small primes an
 exact count of the challenges shows that no malformed vector passes with probability above 2/p.
 The same for `Check`, the service's two-round interface, with all three payloads (count, label,
@@ -15,7 +15,7 @@ from hypothesis import given, settings
 from hypothesis import strategies as st
 
 from dpcdf.errors import ParameterError
-from dpcdf.service.protocols.check import maths as V, randomness as RND, reference as REF
+from dpcdf.service.verification import maths as V, randomness as RND, reference as REF
 from fss import field as F
 
 P = F.P
@@ -724,7 +724,8 @@ def test_a_hundred_thousand_honest_reports_all_pass_through_the_servers_code_pat
     """Issue 12: 10^5 honest count reports (real p61 keys from the client's code, a 50-point grid on a
     6-bit domain), checked exactly as the servers do at the close (`round_one.decode_shares`,
     `grid_values`, `Check`): none is excluded, and the histogram shares add up to the exact counts."""
-    from dpcdf.service.protocols.check import sketch, round_one
+    from dpcdf.service.protocols.check import round_one
+    from dpcdf.service.verification import sketch
     from dpcdf.service.task import TaskConfig
     from dpcdf.service.wire import join_share
 

@@ -23,12 +23,12 @@ from ...release.mechanisms import Mechanism
 from ..hpke import ServerKeys
 from ..protocols.check import round_one
 from ..protocols.check.exchange import CheckHelper, CheckLeader
-from ..protocols.check.maths import Check
 from ..protocols.context import StepContext
 from ..protocols.reconciliation import maths as reconcile
 from ..protocols.reconciliation.exchange import ReconcileHelper, ReconcileLeader
 from ..storage.store import Store
 from ..task import TaskConfig
+from ..verification.maths import Check
 from .aggregate import Aggregator, Evaluator
 
 

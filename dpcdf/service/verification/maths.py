@@ -34,12 +34,13 @@ import numpy as np
 
 from fss import field as F
 
-from ....errors import ParameterError
+from ...errors import ParameterError
+from ...release.payload import Payload
 from . import sketch
 from .randomness import (BITS, CALIBRATION_EXTRAS, CALIBRATION_OPENED, QMAX, RANGE_WEIGHTS, X_BIT_A, X_BIT_AA, X_BITS, _u64,
                          calibration_extras, challenges, client_pairs, elements_from_bytes, range_bits)
 
-CHECKED = ("count", "label", "calibration")  # the payloads `Check` verifies
+CHECKED = tuple(p.value for p in Payload if p.verifiable)  # the payloads `Check` verifies
 
 
 # --- the service's interface: one `Check` per payload kind ------------------------------------------
@@ -77,12 +78,14 @@ class Check:
     v_b and sums the two parties' arrays elementwise mod p, whatever their shape, and `verdicts`
     takes that sum."""
 
-    def __init__(self, payload: str, size: int, mac: bool = False):
-        if payload not in CHECKED:
-            raise ParameterError(f"reports of payload {payload!r} cannot be verified (verified payloads: {CHECKED})")
-        self.payload, self.size, self.mac = payload, int(size), bool(mac)
-        self.width = {"count": 1, "label": 2, "calibration": 3}[payload]
-        calibration = payload == "calibration"
+    def __init__(self, payload: Payload | str, size: int, mac: bool = False):
+        kind = Payload.get(payload)
+        if kind is None or not kind.verifiable:
+            raise ParameterError(f"reports of payload {getattr(payload, 'value', payload)!r} cannot be verified "
+                                 f"(verified payloads: {CHECKED})")
+        self.payload, self.size, self.mac = kind, int(size), bool(mac)
+        self.width = kind.width
+        calibration = kind.scored  # three sub-checks (unit and label, score, q's range) instead of one sketch
         # field elements the client adds per server and report: shares of (a, a^2), or the calibration
         # extras (`calibration_extras`); with a MAC also kappa times each, and kappa (`Mac`)
         self.base_extras = CALIBRATION_EXTRAS if calibration else 2
@@ -95,7 +98,7 @@ class Check:
         self.check_values = 3 if calibration else 1
 
     def challenges(self, key: bytes, context: bytes) -> "Challenges":
-        if self.payload == "calibration":
+        if self.payload.scored:
             return CalibrationChallenges.derive(key, context, self.size)
         r, s = challenges(key, context, self.size * self.width)
         return Challenges.fold(r, s, self.size, self.width)
@@ -107,7 +110,7 @@ class Check:
         `ParameterError`: a client crafting a malformed report uses `calibration_extras`), and the
         extras are those of `calibration_extras` with q's bits (`range_bits`); `randomness`:
         `CALIBRATION_RANDOMNESS` bytes per report (the OS CSPRNG if None)."""
-        if self.payload == "calibration":
+        if self.payload.scored:
             rows = np.asarray(betas, dtype=object)
             if rows.ndim != 2 or rows.shape[1] != 3:
                 raise ParameterError(f"calibration payloads are rows (1, label, q), got shape {rows.shape}")
@@ -148,7 +151,7 @@ class Check:
         return y
 
     def _round_one(self, party: int, y: np.ndarray, extras: np.ndarray, ch: "Challenges") -> tuple[np.ndarray, np.ndarray]:
-        if self.payload == "calibration":
+        if self.payload.scored:
             return _calibration_round_one(party, y, _u64(extras), ch)
         z, big_l, top = sketch.sketch(y, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0))
         a = _u64(extras)[:, 0]
@@ -174,7 +177,7 @@ class Check:
                        sums: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
         y, extras = self._y(y), _u64(extras)
         w, xs = self.width, self.base_extras
-        if self.mac and self.payload != "calibration":  # count, label: one kernel reads values and tags in place
+        if self.mac and not self.payload.scored:  # count, label: one kernel reads values and tags in place
             total = np.zeros(self.size * w if sums else 0, np.uint64)
             msg, state = self.mac_messages(*sketch.sketch_mac(y, w, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0), total), extras, ch)
             return msg, state, total.reshape(self.size, w) if sums else None
@@ -230,7 +233,7 @@ class Check:
         calibration: (n, 3), the three sub-checks' V_b (`_calibration_round_two`)."""
         if self.mac:
             state, extras = _u64(state)[:, :-self.opened], _u64(extras)[:, :self.base_extras]
-        if self.payload == "calibration":
+        if self.payload.scored:
             return _calibration_round_two(party, _u64(state), _u64(opened), _u64(extras))
         e, x = _u64(opened)[:, 0], _u64(extras)
         sq = F.add(F.mul(F.add(e, e), x[:, 0]), x[:, 1])
@@ -250,7 +253,7 @@ class Check:
         top is not 0, else SHAPE if the unit/label or the score check fails, else RANGE if the range
         check fails; a report counts iff top = 0 and all three V are 0."""
         top, v = _u64(opened)[:, 1], _u64(v)
-        if self.payload == "calibration":
+        if self.payload.scored:
             shape = (v[:, 0] != 0) | (v[:, 1] != 0)
             return np.select([top != 0, shape, v[:, 2] != 0], [WEIGHT, SHAPE, RANGE], OK).astype(np.uint8)
         return np.where(top != 0, WEIGHT, np.where(v != 0, SHAPE, OK)).astype(np.uint8)

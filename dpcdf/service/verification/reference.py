@@ -28,6 +28,7 @@ import numpy as np
 
 from fss import field as F
 
+from ...release.payload import Payload
 from .randomness import P, QMAX, _u64, range_weights
 
 PAYLOADS = ("count", "label")  # the payloads of the single-sketch functions below
@@ -41,10 +42,11 @@ def unit_vector_shares(party: int, y: np.ndarray, payload: str = "count") -> tup
     label (y of shape (n, N, 2), payload (label, 1 - label)): D = (diff of y^(0), diff of y^(1)) in
     F_p^(2N), a unit vector exactly when the report is honest; top = 1 - y^(0)_{N-1} - y^(1)_{N-1}.
     Returns (D (n, M), top (n,)) with M = N or 2N."""
-    if payload not in PAYLOADS:
+    kind = Payload.get(payload)
+    if kind is None or kind.scored:
         raise ValueError(f"payload must be one of {PAYLOADS}, got {payload!r}")
     y = _u64(y)
-    if payload == "count":
+    if not kind.labelled:
         if y.ndim != 2:
             raise ValueError(f"count shares have shape (n, N), got {y.shape}")
         parts = [y]

@@ -23,7 +23,7 @@ import numpy as np
 from fastapi.testclient import TestClient
 
 from dpcdf.service.protocols.check import round_one
-from dpcdf.service.protocols.check import randomness as RND
+from dpcdf.service.verification import randomness as RND
 from dpcdf.service.client import make_reports
 from dpcdf.service.hpke import ServerKeys
 from dpcdf.service.http import fetch, http

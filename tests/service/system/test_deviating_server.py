@@ -20,7 +20,7 @@ import pytest
 
 from dpcdf.release.ecdf import prefix_counts
 from dpcdf.service.protocols.check import round_one, outcome
-from dpcdf.service.protocols.check import randomness as RND
+from dpcdf.service.verification import randomness as RND
 from dpcdf.service.protocols.check.exchange import NONCE, commitment
 from dpcdf.service.protocols.reconciliation import maths as reconcile
 from dpcdf.service.client.analyst import Analyst

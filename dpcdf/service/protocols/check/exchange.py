@@ -9,12 +9,12 @@ that shifts its round-one share by delta (one message, not even a replay) gets V
 
 So no V is computed on an opened value until it is authenticated: the client also shares kappa * y
 (its keys carry (beta, kappa * beta)) and kappa * x, kappa, for a uniform kappa that neither server
-knows, and each server derives its share of kappa times every opened element (`maths.Check.round_one`).
+knows, and each server derives its share of kappa times every opened element (`verification.maths.Check.round_one`).
 After the opening, sigma_b = kappa_b * opened - [kappa * opened]_b; sigma_0 + sigma_1 = kappa * shift,
 which is 0 for a shift of 0 and uniform otherwise (kappa unknown): a deviating server passes with
 probability 1/p. Server 1 commits to sigma_1 before it sees sigma_0 (message 6: SHA-256 of a nonce only
 it can derive and sigma_1), server 0 sends sigma_0 (7), server 1 opens (8); each decides the MAC of
-every report itself (`maths.mac_ok`), and V is computed and sent (8, 9) only where it holds; elsewhere
+every report itself (`verification.maths.mac_ok`), and V is computed and sent (8, 9) only where it holds; elsewhere
 the report is excluded as "mac" and 0 is sent. One-shot steps (the channel) keep each server from
 being asked twice; the MAC keeps it from being asked once on a wrong input.
 
@@ -40,11 +40,11 @@ from fss import field as F
 
 from ...storage.records import Mark
 from ...task import TaskConfig
+from ...verification.maths import Check, mac_ok
 from ..channel import Kind, Message, Refused
 from ..context import StepContext
 from ..reconciliation.maths import SyncError
 from . import outcome
-from .maths import Check, mac_ok
 from .round_one import Local
 
 Send = Callable[[bytes], bytes]

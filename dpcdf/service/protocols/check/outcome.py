@@ -1,4 +1,4 @@
-"""The report check at the close of a verified task (issue 12): the two servers run `maths.Check`
+"""The report check at the close of a verified task (issue 12): the two servers run `verification.maths.Check`
 on every reconciled report, exclude each failure (counted per reason class) identically, and keep
 their share of the histogram of the reports that passed, from which every query is answered.
 
@@ -49,10 +49,10 @@ from fss import field as F
 
 from ...storage.records import Mark
 from ...storage.store import Store
+from ...verification.maths import OK, REASONS
 from ..context import StepContext
 from ..reconciliation import maths as reconcile
 from ..reconciliation.maths import SyncError
-from .maths import OK, REASONS
 from .round_one import Local, grid_sum
 
 HEAD = 4 + 4 + 8 + 32  # chunk index, chunk count, report count, H_R

@@ -1,4 +1,4 @@
-"""Round one of the report check of a verified task (`maths.Check`), computed while its reports
+"""Round one of the report check of a verified task (`verification.maths.Check`), computed while its reports
 arrive: each server evaluates every key share it stores over the whole grid once, in batches of
 consecutive reports, and keeps per report only its round-one message, state and check randomness
 (a few field elements), plus the sum of the batch's grid values (its share of their histogram).
@@ -40,13 +40,14 @@ from fss import DCF, KeyBatch
 from fss import field as F
 
 from ....errors import ParameterError
+from ....release.payload import Payload
 from ...storage.records import CheckBatch
 from ...storage.store import Store
+from ...verification import sketch
+from ...verification.maths import Check
 from ..context import StepContext
 from ..reconciliation import maths as reconcile
 from ..reconciliation.maths import SyncError
-from . import sketch
-from .maths import Check
 
 MESSAGE_ELEMENTS = 1 << 21  # field elements per message (16 MiB, under the 64 MiB body limit)
 # grid values evaluated at once: 16 MiB. At 32 MiB every pass's fresh arrays came from mmap (glibc's
@@ -91,7 +92,7 @@ def pass_sums(dcf: DCF, check: Check, party: int, batch: KeyBatch, extras: np.nd
         raise ParameterError(f"keys of width {check.key_width} expected for this check, got {dcf.width}")
     if not check.mac:
         return check.round_one_sums(party, grid_values(dcf, batch, check.size), extras, ch)
-    if check.payload == "calibration":  # the calibration sketch is linear too: six weighted sums, read in place (issue 46)
+    if check.payload.scored:  # the calibration sketch is linear too: six weighted sums, read in place (issue 46)
         dots, sums, last = dcf.eval_grid_sums(batch, check.size, calibration_weights(ch), [0, 0, 0, 2, 3, 3])
         return (*check.calibration_mac_messages(party, dots, last, extras, ch), sums)
     w = check.width
@@ -113,7 +114,7 @@ def calibration_weights(ch) -> np.ndarray:
                                           rho, rho, np.column_stack([w[:, 0], w[:, 1], zero]), rho]))
 
 
-def warm_up(payloads: tuple[str, ...] = ("count", "label", "calibration")) -> None:
+def warm_up(payloads: tuple[str, ...] = tuple(Payload)) -> None:
     """Compiles (or loads from numba's disk cache) what a verified close runs: the grid kernel of
     each payload's width over F_p, and the check's sums; about 4 s the first time after an
     install, a fraction of a second after, instead of inside the first close."""
