@@ -151,13 +151,13 @@ def test_width_and_32_bit_payloads_round_trip(tmp_path):
                                  DCF(bits=5, width=2, group="p61"), DPF(bits=6, out_bits=64)], ids=str)
 @pytest.mark.parametrize("n", [0, 1, 15, 16, 17, 100])
 def test_decode_block_gives_the_arrays_of_the_keys_decoded_one_by_one(dcf, n):
-    """The build's vectorized decode (strided copies out of the stored keys' bytes, or fss.codec for
-    other payload widths) is bit-identical to `batch_from_keys`, padding of the last group included."""
+    """The build's vectorized decode (`fss.layout.batch_from_rows` over the stored keys' bytes) is
+    bit-identical to `batch_from_keys`, padding of the last group included."""
     alphas = np.random.default_rng(n).integers(0, 1 << dcf.bits, n)
     beta = [1] * dcf.params.width if dcf.params.width > 1 else 1
     for party, batch in enumerate(dcf.gen_batch(alphas, beta)):
         shares = [batch[i].to_bytes() for i in range(n)]
-        got = segments.decode_block(dcf.params, party, n, b"".join(shares))
+        got = segments.decode_block(dcf, party, n, b"".join(shares))
         want = dcf.batch_from_keys(shares, party) if n else None
         for name in segments.ARRAYS:
             assert got[name].flags.c_contiguous
@@ -173,17 +173,17 @@ def test_decode_block_refuses_what_is_not_a_key_of_the_task():
     blob = bytearray(b"".join(k0[i].to_bytes() for i in range(20)))
     p = DCF10.params
     with pytest.raises(segments.SegmentError, match="not .*-byte keys"):
-        segments.decode_block(p, 0, 20, bytes(blob[:-1]))
+        segments.decode_block(DCF10, 0, 20, bytes(blob[:-1]))
     with pytest.raises(segments.SegmentError, match="for party 1"):
-        segments.decode_block(p, 1, 20, bytes(blob))  # party 0's keys read as party 1's
+        segments.decode_block(DCF10, 1, 20, bytes(blob))  # party 0's keys read as party 1's
     reserved = bytearray(blob)
     reserved[3 * p.key_size + 8 + 16] |= 1  # key 3: bit 0 of its first seed correction word
     with pytest.raises(segments.SegmentError, match="reserved bit"):
-        segments.decode_block(p, 0, 20, bytes(reserved))
+        segments.decode_block(DCF10, 0, 20, bytes(reserved))
     padded = bytearray(blob)
     padded[5 * p.key_size + 8 + 16 * 11 + p.t_bytes - 1] |= 0x80  # key 5: past its 2 * 10 control bits
     with pytest.raises(segments.SegmentError, match="padding"):
-        segments.decode_block(p, 0, 20, bytes(padded))
+        segments.decode_block(DCF10, 0, 20, bytes(padded))
 
 
 def test_a_build_that_fails_midway_leaves_no_segment_and_the_next_open_rebuilds(tmp_path, monkeypatch):

@@ -26,10 +26,7 @@ from typing import Iterable, Iterator, Sequence
 
 import numpy as np
 
-from fss import DCF, FssError, KeyBatch
-from fss import codec
-from fss.keys import GROUP, groups, payload_dtype
-from fss.params import HEADER_LEN, LAMBDA_BYTES, TreeParams
+from fss import DCF, FssError, KeyBatch, layout
 
 from ...errors import DpcdfError
 from ..files import fsync_dir, private_dir
@@ -38,9 +35,9 @@ from .store import Store
 
 log = logging.getLogger("dpcdf.segments")
 
-ARRAYS = ("seeds", "cw_seed", "cw_t", "cw_v")
-SHARD_KEYS = 1 << 20  # keys per shard (a multiple of GROUP): about 10^6
-BLOCK_KEYS = 1 << 15  # keys read, decoded and written at a time by `build` (divides SHARD_KEYS; a multiple of GROUP)
+ARRAYS = layout.ARRAYS  # a shard's files, one per grouped array of its `KeyBatch`
+SHARD_KEYS = 1 << 20  # keys per shard (a multiple of layout.GROUP): about 10^6
+BLOCK_KEYS = 1 << 15  # keys read, decoded and written at a time by `build` (divides SHARD_KEYS; a multiple of layout.GROUP)
 
 
 class SegmentError(DpcdfError):
@@ -64,13 +61,6 @@ def task_dir(data_dir: str | Path, task_id: str) -> Path:
     return Path(data_dir) / "segments" / name
 
 
-def _shapes(p: TreeParams, n: int) -> dict[str, tuple[tuple[int, ...], np.dtype]]:
-    """The grouped arrays' shapes and dtypes for n keys (`KeyBatch`'s fields)."""
-    g = groups(n)
-    return {"seeds": ((g, 2, GROUP), np.dtype(np.uint64)), "cw_seed": ((g, p.bits, 2, GROUP), np.dtype(np.uint64)),
-            "cw_t": ((g, p.bits, GROUP), np.dtype(np.uint8)), "cw_v": ((g, p.v_levels, p.width, GROUP), np.dtype(payload_dtype(p)))}
-
-
 def _npy_header(shape: tuple[int, ...], dtype: np.dtype) -> bytes:
     """The .npy header `np.lib.format.write_array` writes for a C-ordered array of this shape."""
     out = io.BytesIO()
@@ -91,9 +81,9 @@ class _Shard:
     temporary name, hashed on the way, fsynced and renamed at `close` (a crash before leaves only
     temporary names, which no record names)."""
 
-    def __init__(self, directory: Path, shard: int, p: TreeParams, n: int):
+    def __init__(self, directory: Path, shard: int, p: layout.Function, n: int):
         self.directory, self.shard, self.n = directory, shard, n
-        self.shapes = _shapes(p, n)
+        self.shapes = layout.grouped_shapes(p, n)
         self.files, self.hashes, self.groups = {}, {}, 0
         try:
             for name, (shape, dtype) in self.shapes.items():
@@ -117,8 +107,8 @@ class _Shard:
 
     def close(self) -> list[SegmentFile]:
         """fsyncs and renames the four files; returns their records (without the set hash)."""
-        if self.groups != groups(self.n):
-            raise SegmentError(f"shard {self.shard}: {self.groups} groups of keys written, {groups(self.n)} expected")
+        if self.groups != layout.groups(self.n):
+            raise SegmentError(f"shard {self.shard}: {self.groups} groups of keys written, {layout.groups(self.n)} expected")
         records = []
         for name, f in self.files.items():
             f.flush()
@@ -198,55 +188,18 @@ def load(directory: str | Path, files: Sequence[SegmentFile], dcf: DCF, party: i
     return out
 
 
-def decode_shares(dcf: DCF, shares: Sequence[bytes], party: int) -> KeyBatch:
-    """One batch from stored single-key encodings of `party` (checked on the way in, so only the
-    headers are checked here), in one vectorized pass."""
-    p = dcf.params
-    blob = b"".join(shares)
-    arrays = decode_block(p, party, len(shares), blob)
-    return KeyBatch.from_grouped(p, party, len(shares), *(arrays[name] for name in ARRAYS))
-
-
-def decode_block(p: TreeParams, party: int, n: int, blob: bytes) -> dict[str, np.ndarray]:
+def decode_block(dcf: DCF, party: int, n: int, blob: bytes) -> dict[str, np.ndarray]:
     """n stored single-key encodings of `party`, end to end, as the grouped arrays of a batch (the last
-    group zero-padded, as `KeyBatch` pads it). The headers and the reserved and padding bits are
-    checked; anything else was checked when the report was taken. One vectorized pass: each array is
-    one strided copy out of the keys' bytes (ring payloads of 32 or 64 bits; others, and F_p payloads,
-    go through `fss.codec`, whose checks they need)."""
-    if len(blob) != n * p.key_size:
-        raise SegmentError(f"stored key shares are not {p.key_size}-byte keys of {p.describe()}")
-    keys = np.frombuffer(blob, np.uint8).reshape(n, p.key_size)
-    header = np.frombuffer(p.header(party), np.uint8)
-    if n and not (keys[:, :HEADER_LEN] == header).all():
-        raise SegmentError(f"a stored key share is not a key of {p.describe()} for party {party}")
-    if p.prime or p.out_bits not in (32, 64):
-        body = p.header(party, batch=True) + n.to_bytes(8, "little") + keys[:, HEADER_LEN:].tobytes()
-        try:
-            batch = KeyBatch.from_logical(p, *codec.decode_batch(p, body, party))
-        except FssError as exc:
-            raise SegmentError(f"a stored key share does not decode: {exc}") from None
-        return {name: getattr(batch, name) for name in ARRAYS}
-    g = groups(n)
-    if n != g * GROUP:  # the last group's missing keys are zeros, as KeyBatch pads them
-        keys = np.concatenate([keys, np.zeros((g * GROUP - n, p.key_size), np.uint8)])
-    keys = keys.reshape(g, GROUP, p.key_size)
-    out = {name: np.empty(shape, dtype) for name, (shape, dtype) in _shapes(p, n).items()}
-    pos = HEADER_LEN
-    out["seeds"][...] = keys[:, :, pos:pos + LAMBDA_BYTES].view("<u8").transpose(0, 2, 1)  # (g, lane, word) -> (g, word, lane)
-    pos += LAMBDA_BYTES
-    cws = keys[:, :, pos:pos + p.bits * LAMBDA_BYTES].view("<u8").reshape(g, GROUP, p.bits, 2)
-    out["cw_seed"][...] = cws.transpose(0, 2, 3, 1)
-    if (out["cw_seed"][:, :, 0, :] & np.uint64(1)).any():
-        raise SegmentError("a stored key share sets the reserved bit 0 of a seed correction word")
-    pos += p.bits * LAMBDA_BYTES
-    bits = np.unpackbits(keys[:, :, pos:pos + p.t_bytes], axis=2, bitorder="little")
-    if bits[:, :, 2 * p.bits:].any():
-        raise SegmentError("a stored key share has nonzero padding after its control-bit corrections")
-    out["cw_t"][...] = (bits[:, :, 0:2 * p.bits:2] | (bits[:, :, 1:2 * p.bits:2] << 1)).transpose(0, 2, 1)
-    pos += p.t_bytes
-    vals = keys[:, :, pos:pos + p.v_bytes].view("<u8" if p.out_bits == 64 else "<u4")
-    out["cw_v"][...] = vals.reshape(g, GROUP, p.v_levels, p.width).transpose(0, 2, 3, 1)
-    return out
+    group zero-padded, as `KeyBatch` pads it), in one vectorized pass over the bytes where they lie
+    (`fss.layout.batch_from_rows`). Each key was checked when its report was taken; the decode checks
+    them again (headers, reserved and padding bits), so a corrupt store row is a SegmentError, never a key."""
+    if len(blob) != n * dcf.key_size:
+        raise SegmentError(f"stored key shares are not {dcf.key_size}-byte keys of {dcf}")
+    try:
+        batch = layout.batch_from_rows(dcf, blob, party)
+    except FssError as exc:
+        raise SegmentError(f"a stored key share does not decode: {exc}") from None
+    return {name: getattr(batch, name) for name in ARRAYS}
 
 
 def build(store: Store, task_id: str, dcf: DCF, party: int, directory: str | Path) -> list[SegmentBatch]:
@@ -261,18 +214,18 @@ def build(store: Store, task_id: str, dcf: DCF, party: int, directory: str | Pat
         raise SegmentError(f"task {task_id} is not closed")
     directory = Path(directory)
     _prepare(directory)
-    p, count = dcf.params, frozen.count
+    count = frozen.count
     block = math.gcd(BLOCK_KEYS, SHARD_KEYS)  # BLOCK_KEYS unless a test made the shards smaller
     records: list[SegmentFile] = []
     shard: _Shard | None = None
     done = 0
     try:
-        for n, blob in _ahead(_blocks(store.share_blocks(task_id, frozen.seq, block, p.key_size), p.key_size, block)):
+        for n, blob in _ahead(_blocks(store.share_blocks(task_id, frozen.seq, block, dcf.key_size), dcf.key_size, block)):
             if done + n > count:
                 raise SegmentError(f"task {task_id}: the store has more rows than its {count} reports")
             if shard is None:
-                shard = _Shard(directory, len(records) // len(ARRAYS), p, min(SHARD_KEYS, count - done))
-            shard.add(decode_block(p, party, n, blob))
+                shard = _Shard(directory, len(records) // len(ARRAYS), dcf, min(SHARD_KEYS, count - done))
+            shard.add(decode_block(dcf, party, n, blob))
             done += n
             if done % SHARD_KEYS == 0 or done == count:
                 records += [r._replace(set_hash=frozen.digest) for r in shard.close()]
@@ -366,10 +319,10 @@ def open_or_build(store: Store, task_id: str, dcf: DCF, party: int, data_dir: st
 
 def group_ranges(batch: KeyBatch, pieces: int) -> list[tuple[int, int, int]]:
     """`batch` cut into at most `pieces` ranges of whole groups: (first group, end group, keys)."""
-    g = batch.seeds.shape[0]
+    g, size = batch.seeds.shape[0], layout.GROUP
     pieces = max(1, min(pieces, g))
     cuts = [g * i // pieces for i in range(pieces + 1)]
-    return [(a, b, min(batch.n, b * GROUP) - a * GROUP) for a, b in zip(cuts, cuts[1:]) if b > a]
+    return [(a, b, min(batch.n, b * size) - a * size) for a, b in zip(cuts, cuts[1:]) if b > a]
 
 
 def piece(batch: KeyBatch, first: int, end: int, n: int) -> KeyBatch:
