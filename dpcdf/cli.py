@@ -166,7 +166,7 @@ def cmd_submit(args) -> None:
         print("warning: the values look like integers and some fall between the task's grid thresholds: F(t) at such an "
               "integer t is read at the threshold below it (values equal to t count at the next one); a grid with "
               "a threshold on every integer answers exactly (dpcdf task --grid integers:LO:HI)", file=sys.stderr)
-    needs_labels = config.payload in ("label", "calibration")
+    needs_labels = config.payload.labelled
     if needs_labels and args.label_column is None:
         raise CliError(f"this is a {config.payload} task: each value needs its 0/1 label (--label-column NAME)")
     if not needs_labels and args.label_column is not None:

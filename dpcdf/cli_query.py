@@ -118,10 +118,10 @@ def _check(args, config, mech) -> None:
         raise CliError("--csv and --plot keep an ECDF or a ROC curve; --hosmer-lemeshow prints one statistic")
     if args.roc or args.hosmer_lemeshow is not None:
         want = "label" if args.roc else "calibration"
-        if config.payload != want:
+        if not (config.payload.roc if args.roc else config.payload.scored):
             raise CliError(f"--{'roc' if args.roc else 'hosmer-lemeshow'} needs a {want} task (dpcdf task --payload "
                            f"{want}); this task's payload is {config.payload}")
-    elif config.payload == "label":
+    elif config.payload.roc:
         raise CliError("this is a label task: it releases a ROC curve; ask with dpcdf query --roc")
 
 

@@ -35,6 +35,7 @@ from ..errors import ParameterError
 from ..release.grid import Grid
 from ..release.calibration import FRACTION_BITS, fixed_point, group_scales
 from ..release.ecdf import release_ecdf, secure_node_noise
+from ..release.payload import Payload
 from ..release.policy import check_budget, curve_budget
 from ..release.zcdp import GaussianVariance, dgauss_variance, zcdp_to_dp
 
@@ -107,7 +108,7 @@ def hosmer_lemeshow(probabilities, labels, epsilon: float | None = None, groups:
     if not 0 < split < 1:
         raise ParameterError(f"split must lie in (0, 1), got {split!r}")
     grid = Grid.uniform(0.0, 1.0, bits)
-    eps, relation = curve_budget("calibration", epsilon, "substitution", split)  # the policy table's
+    eps, relation = curve_budget(Payload.CALIBRATION, epsilon, "substitution", split)  # the policy table's
     budget = dict(epsilon=eps) if privacy == "pure" else dict(privacy="zcdp", rho=eps)
     ecdf = release_ecdf(p, grid, mechanism="tree", relation=relation, postprocess_with="monotone", noise=noise,
                         **budget)  # as the two servers' calibration task
@@ -126,7 +127,7 @@ def hosmer_lemeshow_from_servers(analyst: Analyst, groups: int = 10) -> HosmerLe
     released ECDF of the probabilities, then the servers' noisy group sums (released once per task).
     The same budget split and statement as `hosmer_lemeshow` (pure or zCDP, the task's), with both
     servers' noise."""
-    if analyst.config.payload != "calibration":
+    if not analyst.config.payload.scored:
         raise ParameterError("the Hosmer-Lemeshow statistic needs a calibration task")
     grid = analyst.grid
     inner = analyst.release("monotone").quantile(np.arange(1, groups) / groups)  # the plain fit, as the central one

@@ -31,6 +31,7 @@ from ..errors import ParameterError
 from ..release.grid import Grid
 from ..release.ecdf import Release, release_ecdf, secure_node_noise
 from ..release.mechanisms import TreeMechanism
+from ..release.payload import Payload
 from ..release.policy import auto_mechanism, check_budget, curve_budget
 from ..release.zcdp import gaussian_tree, zcdp_to_dp
 
@@ -105,11 +106,11 @@ def roc(scores, labels, grid: Grid, epsilon: float | None = None, mechanism: str
         raise ParameterError("labels must be 0 or 1")
     if y.min() == y.max():
         raise ParameterError("a ROC curve needs both classes in the data")
-    share, relation = curve_budget("label", budget, "add-remove")  # the policy table's, as a label task's
+    share, relation = curve_budget(Payload.LABEL, budget, "add-remove")  # the policy table's, as a label task's
     if not isinstance(grid, Grid):
         raise ParameterError(f"grid must be a dpcdf.Grid, got {type(grid).__name__}")
     if mechanism == "auto":
-        mechanism = auto_mechanism(grid.size, relation, privacy, share, payload="label")
+        mechanism = auto_mechanism(grid.size, relation, privacy, share, payload=Payload.LABEL)
     if privacy == "zcdp":
         if mechanism == "tree":  # a zCDP label task's curves (`TaskConfig.make_mechanism`)
             mechanism = gaussian_tree(grid.size, share, relation)
@@ -128,7 +129,7 @@ def roc(scores, labels, grid: Grid, epsilon: float | None = None, mechanism: str
 def roc_from_servers(analyst: Analyst) -> RocRelease:
     """The DP ROC curve of a two-server label task: element 0 of each key counts positives, element 1
     negatives; both curves are post-processed full-grid releases carrying both servers' noise."""
-    if analyst.config.payload != "label":
+    if not analyst.config.payload.roc:
         raise ParameterError("this task releases an ECDF: use release()")
     pos, neg = analyst.releases("monotone")  # the plain fit, as the central roc (its tables were made with it)
     return RocRelease(np.concatenate([analyst.grid.thresholds, [np.inf]]), rates(neg), rates(pos), pos, neg,

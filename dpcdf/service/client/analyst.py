@@ -178,14 +178,14 @@ class Analyst:
         """The full-grid ECDF release, post-processed as `dpcdf.release_ecdf`'s (`postprocess_with`:
         "auto" smooths a tree release on up to 2^12 points, "monotone" is the plain fit); for a
         calibration task, the ECDF of the probabilities."""
-        if self.config.payload == "label":
+        if self.config.payload.roc:
             raise DpcdfError("this task releases a ROC curve: use roc() (dpcdf.Analyst)")
         return self.releases(postprocess_with)[0]
 
     def group_sums(self, edges) -> np.ndarray:
         """A calibration task's noisy per-group sums (n, labels, probabilities in fixed point), one row
         per group (.., e_1], (e_1, e_2], ...; released once per task: the servers refuse other edges."""
-        if self.config.payload != "calibration":
+        if not self.config.payload.scored:
             raise DpcdfError("group sums need a calibration task")
         sums, _ = self.ask(GroupsQuery([int(e) for e in edges]))
         return sums

@@ -39,21 +39,7 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
     if v.size == 0:
         raise ParameterError("no values to report")
     alphas = config.make_grid().index(v)
-    if config.payload in ("label", "calibration"):
-        y = np.asarray(labels).reshape(-1) if labels is not None else None
-        if y is None or y.size != v.size or not np.isin(y, [0, 1]).all():
-            raise ParameterError(f"a {config.payload} task needs one label (0 or 1) per value")
-        if config.payload == "label":
-            betas = np.stack([y, 1 - y], axis=1).astype(np.int64)
-        else:
-            if (v < 0).any() or (v > 1).any():
-                raise ParameterError("a calibration task's values are probabilities in [0, 1]")
-            from ...release.calibration import fixed_point  # (dpcdf.release loads numba: only where it is needed)
-            betas = np.stack([np.ones_like(y), y, fixed_point(v).astype(np.int64)], axis=1).astype(np.int64)
-    else:
-        if labels is not None:
-            raise ParameterError("labels belong to label tasks")
-        betas = 1
+    betas = config.payload.encode(v, labels)  # 1, (label, 1 - label) or (1, label, q)
     dcf = config.key_dcf()
     extras = (None, None)
     if config.verify:  # keys with the check's MAC payload, then the client's check randomness (`wire.split_share`)

@@ -150,7 +150,7 @@ class _Groups(Handler):
     every_element = True  # the group sums of every payload element
 
     def check(self, q: GroupsQuery, config, agg) -> None:
-        if config.payload != "calibration":
+        if not config.payload.scored:
             raise QueryRefused(KINDS)
         size = agg.mechanism.size
         if not _in_grid(q.edges, size - 1):
@@ -206,4 +206,4 @@ def shares(q: Query, config: "TaskConfig", agg: "Aggregator", source: "list | Hi
     its groups answer the ECDF of the probabilities only: its other elements go out as group sums)."""
     h = handler(q)
     out = h.shares(q, config, agg, source)
-    return out if config.payload != "calibration" or h.every_element else out[:, 0]
+    return out if not config.payload.scored or h.every_element else out[:, 0]
