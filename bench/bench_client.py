@@ -198,7 +198,7 @@ def format2_seals(cfg: TaskConfig, n: int, share_len: int, per: int = 1000) -> N
 def breakdown_table(n: int, repeat: int) -> None:
     """CPU per report of each stage of a verified 2^10 task's path, in this process on one core. The
     HPKE calls are timed alone (the client's two seals, a server's open); the rest of make_reports
-    and of a server's checks (`reports.accept`) are timed with those calls stubbed out (the seal by
+    and of a server's checks (`ingest.accept`) are timed with those calls stubbed out (the seal by
     a ciphertext of the right length, the open by a lookup of its plaintext), so neither is the
     difference of two noisy figures. Also the client's spool (each report committed, read back for
     each server, each server's answer recorded) and one server's store and round one of the check
@@ -210,7 +210,7 @@ def breakdown_table(n: int, repeat: int) -> None:
     from dpcdf.service.client.spool import Spool
     from dpcdf.service.protocols.check import round_one
     from dpcdf.service.server.limits import Failures, Limits
-    from dpcdf.service.server.routers import reports
+    from dpcdf.service.server import ingest
     from dpcdf.service.server.state import Server
     from dpcdf.service.wire import Opener, Report, decode_batch, encode_batch
 
@@ -259,9 +259,9 @@ def breakdown_table(n: int, repeat: int) -> None:
                 t = time.process_time()
                 plain = {rid: opener(rid, capsule, ct) for rid, capsule, ct in sealed}
                 times["open"] += time.process_time() - t
-                with mock.patch.object(reports, "Opener", lambda *a: lambda rid, capsule, ct, version=2: plain[rid]):
+                with mock.patch.object(ingest, "Opener", lambda *a: lambda rid, capsule, ct, version=2: plain[rid]):
                     t = time.process_time()
-                    good, _ = reports.accept(srv, st, raws, "bench", failures)
+                    good, _ = ingest.accept(srv, st, raws, "bench", failures)
                     times["checks"] += time.process_time() - t
                 t = time.process_time()
                 srv.add_reports(st, good)

@@ -15,7 +15,7 @@ from dpcdf.service import hpke, wire
 from dpcdf.service.client import data_holder, make_reports
 from dpcdf.service.server.errors import HttpError
 from dpcdf.service.server.limits import Failures, Limits
-from dpcdf.service.server.routers import reports as reports_router
+from dpcdf.service.server import ingest
 from dpcdf.service.task import TaskConfig
 from dpcdf.service.wire import (HEAD, ID_BYTES, NONCE_BYTES, Opener, Report, ReportError, capsule_info, hpke_info,
                                 open_share)
@@ -88,9 +88,9 @@ def test_format_1_and_format_2_seals_do_not_stand_in_for_each_other():
 
 def _outcome(srv, st, raws, fast: bool, monkeypatch):
     if not fast:
-        monkeypatch.setattr(reports_router.Layout, "matches", lambda self, rs: [False] * len(rs))
+        monkeypatch.setattr(ingest.Layout, "matches", lambda self, rs: [False] * len(rs))
     try:
-        good, rejected = reports_router.accept(srv, st, raws, "addr", Failures(Limits()))
+        good, rejected = ingest.accept(srv, st, raws, "addr", Failures(Limits()))
         return "ok", [(rid, share) for rid, share in good], [(r.index, r.error) for r in rejected]
     except HttpError as exc:
         return "http", exc.status, str(exc)
@@ -150,7 +150,7 @@ def test_a_capsule_that_does_not_open_is_opened_once_and_charged_per_report(serv
     res = client.post(f"/tasks/{config.task_id}/reports/batch", content=wire.encode_batch(bad))
     assert res.status_code == 400, res.text
     assert len(opens) == 1
-    assert app.state.failures.level("testclient") >= reports_router.REJECTS_PER_BATCH + 1 - 0.5
+    assert app.state.failures.level("testclient") >= ingest.REJECTS_PER_BATCH + 1 - 0.5
 
 
 def test_a_calls_reports_sent_over_several_requests_are_stored_once(served):

@@ -28,7 +28,7 @@ UPLOAD_REFUSALS = {400: "malformed", 408: "slow_body", 409: "closed", 411: "no_l
 
 
 def reason(error: str) -> str:
-    """A refused report's reason class, from its error (`routers.reports.accept`)."""
+    """A refused report's reason class, from its error (`ingest.accept`)."""
     from ..wire import FOREIGN, TAKEN
 
     if error == FOREIGN:
