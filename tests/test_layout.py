@@ -1,8 +1,12 @@
 """The layout is the architecture: no module imports in a cycle, and dependencies run one way
-(`fss` <- dpcdf.release <- dpcdf.service <- the CLI/demo; dpcdf.apps use release and the analyst).
+(`fss` <- dpcdf.release <- dpcdf.service <- the CLI/demo; dpcdf.apps use release and the analyst;
+inside dpcdf.service, its rooms in layers, `SERVICE_LAYERS`).
 
 The import graph is read from the source with `ast` (every import, at module level or inside a
-function, except those under `if TYPE_CHECKING:`), so a lazy import cannot hide a cycle."""
+function), so a lazy import cannot hide a cycle. `GRAPH` leaves out the imports under
+`if TYPE_CHECKING:` (what runs); `TYPED_GRAPH` keeps them (what a reader has to follow): the cycle
+check and the service's layers use it, so an annotation cannot hide a circle or an arrow back up
+(issue 43)."""
 from __future__ import annotations
 
 import ast
@@ -34,8 +38,9 @@ def _type_checking_only(node: ast.AST, parents: dict) -> bool:
     return False
 
 
-def imports(name: str, path: Path, known: set[str]) -> set[str]:
-    """The package modules that module `name` imports."""
+def imports(name: str, path: Path, known: set[str], typed: bool = False) -> set[str]:
+    """The package modules that module `name` imports (with `typed`, also those it imports only
+    under `if TYPE_CHECKING:`)."""
     tree = ast.parse(path.read_text())
     parents = {child: node for node in ast.walk(tree) for child in ast.iter_child_nodes(node)}
     package = name if path.name == "__init__.py" else name.rpartition(".")[0]
@@ -51,7 +56,7 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
             targets = [f"{base}.{a.name}" if f"{base}.{a.name}" in known else base for a in node.names]
         else:
             continue
-        if _type_checking_only(node, parents):
+        if not typed and _type_checking_only(node, parents):
             continue
         for t in targets:
             while t and t not in known:  # `import fss.params` names fss.params; `import numpy` nothing
@@ -62,33 +67,43 @@ def imports(name: str, path: Path, known: set[str]) -> set[str]:
 
 
 GRAPH = {name: imports(name, path, set(modules())) for name, path in modules().items()}
+TYPED_GRAPH = {name: imports(name, path, set(modules()), typed=True) for name, path in modules().items()}
 
 
 def _is_ancestor(a: str, b: str) -> bool:
     return b.startswith(a + ".")
 
 
-def test_no_import_cycles():
-    # a package's __init__ importing its own submodules is the usual re-export, not a cycle
-    graph = {m: {t for t in ts if not _is_ancestor(m, t)} for m, ts in GRAPH.items()}
+def find_cycle(graph: dict[str, set[str]]) -> list[str] | None:
+    """One import cycle of `graph` (its modules in order, the first repeated at the end), or None.
+    A package's __init__ importing its own submodules is the usual re-export, not a cycle."""
+    graph = {m: {t for t in ts if not _is_ancestor(m, t)} for m, ts in graph.items()}
     state: dict[str, int] = {}
     stack: list[str] = []
 
-    def visit(m: str) -> None:
+    def visit(m: str) -> list[str] | None:
         state[m] = 1
         stack.append(m)
-        for t in sorted(graph[m]):
+        for t in sorted(graph.get(m, ())):
             if state.get(t) == 1:
-                cycle = stack[stack.index(t):] + [t]
-                pytest.fail("import cycle: " + " -> ".join(cycle))
-            if t not in state:
-                visit(t)
+                return stack[stack.index(t):] + [t]
+            if t not in state and (cycle := visit(t)):
+                return cycle
         stack.pop()
         state[m] = 2
+        return None
 
     for m in sorted(graph):
-        if m not in state:
-            visit(m)
+        if m not in state and (cycle := visit(m)):
+            return cycle
+    return None
+
+
+def test_no_import_cycles():
+    """No circle anywhere, TYPE_CHECKING imports counted (issue 43: `server.checker` annotated with the
+    state that imports it was one)."""
+    cycle = find_cycle(TYPED_GRAPH)
+    assert cycle is None, "import cycle: " + " -> ".join(cycle)
 
 
 def _part(m: str) -> str:
@@ -114,12 +129,25 @@ def test_dependencies_run_one_way(module):
 
 
 def test_the_checker_sees_cycles_and_lazy_imports():
-    """The graph is not empty-handed: it sees a function-level import and the layers' real edges."""
+    """The graph is not empty-handed: it sees a function-level import and the layers' real edges;
+    TYPED_GRAPH also sees the TYPE_CHECKING ones; the cycle finder finds a circle of two."""
     assert "fss.codec" in GRAPH["fss.keys"]
     assert "dpcdf.release.noise" in GRAPH["dpcdf.release.mechanisms"]
     assert "dpcdf.service.server" in GRAPH["dpcdf.cli"]  # imported inside main()
     assert "dpcdf.service.client.analyst" not in GRAPH["dpcdf.apps.roc"]  # TYPE_CHECKING only
+    assert "dpcdf.service.client.analyst" in TYPED_GRAPH["dpcdf.apps.roc"]
     assert not any(t.startswith("dpcdf") for m, ts in GRAPH.items() if m.startswith("fss") for t in ts)
+    assert find_cycle({"a.x": {"a.y"}, "a.y": {"a.z"}, "a.z": {"a.x"}}) == ["a.x", "a.y", "a.z", "a.x"]
+    assert find_cycle({"a": {"a.x"}, "a.x": {"a"}}) is None  # a package and its own submodule
+
+
+def test_type_checking_imports_are_read(tmp_path):
+    """An import under `if TYPE_CHECKING:` is in the typed graph only."""
+    source = tmp_path / "checker.py"
+    source.write_text("from typing import TYPE_CHECKING\nif TYPE_CHECKING:\n    from .state import Server\n")
+    known = {"p.checker", "p.state"}
+    assert imports("p.checker", source, known) == set()
+    assert imports("p.checker", source, known, typed=True) == {"p.state"}
 
 
 # --- the service in rooms (issue 23) -----------------------------------------------------------------
@@ -176,3 +204,57 @@ def test_the_adaptive_plans_rules_are_data():
     compared = [f"{p.name}:{i}" for p in release.glob("*.py") for i, line in enumerate(p.read_text().splitlines(), 1)
                 if re.search(r"plan_version\s*[<>]=?|plan_version\s*==\s*\d", line)]
     assert compared == []
+
+
+# --- the service's layers (issue 43) ----------------------------------------------------------------
+SERVICE_LAYERS = {
+    "files": 0, "http": 0,  # the plumbing: file modes and reads, the HTTP client
+    "hpke": 1, "processes": 1, "verification": 1,  # the keys, the server processes, the report check's arithmetic
+    "wire": 2, "storage": 2, "task": 2,  # the report format, the store, the task config
+    "protocols": 3,  # the servers' steps: the channel, the reconciliation, the report check
+    "client": 4, "server": 4,  # the data holder and the analyst; the FastAPI server
+    "spool": 5,  # a re-export of client.spool
+}
+"""Each room of `dpcdf/service` (a subpackage or a flat module) in a layer, lowest first. A module
+imports its own room and rooms of lower layers only: never one of a higher layer (an arrow back up)
+nor another room of its own layer (the client and the server know nothing of each other)."""
+
+
+def _room(module: str) -> str | None:
+    parts = module.split(".")
+    return parts[2] if parts[:2] == ["dpcdf", "service"] and len(parts) > 2 else None
+
+
+def upward_imports(graph: dict[str, set[str]]) -> list[str]:
+    """Every import inside dpcdf.service that breaks `SERVICE_LAYERS`, as 'module (layer) -> target (layer)'."""
+    bad = []
+    for m, targets in sorted(graph.items()):
+        here = _room(m)
+        if here is None:
+            continue
+        for t in sorted(targets):
+            there = _room(t)
+            if there is not None and there != here and SERVICE_LAYERS[there] >= SERVICE_LAYERS[here]:
+                bad.append(f"{m} ({SERVICE_LAYERS[here]}) -> {t} ({SERVICE_LAYERS[there]})")
+    return bad
+
+
+def test_every_room_of_the_service_has_a_layer():
+    rooms = {p.stem for p in SERVICE.glob("*.py") if p.stem != "__init__"}
+    rooms |= {d.name for d in SERVICE.iterdir() if (d / "__init__.py").is_file()}
+    assert rooms == set(SERVICE_LAYERS), "place each room of dpcdf/service in SERVICE_LAYERS"
+
+
+def test_no_arrow_back_up_inside_the_service():
+    """No module of dpcdf.service imports a room of its own or a higher layer (TYPE_CHECKING imports
+    counted): the task config and the client take the check's arithmetic from `verification`, below
+    the protocols, not from `protocols.check`."""
+    assert upward_imports(TYPED_GRAPH) == []
+
+
+def test_the_layer_check_sees_an_arrow_back_up():
+    graph = {"dpcdf.service.task": {"dpcdf.service.protocols.check.maths", "dpcdf.service.files"},
+             "dpcdf.service.client.analyst": {"dpcdf.service.server.state"},
+             "dpcdf.service.server.state": {"dpcdf.service.task", "dpcdf.service.server.checker"}}
+    assert upward_imports(graph) == ["dpcdf.service.client.analyst (4) -> dpcdf.service.server.state (4)",
+                                     "dpcdf.service.task (2) -> dpcdf.service.protocols.check.maths (3)"]

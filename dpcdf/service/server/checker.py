@@ -3,15 +3,27 @@ from __future__ import annotations
 
 import logging
 import threading
-from typing import TYPE_CHECKING
+from typing import Protocol
 
 from ..protocols.check import round_one
+from ..protocols.context import StepContext
+from ..storage.store import Store
 from ..task import TaskConfig
 
-if TYPE_CHECKING:
-    from .state import Server
-
 log = logging.getLogger("dpcdf.server")
+
+
+class _Task(Protocol):
+    ctx: StepContext
+
+
+class Tasks(Protocol):
+    """What the worker needs of the server (`state.Server` is one): its store and each task's state,
+    whose context round one takes whole. Narrow on purpose: the checker does not import the state,
+    which imports it."""
+    store: Store
+
+    def task(self, task_id: str) -> _Task: ...
 
 
 class Checker:
@@ -21,7 +33,7 @@ class Checker:
     is left itself (`round_one.prepare`), so the worker only moves work out of the close; a failure
     here is logged and retried at the next upload or close, never lost."""
 
-    def __init__(self, server: "Server"):
+    def __init__(self, server: Tasks):
         self.server = server
         self._pending: set[str] = set()
         self._wake = threading.Condition()
@@ -52,9 +64,9 @@ class Checker:
                 task_id = self._pending.pop()
                 self.busy = True
             try:
-                st = self.server.task(task_id)
-                if st.config.verify and not self.server.store.marked(task_id, "verified"):
-                    round_one.catch_up(st.ctx)
+                ctx = self.server.task(task_id).ctx
+                if ctx.config.verify and not self.server.store.marked(task_id, "verified"):
+                    round_one.catch_up(ctx)
             except Exception:  # noqa: BLE001 - retried at the next upload or at the close
                 log.exception("round one of task %s failed; the close will do it", task_id)
             finally:
