@@ -258,3 +258,15 @@ def test_the_layer_check_sees_an_arrow_back_up():
              "dpcdf.service.server.state": {"dpcdf.service.task", "dpcdf.service.server.checker"}}
     assert upward_imports(graph) == ["dpcdf.service.client.analyst (4) -> dpcdf.service.server.state (4)",
                                      "dpcdf.service.task (2) -> dpcdf.service.protocols.check.maths (3)"]
+
+
+def test_no_payload_is_compared_as_a_string():
+    """Issue 43: what a payload means (its width, labels, curves, groups, check) is a property of
+    `dpcdf.release.payload.Payload`; no module compares a payload with a string or tuple of strings."""
+    import re
+
+    compared = re.compile(r"""payload\s*(==|!=)|(==|!=)\s*[\w.]*payload\b|payload\s+(not\s+)?in\s*[(\[{A-Z]|["'](count|label|calibration)["']\s*(==|!=)""")
+    found = [f"{p.relative_to(ROOT)}:{i}" for p in sorted((ROOT / "dpcdf").rglob("*.py")) if p.name != "payload.py"
+             for i, line in enumerate(p.read_text().splitlines(), 1) if compared.search(line.split("#")[0])]
+    assert found == []
+    assert compared.search('if config.payload in ("label", "calibration"):') and compared.search("payload not in CHECKED")
