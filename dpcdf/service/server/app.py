@@ -22,7 +22,7 @@ from .models import TaskSpec
 from .reserve import Reserve
 from . import metrics
 from .housekeeping import SWEEP_EVERY, Retention
-from .routers import admin, health, queries, reports, tasks
+from .routers import admin, exchange, health, queries, reports, tasks
 from .routers import metrics as metrics_router
 from .ownership import hold
 from .state import Server
@@ -64,7 +64,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bo
     app.state.retention = Retention(app.state.server, data_dir, retention, sweep_every)
     app.router.on_startup.append(app.state.retention.start)
     app.router.on_shutdown.append(app.state.retention.stop)
-    for router in (health.router, tasks.router, reports.router, queries.router, admin.router, metrics_router.router):
+    for router in (health.router, tasks.router, exchange.router, reports.router, queries.router, admin.router, metrics_router.router):
         app.include_router(router)
     for exc, handler in HANDLERS.items():
         app.add_exception_handler(exc, handler)

@@ -105,6 +105,44 @@ class CloseResponse(BaseModel):
                                             "reason class (weight, shape, range), once done")
 
 
+# --- the operator's admin API (`routers.admin`, issue 24) ---------------------------------------------
+class AdminTask(BaseModel):
+    task_id: str
+    name: str | None = None  # the task's label (`TaskConfig.name`), if it has one
+    state: str  # collecting, closed, reconciled, verified, answered, released, expired or deleted
+    verified_task: bool
+    created: float
+    closed_at: float | None
+    reconciled_at: float | None
+    verified_at: float | None
+    answered_at: float | None
+    purged_at: float | None
+    purge_reason: str | None
+    stored: int  # report rows on this server (0 once its key shares are deleted)
+    counted: int | None  # the closed report set's size
+    excluded: int
+    segment_files: int
+    histogram: bool
+    queries: int
+    restored: str | None = None  # from a backup: 'finished', or 'unfinished' (refused: run it again)
+
+
+class AdminTasks(BaseModel):
+    party: int
+    tasks: list[AdminTask]
+
+
+class PurgeResult(BaseModel):
+    task_id: str
+    reason: str
+    reports: int  # report rows deleted now
+    files: int  # segment files removed now
+
+
+class SweepResult(BaseModel):
+    purged: list[PurgeResult]
+
+
 def _indices(v: list[int]) -> list[int]:
     if not v:
         raise ValueError("indices must be a non-empty list of grid indices")

@@ -13,52 +13,14 @@ token is ever in an answer."""
 from __future__ import annotations
 
 from fastapi import APIRouter, Request
-from pydantic import BaseModel
 
 from .. import peers
 from ..deps import OperatorAdminDep, ServerDep
 from ..errors import HttpError
-from ..models import CloseResponse, Error, errors
+from ..models import AdminTask, AdminTasks, CloseResponse, Error, PurgeResult, SweepResult, errors
 
 router = APIRouter(prefix="/admin", tags=["admin"])
 GONE = {410: {"model": Error, "description": "the task expired or was deleted: it answers nothing again"}}
-
-
-class AdminTask(BaseModel):
-    task_id: str
-    name: str | None = None  # the task's label (`TaskConfig.name`), if it has one
-    state: str  # collecting, closed, reconciled, verified, answered, released, expired or deleted
-    verified_task: bool
-    created: float
-    closed_at: float | None
-    reconciled_at: float | None
-    verified_at: float | None
-    answered_at: float | None
-    purged_at: float | None
-    purge_reason: str | None
-    stored: int  # report rows on this server (0 once its key shares are deleted)
-    counted: int | None  # the closed report set's size
-    excluded: int
-    segment_files: int
-    histogram: bool
-    queries: int
-    restored: str | None = None  # from a backup: 'finished', or 'unfinished' (refused: run it again)
-
-
-class AdminTasks(BaseModel):
-    party: int
-    tasks: list[AdminTask]
-
-
-class PurgeResult(BaseModel):
-    task_id: str
-    reason: str
-    reports: int  # report rows deleted now
-    files: int  # segment files removed now
-
-
-class SweepResult(BaseModel):
-    purged: list[PurgeResult]
 
 
 @router.get("/tasks", response_model=AdminTasks, responses=errors(401, 403))
