@@ -71,8 +71,8 @@ def warm_up(progress: bool = True, verified: bool = True, out=None, jobs: int | 
     `progress`, prints each step as it starts and a line every TICK seconds to `out` (stderr).
     `jobs` > 1 (default: on a machine with 2 cores or more) compiles in two processes at once: the
     fss kernels in one, the check's and the release's in the other (numba compiles on one thread;
-    the disk cache is shared, `fss._cache`). About 1.4x faster from a cold cache on 2 cores; more
-    processes would compile the kernels they share twice."""
+    the processes share fss's disk cache, `fss.backend.info()["cache_dir"]`). About 1.4x faster from
+    a cold cache on 2 cores; more processes would compile the kernels they share twice."""
     out = out or sys.stderr
     todo = steps(verified)
     lanes = [[k for k, step in enumerate(todo, start=1) if (step[0] == "fss") == first] for first in (True, False)]
