@@ -176,16 +176,29 @@ def current() -> str:
 
 
 def _fast_for(p: TreeParams) -> str | None:
-    if p.prime and chosen() == "auto":  # the portable backend's, whatever the tier: no kernel to choose or self-test
-        return None
-    from . import fast
+    """The fused tier that runs `p`'s keys now, None for the portable backend."""
+    return _fast_name(chosen(), p.prime, p.width)
 
-    name = current()
-    if name == "portable" or p.width > fast.MAX_WIDTH or p.prime:
+
+@functools.lru_cache(maxsize=64)
+def _fast_name(choice: str, prime: bool, width: int) -> str | None:
+    """`_fast_for` once per (choice, prime, width): a few microseconds a call, most of one key's latency
+    otherwise (a failed self-test raises, and exceptions are not cached)."""
+    if prime and choice == "auto":  # the portable backend's, whatever the tier: no kernel to choose or self-test
         return None
-    if chosen() != "auto" and not _self_test(name):
+    name = current()
+    if name == "portable" or width > _fast().MAX_WIDTH or prime:
+        return None
+    if choice != "auto" and not _self_test(name):
         raise FssError(f"the {name} kernel failed its self-test against the portable backend")
     return name
+
+
+@functools.lru_cache(maxsize=None)
+def _fast():
+    from . import fast  # numba's kernels: imported at first use (`import fss` stays light)
+
+    return fast
 
 
 def eval_batch(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
@@ -216,6 +229,18 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
     from . import fast
 
     return fast.gen_batch(p, alphas, betas, roots, name)
+
+
+def gen_one(p: TreeParams, alpha: int, beta, randomness: bytes) -> tuple[KeyBatch, KeyBatch]:
+    """One key pair for internal `alpha`, payload `beta` (an int, or (width,) values: `inputs.payload`) and
+    its 32 root-seed bytes (`gen_batch`'s layout): the fused tiers' one-key path (`fast.gen_one`), else
+    `gen_batch` of one."""
+    name = _fast_for(p)
+    if name is None:
+        roots = np.frombuffer(randomness, "<u8").astype(np.uint64).reshape(2, 2, 1)
+        betas = np.broadcast_to(np.asarray(beta, np.uint64), (p.width,)).reshape(-1, 1).copy()
+        return _portable().gen_batch(p, np.array([alpha], np.uint64), betas, roots)
+    return _fast().gen_one(p, alpha, beta, randomness, name)
 
 
 def _self_test_keys(width: int, has_v: bool, prime: int):

@@ -469,6 +469,56 @@ def _gen_kernel(width: int, has_v: bool, tier: str):
     return _cache.cached(kernel, _tag(width, has_v, tier))
 
 
+@functools.lru_cache(maxsize=256)
+def _gen_constants(p: TreeParams, tier: str) -> tuple:
+    """A function's gen kernel and its scalar arguments, worked out once per (function, tier)."""
+    ones = np.uint64(2**64 - 1)
+    below = ones if p.beta_below else np.uint64(0)
+    equal = ones if p.beta_equal else np.uint64(0)
+    joint = payload_dtype(p) == np.uint64  # cw_v in cw_seed's allocation (else its own, 32-bit)
+    cw_size = (2 * p.bits + (p.v_levels * p.width if joint else 0)) * GROUP
+    return _gen_kernel(p.width, p.level_payload, require(tier)), p.bits, np.uint64(p.mask), below, equal, p.width, cw_size, joint
+
+
+_one = threading.local()  # each thread's staging arrays for `gen_one` (the kernel reads them; zeroed after)
+
+
+def _staging(w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's (roots (2, 2, GROUP), alphas (GROUP,), betas (w, GROUP)) for one key, zero but lane 0."""
+    staged = getattr(_one, "staged", None)
+    if staged is None:
+        staged = _one.staged = {}
+    if w not in staged:
+        flat = np.zeros((5 + w) * GROUP, np.uint64)
+        staged[w] = flat[: 4 * GROUP].reshape(2, 2, GROUP), flat[4 * GROUP: 5 * GROUP], flat[5 * GROUP:].reshape(w, GROUP)
+    return staged[w]
+
+
+def gen_one(p: TreeParams, alpha: int, beta, randomness: bytes, tier: str) -> tuple[KeyBatch, KeyBatch]:
+    """`gen_batch` of one key (internal `alpha`, payload `beta`: an int or (width,) values, `randomness`
+    its 32 root-seed bytes, laid out as `gen_batch`'s roots), without its reshaping and padding: one
+    key's latency is then the kernel's one group and little else (issue 45). The same keys, bit for bit
+    (tests/fss_tests/test_gen_one.py)."""
+    kernel, bits, mask, below, equal, w, cw_size, joint = _gen_constants(p, tier)
+    roots, alphas, betas = _staging(w)
+    roots[:, :, 0] = np.frombuffer(randomness, "<u8").reshape(2, 2)
+    alphas[0] = alpha
+    betas[:, 0] = beta
+    cw = np.empty(cw_size, np.uint64)  # cw_seed (1, bits, 2, GROUP), and with 64-bit payloads cw_v (1, v_levels, w, GROUP)
+    cw_seed = cw[: 2 * bits * GROUP].reshape(1, bits, 2, GROUP)
+    v_shape = (1, p.v_levels, w, GROUP)
+    cw_v = cw[2 * bits * GROUP:].reshape(v_shape) if joint else np.empty(v_shape, payload_dtype(p))
+    cw_t = np.empty((1, bits, GROUP), np.uint8)
+    try:
+        kernel(alphas, betas, roots, bits, mask, below, equal, round_keys(), cw_seed, cw_t, cw_v, 0, 1)
+        s0, s1 = roots[0:1].copy(), roots[1:2].copy()  # each key its own seed's array
+    finally:
+        roots[:, :, 0] = 0  # no seed stays in the staging arrays
+    for a in (s0, s1, cw_seed, cw_t, cw_v):
+        a.setflags(write=False)
+    return KeyBatch._of(p, 0, 1, s0, cw_seed, cw_t, cw_v), KeyBatch._of(p, 1, 1, s1, cw_seed, cw_t, cw_v)
+
+
 def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray, tier: str,
               threads: int | None = None) -> tuple[KeyBatch, KeyBatch]:
     """Same contract as `portable.gen_batch`, writing the grouped arrays directly."""

@@ -87,7 +87,9 @@ class TreeFunction:
     def _gen_with_randomness(self, alpha: int, beta: Payload, randomness: bytes) -> tuple[Key, Key]:
         """Deterministic gen: `randomness` is the two 16-byte root seeds (party 0's, then party 1's)."""
         a = inputs.point(self.params, alpha, "alpha")
-        k0, k1 = self._gen_batch_with_randomness(np.array([a], dtype=np.uint64), beta, randomness, internal=True)
+        if len(randomness) != ROOT_BYTES:
+            raise ParameterError(f"need {ROOT_BYTES} bytes of randomness for 1 keys, got {len(randomness)}")
+        k0, k1 = backend.gen_one(self.params, a, inputs.payload(self.params, beta), randomness)
         return Key(k0), Key(k1)
 
     def gen_batch(self, alphas: object, betas: object = 1) -> tuple[KeyBatch, KeyBatch]:

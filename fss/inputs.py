@@ -51,6 +51,14 @@ def point(p: TreeParams, x: object, name: str = "x") -> int:
     return int(points(p, x, name))
 
 
+def payload(p: TreeParams, beta: object) -> "int | np.ndarray":
+    """One key's payload: `payloads(p, beta, 1)[0]`, or for one int over the ring that int reduced (one
+    key's gen, without an array)."""
+    if type(beta) is int and not p.prime:
+        return check_int("beta", beta, -(1 << (p.out_bits - 1)), p.mask) % _U64 & p.mask
+    return payloads(p, beta, 1)[0]
+
+
 def payloads(p: TreeParams, betas: object, n: int) -> np.ndarray:
     """Payloads -> (n, width) uint64 reduced mod 2^out_bits.
 

@@ -1,10 +1,15 @@
 """The one-key shortcuts (issue 45, one-key latency) give what the general paths give: `inputs.point`
-of a Python int and `inputs.payloads` of one int equal the numpy path's values and raise its errors,
-and `keys.to_groups` of one group equals the general layout."""
+of a Python int and `inputs.payloads` / `inputs.payload` of one int equal the numpy path's values and
+raise its errors, `keys.to_groups` of one group equals the general layout, and one key's gen
+(`fast.gen_one`) gives `gen_batch`'s bytes on every tier, from any thread, leaving no seed behind."""
+import secrets
+import threading
+
 import numpy as np
 import pytest
+from hypothesis import given, settings, strategies as st
 
-from fss import DCF, DPF, ParameterError, backend, inputs, testing
+from fss import DCF, DPF, ParameterError, backend, fast, inputs, testing
 from fss.keys import GROUP, to_groups
 
 FUNCTIONS = [DCF(1), DCF(8, 8, signed=True), DCF(32, cmp="ge"), DCF(64, 64, 2, cmp="gt", signed=True), DPF(16, 20),
@@ -75,3 +80,68 @@ def test_gens_key_arrays_read_only_and_seeds_apart(tier, n):
     assert not np.shares_memory(k0.seeds, k1.seeds)
     for k in (k0, k1):
         assert not any(getattr(k, a).flags.writeable for a in ("seeds", "cw_seed", "cw_t", "cw_v"))
+
+
+@pytest.mark.parametrize("fn", FUNCTIONS, ids=repr)
+def test_one_payload_is_the_general_path(fn):
+    """`inputs.payload` (one key's, an int where it can) is `payloads(p, beta, 1)[0]`, errors included."""
+    p = fn.params
+    lo, hi = (-(p.modulus - 1), p.modulus - 1) if p.prime else (-(1 << (p.out_bits - 1)), p.mask)
+    for beta in _edges(lo, hi) + ([[1] * fn.width, [lo] * fn.width] if fn.width > 1 else [np.int64(3)]):
+        one = _outcome(lambda: inputs.payload(p, beta))
+        general = _outcome(lambda: inputs.payloads(p, beta, 1)[0])
+        if isinstance(general, tuple):
+            assert one == general, beta
+        else:
+            assert np.array_equal(np.broadcast_to(np.asarray(one, np.uint64), general.shape), general), beta
+
+
+GEN_FUNCTIONS = FUNCTIONS + [DCF(16, 64, 3), DCF(10, 32, 8, cmp="ge"), DCF(9, 16, 9), DPF(12, 40, 5)]
+
+
+@pytest.mark.parametrize("tier", backend.available())
+@settings(max_examples=15, deadline=None)
+@given(data=st.data())
+def test_one_keys_gen_is_the_batchs_on_every_tier(tier, data):
+    """`gen` (one key: `fast.gen_one` on the fused tiers) and `gen_batch` of that one key give the same
+    bytes for the same randomness, across functions (widths 1 to 9, 32-bit payloads, F_p, signed),
+    alphas at the domain's edges and payloads."""
+    fn = data.draw(st.sampled_from(GEN_FUNCTIONS), "fn")
+    p = fn.params
+    lo, hi = p.domain_range()
+    alpha = data.draw(st.one_of(st.sampled_from([lo, hi, 0 if lo <= 0 else lo]), st.integers(lo, hi)), "alpha")
+    top = p.modulus - 1 if p.prime else p.mask
+    beta = data.draw(st.lists(st.integers(0, top), min_size=fn.width, max_size=fn.width), "beta")
+    randomness = data.draw(st.binary(min_size=32, max_size=32), "randomness")
+    with backend.using(tier):
+        k0, k1 = fn._gen_with_randomness(alpha, beta if fn.width > 1 else beta[0], randomness)
+        b0, b1 = fn._gen_batch_with_randomness(np.array([alpha], dtype=object), np.array([beta], dtype=object), randomness)
+    assert (k0.to_bytes(), k1.to_bytes()) == (b0[0].to_bytes(), b1[0].to_bytes())
+    assert not np.shares_memory(k0.batch.seeds, k1.batch.seeds)
+
+
+def test_one_keys_gen_from_many_threads_leaves_no_seed_staged():
+    """Threads generating at once each get correct keys (each reconstructs its own comparison), and no
+    root seed stays in any thread's staging arrays (`fast._staging`) once gen returns."""
+    fn, errors = DCF(24, 64, cmp="le"), []
+    tier = backend.available()[-1]
+
+    def work(k: int) -> None:
+        with backend.using(tier):
+            for _ in range(200):
+                alpha = secrets.randbelow(1 << 24)
+                k0, k1 = fn.gen(alpha, k + 1)
+                got = (fn.reconstruct(fn.eval(k0, alpha), fn.eval(k1, alpha)), fn.reconstruct(fn.eval(k0, alpha + 1), fn.eval(k1, alpha + 1))) \
+                    if alpha + 1 < (1 << 24) else (k + 1, 0)
+                if got != (k + 1, 0):
+                    errors.append((k, alpha, got))
+            staged = getattr(fast._one, "staged", {})
+            if tier != "portable" and (1 not in staged or staged[1][0].any()):
+                errors.append((k, "seed left in staging"))
+
+    threads = [threading.Thread(target=work, args=(k,)) for k in range(4)]
+    for t in threads:
+        t.start()
+    for t in threads:
+        t.join()
+    assert errors == []
