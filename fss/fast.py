@@ -483,14 +483,16 @@ def _gen_constants(p: TreeParams, tier: str) -> tuple:
 _one = threading.local()  # each thread's staging arrays for `gen_one` (the kernel reads them; zeroed after)
 
 
-def _staging(w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray]:
-    """This thread's (roots (2, 2, GROUP), alphas (GROUP,), betas (w, GROUP)) for one key, zero but lane 0."""
+def _staging(w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
+    """This thread's staging for one key: flat, a (5 + w) * GROUP array zero but in lane 0, and its
+    views roots (2, 2, GROUP), alphas (GROUP,), betas (w, GROUP), the kernel's arguments."""
     staged = getattr(_one, "staged", None)
     if staged is None:
         staged = _one.staged = {}
     if w not in staged:
         flat = np.zeros((5 + w) * GROUP, np.uint64)
-        staged[w] = flat[: 4 * GROUP].reshape(2, 2, GROUP), flat[4 * GROUP: 5 * GROUP], flat[5 * GROUP:].reshape(w, GROUP)
+        staged[w] = (flat, flat[: 4 * GROUP].reshape(2, 2, GROUP), flat[4 * GROUP: 5 * GROUP],
+                     flat[5 * GROUP:].reshape(w, GROUP))
     return staged[w]
 
 
@@ -498,12 +500,12 @@ def gen_one(p: TreeParams, alpha: int, beta, randomness: bytes, tier: str) -> tu
     """`gen_batch` of one key (internal `alpha`, payload `beta`: an int or (width,) values, `randomness`
     its 32 root-seed bytes, laid out as `gen_batch`'s roots), without its reshaping and padding: one
     key's latency is then the kernel's one group and little else (issue 45). The same keys, bit for bit
-    (tests/fss_tests/test_gen_one.py)."""
+    (tests/fss_tests/test_one_key_paths.py)."""
     kernel, bits, mask, below, equal, w, cw_size, joint = _gen_constants(p, tier)
-    roots, alphas, betas = _staging(w)
-    roots[:, :, 0] = np.frombuffer(randomness, "<u8").reshape(2, 2)
-    alphas[0] = alpha
-    betas[:, 0] = beta
+    flat, roots, alphas, betas = _staging(w)
+    flat[0: 4 * GROUP: GROUP] = np.frombuffer(randomness, "<u8")  # lane 0 of roots[d, word]
+    flat[4 * GROUP] = alpha
+    flat[5 * GROUP:: GROUP] = beta
     cw = np.empty(cw_size, np.uint64)  # cw_seed (1, bits, 2, GROUP), and with 64-bit payloads cw_v (1, v_levels, w, GROUP)
     cw_seed = cw[: 2 * bits * GROUP].reshape(1, bits, 2, GROUP)
     v_shape = (1, p.v_levels, w, GROUP)
@@ -513,7 +515,7 @@ def gen_one(p: TreeParams, alpha: int, beta, randomness: bytes, tier: str) -> tu
         kernel(alphas, betas, roots, bits, mask, below, equal, round_keys(), cw_seed, cw_t, cw_v, 0, 1)
         s0, s1 = roots[0:1].copy(), roots[1:2].copy()  # each key its own seed's array
     finally:
-        roots[:, :, 0] = 0  # no seed stays in the staging arrays
+        flat[0: 4 * GROUP: GROUP] = 0  # no seed stays in the staging arrays
     for a in (s0, s1, cw_seed, cw_t, cw_v):
         a.setflags(write=False)
     return KeyBatch._of(p, 0, 1, s0, cw_seed, cw_t, cw_v), KeyBatch._of(p, 1, 1, s1, cw_seed, cw_t, cw_v)
