@@ -18,8 +18,7 @@ from typing import Callable
 TICK = 5.0  # seconds between progress lines while a step runs
 
 
-PAYLOADS = ("count", "label", "calibration")
-WIDTHS = {"count": 1, "label": 2, "calibration": 3}  # the DCF payload width of each (`TaskConfig.dcf`)
+PAYLOADS = ("count", "label", "calibration")  # `Payload`'s names (its width is the DCF's, `TaskConfig.dcf`)
 
 
 def _fss(payload: str) -> None:
@@ -27,7 +26,9 @@ def _fss(payload: str) -> None:
 
     from fss import DCF, backend
 
-    width = WIDTHS[payload]
+    from .release.payload import Payload
+
+    width = Payload.parse(payload).width
     backend.warm_up(width=width)
     dcf = DCF(4, 64, width, cmp="ge")  # as a task's (`TaskConfig.dcf`)
     keys, _ = dcf.gen_batch(np.arange(3), 1 if width == 1 else np.ones((3, width), np.int64))

@@ -274,14 +274,13 @@ def test_no_payload_is_compared_as_a_string():
 
 # --- fss owns its bytes; routers only map HTTP (issue 43) ------------------------------------------
 FSS_INTERNALS = ("fss.params", "fss.keys", "fss.codec")
-NOT_YET_SWITCHED = {"dpcdf.service.task", "dpcdf.service.client.data_holder"}  # issue 43: to fss.layout; then delete this
 
 
 def test_dpcdf_uses_only_fss_public_names():
     """dpcdf imports no private fss module (`fss._*`) and not the key format's own modules: what it
     needs of the bytes (rows, grouped arrays, format versions) is `fss.layout`'s."""
     for module, targets in GRAPH.items():
-        if not module.startswith("dpcdf") or module in NOT_YET_SWITCHED:
+        if not module.startswith("dpcdf"):
             continue
         bad = sorted(t for t in targets if t.startswith(FSS_INTERNALS) or (t.startswith("fss.") and "._" in "." + t[4:]))
         assert not bad, f"{module} imports {bad}: use fss's public API (fss.layout for keys as bytes)"

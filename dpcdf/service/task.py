@@ -13,8 +13,7 @@ from urllib.parse import urlsplit
 
 import numpy as np
 
-from fss import DCF
-from fss.params import PACKED_VERSION as KEY_FORMAT
+from fss import DCF, layout
 
 from ..errors import DpcdfError, ParameterError
 from ..release.adaptive import MIN_ADAPTIVE_GRID, PLAN_VERSION, SHARE_RULE, AdaptiveMechanism
@@ -36,6 +35,8 @@ MAX_ZCDP_TREE_SIZE = 1 << 16
 MAX_QUERY_POINTS = 1 << 16  # prefix indices per query (the analyst splits larger requests)
 MAX_VERIFIED_GRID = 1 << 16  # grid points a task is verified at by default, and on a server without a Dask cluster
 MAX_CLUSTER_VERIFIED_GRID = 1 << 20  # with verify=True, on servers with a cluster (`dpcdf serve --dask`)
+
+KEY_FORMAT = layout.KEY_FORMATS["p61"][-1]  # a verified task's F_p key format version: the newest fss writes
 
 
 class SameServerError(ParameterError):
@@ -187,7 +188,7 @@ class TaskConfig:
                                      f"{MAX_CLUSTER_VERIFIED_GRID} points, on servers with a Dask cluster "
                                      f"(this grid has {size}); use verify=false")
             self.check()  # raises for a payload that cannot be verified
-            if type(self.key_format) is not int or self.key_format not in (1, KEY_FORMAT):
+            if type(self.key_format) is not int or self.key_format not in layout.KEY_FORMATS["p61"]:
                 raise ParameterError(f"key_format must be 1 or {KEY_FORMAT}, got {self.key_format!r:.40}")
         else:
             object.__setattr__(self, "key_format", 1)  # ring keys: one format

@@ -17,7 +17,7 @@ from pathlib import Path
 
 import numpy as np
 
-from fss.params import BATCH_HEADER_LEN, HEADER_LEN
+from fss import layout
 
 from ...errors import DomainError, DpcdfError, ParameterError
 from .. import hpke
@@ -73,19 +73,11 @@ def report_ids(n: int) -> bytes:
 def share_rows(dcf, batch, extras: np.ndarray | None = None) -> np.ndarray:
     """Each key of `batch` in the single-key wire format (`Key.to_bytes()`), then (verified tasks) its
     row of `extras` as 8-byte little-endian field elements (`wire.join_share`): one (n, width) uint8
-    row per key, from one serialization of the whole batch. The batch format is a header, then the
-    keys' bodies in order; a key is its own shorter header, then its body (fss/codec.py)."""
+    row per key, from one pass over the batch (`fss.layout.key_rows`)."""
     n, size = batch.n, dcf.key_size
     x = 0 if extras is None else np.asarray(extras).shape[1]
     rows = np.empty((n, size + 8 * x), np.uint8)
-    if n == 0:
-        return rows
-    blob = batch.to_bytes()
-    body = size - HEADER_LEN
-    if len(blob) != BATCH_HEADER_LEN + n * body:
-        raise ParameterError(f"a batch of {n} keys is {len(blob)} bytes, not {BATCH_HEADER_LEN} + {n} x {body}")
-    rows[:, :HEADER_LEN] = np.frombuffer(batch[0].to_bytes()[:HEADER_LEN], np.uint8)  # the same for every key
-    rows[:, HEADER_LEN:size] = np.frombuffer(blob, np.uint8, offset=BATCH_HEADER_LEN).reshape(n, body)
+    layout.key_rows(batch, out=rows[:, :size])
     if x:
         rows[:, size:] = np.ascontiguousarray(extras, dtype="<u8").view(np.uint8).reshape(n, 8 * x)
     return rows

@@ -36,7 +36,7 @@ from dataclasses import dataclass
 
 import numpy as np
 
-from fss import DCF, KeyBatch
+from fss import DCF, FssError, KeyBatch, layout
 from fss import field as F
 
 from ....errors import ParameterError
@@ -150,12 +150,12 @@ def decode_shares(dcf: DCF, extras: int, shares: list[bytes] | bytes | np.ndarra
     one vectorized pass."""
     size = dcf.key_size
     rows = share_rows(dcf, extras, shares)
-    header = np.frombuffer(dcf.params.header(party), np.uint8)
-    if (rows[:, :header.size] != header).any():
-        raise SyncError("a stored share is not a key of this task's function")
-    blob = dcf.params.header(party, batch=True) + len(rows).to_bytes(8, "little") + rows[:, header.size:size].tobytes()
+    try:
+        keys = layout.batch_from_rows(dcf, rows[:, :size], party)  # read in place
+    except FssError:
+        raise SyncError("a stored share is not a key of this task's function") from None
     values = np.ascontiguousarray(rows[:, size:]).view("<u8").astype(np.uint64).reshape(len(rows), extras)
-    return dcf.batch_from_bytes(blob, party), values
+    return keys, values
 
 
 @dataclass
