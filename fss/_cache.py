@@ -70,7 +70,7 @@ def cache_dir(kernel) -> str | None:
     return getattr(cache, "_cache_path", None)
 
 
-class _UserCacheLocator(_numba_class("SourceFileBackedLocatorMixin"), _numba_class("CacheLocator")):
+class _UserCacheLocator(_numba_class("SourceFileBackedLocatorMixin"), _numba_class("CacheLocator")):  # type: ignore[misc]  # bases by name (numba versions)
     """numba's cache locator for `user_cache_dir()`, with numba's subfolder per package path."""
 
     def __init__(self, py_func, py_file):

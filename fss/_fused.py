@@ -103,7 +103,7 @@ def _level_loop(b: ir.IRBuilder, count: ir.Value, state: list, body) -> list:
 def _words(b: ir.IRBuilder, regs: list) -> list:
     """MMO output registers (pairs of interleaved block registers) -> list of 64-bit word vectors,
     two per block: [block0 lo, block0 hi, block1 lo, ...]."""
-    out = []
+    out: list = []
     for q in range(0, len(regs), 2):
         out += A.deinterleave(b, regs[q], regs[q + 1])
     return out
@@ -114,7 +114,7 @@ def _convert(b: ir.IRBuilder, aes, width: int, slo: ir.Value, shi: ir.Value) -> 
     if width == 1:
         return [shi]
     hl = b.xor(shi, A.const8(ROLE_LEAF))
-    regs = []
+    regs: list = []
     for q in range((width + 1) // 2):
         regs += A.interleave(b, b.xor(slo, A.const8(q)), hl)
     return _words(b, aes.mmo(regs))[:width]
@@ -213,7 +213,7 @@ def _children(b, grp, aes, st: list, level, d, both: bool, width: int, has_v: bo
     for h in range(HALVES):
         mine, kids = words[per * h : per * (h + 1)], []
         for side in ((0, 1) if both else (None,)):
-            if both:
+            if side is not None:  # both children
                 dd, seed = A.const8(side), mine[2 * side : 2 * side + 2]
                 vals = mine[4 + side * width : 4 + (side + 1) * width]
             else:

@@ -172,9 +172,9 @@ def _converts(b, mmo: _Mmo, F: _Prime | None, nodes: list, width: int) -> list:
     words as the ring's, each through `F.element`."""
     one = A.const8(1)
     if F is not None and F.words and width <= 2:
-        words = [b.or_(b.lshr(n[0], one), b.shl(n[1], A.const8(63))) for n in nodes], \
-                [b.or_(b.lshr(n[0], A.const8(62)), b.shl(n[1], A.const8(2))) for n in nodes]
-        return [[F.element(words[e][k]) for e in range(width)] for k in range(len(nodes))]
+        element_words = [b.or_(b.lshr(n[0], one), b.shl(n[1], A.const8(63))) for n in nodes], \
+                        [b.or_(b.lshr(n[0], A.const8(62)), b.shl(n[1], A.const8(2))) for n in nodes]
+        return [[F.element(element_words[e][k]) for e in range(width)] for k in range(len(nodes))]
     if width == 1:
         if F is None:
             return [[n[1]] for n in nodes]

@@ -236,7 +236,8 @@ def spread(run, groups: int) -> None:
             if not _pool:
                 from concurrent.futures import ThreadPoolExecutor
 
-                _pool.append(ThreadPoolExecutor(max(1, numba.config.NUMBA_NUM_THREADS - 1), thread_name_prefix="fss-codec"))
+                cores = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba.config sets its options at import
+                _pool.append(ThreadPoolExecutor(max(1, cores - 1), thread_name_prefix="fss-codec"))
         futures = [_pool[0].submit(run, bounds[c], bounds[c + 1]) for c in range(1, parts)]
     try:
         run(bounds[0], bounds[1])
@@ -265,7 +266,7 @@ def decode_all(data: np.ndarray, pos: int, n: int, out_bits: int, prime: bool, a
     return (min(found)[1], min(found)[0]) if found else (OK, -1)
 
 
-def new_bytes(size: int) -> tuple[bytes, np.ndarray]:
+def new_bytes(size: int) -> tuple[bytes | _Copied, np.ndarray]:
     """A new `bytes` object of `size` bytes and a writable uint8 array over its buffer, to be filled
     before the object is used anywhere (as C code fills `PyBytes_FromStringAndSize(NULL, size)`): the
     encoder writes the batch straight into the bytes it returns, instead of into an array that
@@ -281,7 +282,7 @@ def new_bytes(size: int) -> tuple[bytes, np.ndarray]:
             data = make(None, size)
             address = where(data)
             _huge_pages(address, size)
-            return data, np.frombuffer((ctypes.c_char * size).from_address(address), np.uint8)
+            return data, np.frombuffer(memoryview((ctypes.c_char * size).from_address(address)), np.uint8)
         except (AttributeError, OSError, TypeError):  # no C API through ctypes: the copy below
             pass
     out = np.empty(size, np.uint8)

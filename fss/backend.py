@@ -36,7 +36,7 @@ import contextvars
 import functools
 import os
 import warnings
-from typing import Iterator
+from typing import TYPE_CHECKING, Iterator
 
 from ._lazy import numpy as _numpy
 
@@ -44,7 +44,10 @@ from .errors import FssError, ParameterError
 from .keys import KeyBatch
 from .params import TreeParams, check_int
 
-np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 # Nothing here imports numba, llvmlite or the kernels at module level (nor numpy: `fss._lazy`), so that
 # `import fss` stays cheap; the first call that needs a kernel (gen, eval, `available()`, `current()`,
@@ -115,7 +118,8 @@ def set_threads(n: int) -> None:
     NUMBA_NUM_THREADS) until it calls `set_threads` itself. It is not scoped to a `using` block."""
     import numba
 
-    numba.set_num_threads(check_int("threads", n, 1, numba.config.NUMBA_NUM_THREADS))
+    cores = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba.config sets its options at import
+    numba.set_num_threads(check_int("threads", n, 1, cores))
 
 
 def threads() -> int:

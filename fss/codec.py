@@ -27,13 +27,18 @@ numba pass (`fss._serial`), at memory speed; the tests hold the two paths to the
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._lazy import numpy as _numpy
 
 from .errors import KeyFormatError, ParameterError
 from .params import (BATCH_FLAG, BATCH_HEADER_LEN, CMP_NAMES, GROUP, HEADER_LEN, KIND_DCF, KIND_DPF, LAMBDA_BYTES, PRIME_FLAG,
                      SIGNED_FLAG, VERSIONS, TreeParams)
 
-np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 _CHUNK = 8192  # keys per chunk in the bit (un)packing, to bound temporary memory
 
@@ -74,9 +79,10 @@ def _pack(vals: np.ndarray, bits: int, nbytes: int) -> np.ndarray:
                 words[:, w + 1] |= v[:, k] >> np.uint64(64 - s)
     else:
         w, s = np.divmod(np.arange(count, dtype=np.uint64) * np.uint64(bits), np.uint64(64))
-        np.add.at(words, (slice(None), w.astype(np.int64)), v << s)
+        np.add.at(words, (slice(None), w.astype(np.int64)), v << s)  # type: ignore[arg-type]  # numpy's stubs: no tuple index
         spill = s + np.uint64(bits) > np.uint64(64)
-        np.add.at(words, (slice(None), w[spill].astype(np.int64) + 1), v[:, spill] >> (np.uint64(64) - s[spill]))
+        np.add.at(words, (slice(None), w[spill].astype(np.int64) + 1),  # type: ignore[arg-type]  # numpy's stubs: no tuple index
+                  v[:, spill] >> (np.uint64(64) - s[spill]))
     return words.astype("<u8", copy=False).view(np.uint8)[:, :nbytes]
 
 

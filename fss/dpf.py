@@ -4,6 +4,8 @@ plus an 8-byte header; eval costs one AES block per level, `eval_full` about 2^(
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._lazy import numpy as _numpy
 
 from . import backend
@@ -12,7 +14,10 @@ from .function import TreeFunction
 from .keys import Key
 from .params import KIND_DPF, TreeParams
 
-np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 MAX_FULL_BITS = 24
 

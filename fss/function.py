@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import operator
 import secrets
-from typing import Iterable, Sequence, Union
+from typing import TYPE_CHECKING, Iterable, Sequence, Union, cast
 
 from ._lazy import numpy as _numpy
 
@@ -12,7 +12,11 @@ from .errors import KeyFormatError, KeyMismatchError, ParameterError
 from .keys import Key, KeyBatch
 from .params import TreeParams, check_int, check_party
 
-np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike
+else:
+    np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 Payload = Union[int, Sequence[int]]
 Share = Union[int, tuple]
@@ -24,7 +28,7 @@ def _share_int(value: object, name: str) -> int:
     if isinstance(value, (bool, np.bool_)):
         raise ParameterError(f"{name} must be an int, got bool")
     try:
-        return operator.index(value)
+        return operator.index(value)  # type: ignore[arg-type]  # any object: its TypeError is the answer
     except TypeError:
         raise ParameterError(f"{name} must be an int, got {type(value).__name__}") from None
 
@@ -92,7 +96,7 @@ class TreeFunction:
         k0, k1 = backend.gen_one(self.params, a, inputs.payload(self.params, beta), randomness)
         return Key(k0), Key(k1)
 
-    def gen_batch(self, alphas: object, betas: object = 1) -> tuple[KeyBatch, KeyBatch]:
+    def gen_batch(self, alphas: ArrayLike, betas: ArrayLike = 1) -> tuple[KeyBatch, KeyBatch]:
         """Key pairs for many alphas at once, as two `KeyBatch`es (one per party). `betas`: one int,
         for width 1 an array of n ints, for width > 1 one vector of `width` ints or an (n, width)
         array. Raises `ParameterError` for out-of-range alphas or payloads that do not fit."""
@@ -103,7 +107,8 @@ class TreeFunction:
         self, alphas: object, betas: object, randomness: bytes, internal: bool = False
     ) -> tuple[KeyBatch, KeyBatch]:
         """Deterministic batch gen: `randomness` is 32 bytes per key (root seed of party 0, of party 1)."""
-        a = alphas if internal else inputs.points(self.params, alphas, "alpha")
+        # internal: `alphas` are already internal points (a uint64 array), as `inputs.points` makes them
+        a = cast("np.ndarray", alphas) if internal else inputs.points(self.params, alphas, "alpha")
         if a.ndim != 1:
             raise ParameterError(f"alphas must be one-dimensional, got shape {a.shape}")
         n = a.shape[0]
@@ -114,7 +119,7 @@ class TreeFunction:
         return backend.gen_batch(self.params, a, b, np.ascontiguousarray(roots.transpose(1, 2, 0)))
 
     # --- eval ------------------------------------------------------------------------------
-    def _check_keys(self, keys: object, kind: type) -> KeyBatch:
+    def _check_keys(self, keys: object, kind: type[Key] | type[KeyBatch]) -> KeyBatch:
         if not isinstance(keys, kind):
             raise ParameterError(f"expected a {kind.__name__}, got {type(keys).__name__}")
         batch = keys.batch if isinstance(keys, Key) else keys
@@ -222,11 +227,11 @@ class TreeFunction:
                 raise ParameterError(f"share arrays of shapes {a.shape} and {b.shape} do not match") from None
             return self._add_arrays(a, b, bool(signed))
         if isinstance(share0, tuple) or isinstance(share1, tuple):
-            both = isinstance(share0, (tuple, list)) and isinstance(share1, (tuple, list))
-            if not both or len(share0) != len(share1):
-                got = (f"lengths {len(share0)} and {len(share1)}" if both
-                       else f"{type(share0).__name__} and {type(share1).__name__}")
-                raise ParameterError(f"tuple shares must be two tuples of one length, got {got}")
+            if not isinstance(share0, (tuple, list)) or not isinstance(share1, (tuple, list)):
+                raise ParameterError("tuple shares must be two tuples of one length, "
+                                     f"got {type(share0).__name__} and {type(share1).__name__}")
+            if len(share0) != len(share1):
+                raise ParameterError(f"tuple shares must be two tuples of one length, got lengths {len(share0)} and {len(share1)}")
             return tuple(self._add_ints(_share_int(a, "share0"), _share_int(b, "share1"), bool(signed))
                          for a, b in zip(share0, share1))
         return self._add_ints(_share_int(share0, "share0"), _share_int(share1, "share1"), bool(signed))

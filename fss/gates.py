@@ -41,7 +41,7 @@ from __future__ import annotations
 
 import secrets
 from dataclasses import dataclass
-from typing import Callable, Sequence, Union
+from typing import TYPE_CHECKING, Callable, Sequence, Union, cast
 
 from ._lazy import numpy as _numpy
 
@@ -52,7 +52,11 @@ from .function import ROOT_BYTES
 from .keys import Key, KeyBatch
 from .params import check_int
 
-np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike
+else:
+    np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 SHARE_BYTES = 16  # randomness per mask share: a 128-bit little-endian integer, taken mod the group's order
 Output = Union[int, tuple]
@@ -111,7 +115,7 @@ class _MaskedGate:
     _outputs = 1  # m: output values (and output masks) per evaluation
     _width = 1  # the DCF's payload width
 
-    def _setup(self, bits: object, out_bits: object, group: str) -> None:
+    def _setup(self, bits: int, out_bits: int | None, group: str) -> None:
         bits = check_int("bits", bits, 1, 64)
         if out_bits is None and group == "ring":
             out_bits = bits
@@ -171,7 +175,7 @@ class _MaskedGate:
         k0, k1 = self._gen_batch_with_randomness(np.array([r_in], np.uint64), np.array([outs], dtype=object), randomness)
         return GateKey(k0), GateKey(k1)
 
-    def gen_batch(self, r_in: object, r_out: object) -> tuple[GateKeyBatch, GateKeyBatch]:
+    def gen_batch(self, r_in: ArrayLike, r_out: ArrayLike) -> tuple[GateKeyBatch, GateKeyBatch]:
         """Key pairs for n masks at once: r_in n ints in [0, 2^bits), r_out n ints in [0, modulus) (or an
         (n, m) array for m outputs). Returns one `GateKeyBatch` per party."""
         n = int(np.size(r_in))
@@ -220,7 +224,7 @@ class _MaskedGate:
     def _sequence(values: object, what: str = "r_out of a gate of several outputs") -> Sequence:
         if isinstance(values, (str, bytes)) or not hasattr(values, "__len__"):
             raise ParameterError(f"{what} must be a sequence, got {type(values).__name__}")
-        return values
+        return cast(Sequence, values)  # one with a length: indexed and listed as a sequence
 
     # --- eval ----------------------------------------------------------------------------------
     def eval(self, key: GateKey, x_hat: int) -> Output:

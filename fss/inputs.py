@@ -4,12 +4,17 @@ One place, at the public entry; everything after it trusts the arrays it returns
 """
 from __future__ import annotations
 
+from typing import TYPE_CHECKING
+
 from ._lazy import numpy as _numpy
 
 from .errors import ParameterError
 from .params import TreeParams, check_int
 
-np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 _U64 = 1 << 64
 
@@ -46,7 +51,7 @@ def point(p: TreeParams, x: object, name: str = "x") -> int:
     if type(x) is int:  # the common case, without numpy: what `points` computes for one int
         lo, hi = p.domain_range()
         return ((check_int(name, x, lo, hi) % _U64) & p.domain_mask) ^ p.input_xor
-    if isinstance(x, (bool, np.bool_)) or np.ndim(x) != 0:
+    if isinstance(x, (bool, np.bool_)) or np.ndim(x) != 0:  # type: ignore[arg-type]  # np.ndim takes any object
         raise ParameterError(f"{name} must be a single int, got {type(x).__name__}")
     return int(points(p, x, name))
 

@@ -3,7 +3,7 @@ from __future__ import annotations
 
 import hmac
 from dataclasses import dataclass
-from typing import Sequence
+from typing import TYPE_CHECKING, Sequence, overload
 
 from ._lazy import numpy as _numpy
 
@@ -11,7 +11,11 @@ from . import codec
 from .errors import KeyIndexError, KeyMismatchError, ParameterError
 from .params import GROUP, TreeParams, check_party
 
-np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
+if TYPE_CHECKING:
+    import numpy as np
+    from numpy.typing import ArrayLike
+else:
+    np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 
 def groups(n: int) -> int:
@@ -38,7 +42,7 @@ def from_groups(a: np.ndarray, n: int) -> np.ndarray:
     return moved.reshape(moved.shape[:-2] + (-1,))[..., :n].copy()
 
 
-def payload_dtype(p: TreeParams) -> type:
+def payload_dtype(p: TreeParams) -> type[np.unsignedinteger]:
     """Payload corrections are stored in 32 bits when they fit, halving their memory."""
     return np.uint32 if p.out_bits <= 32 else np.uint64
 
@@ -152,12 +156,17 @@ class KeyBatch:
     def logical(self) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
         """(seeds (2, n), cw_seed (bits, 2, n), cw_t (bits, n), cw_v (v_levels, width, n))."""
         n = self.n
-        return tuple(from_groups(a, n) for a in (self.seeds, self.cw_seed, self.cw_t, self.cw_v))  # type: ignore
+        return from_groups(self.seeds, n), from_groups(self.cw_seed, n), from_groups(self.cw_t, n), from_groups(self.cw_v, n)
 
     def __len__(self) -> int:
         return self.n
 
-    def __getitem__(self, item: int | slice | np.ndarray) -> "Key | KeyBatch":
+    @overload
+    def __getitem__(self, item: int | np.integer) -> Key: ...
+    @overload
+    def __getitem__(self, item: slice | np.ndarray | Sequence[int]) -> KeyBatch: ...
+
+    def __getitem__(self, item: int | np.integer | slice | ArrayLike) -> "Key | KeyBatch":
         if isinstance(item, (int, np.integer)) and not isinstance(item, bool):
             i = int(item)
             if not -self.n <= i < self.n:
@@ -165,7 +174,7 @@ class KeyBatch:
             return Key(self.select(slice(i % self.n, i % self.n + 1)))
         return self.select(item)
 
-    def select(self, item: slice | np.ndarray) -> "KeyBatch":
+    def select(self, item: slice | ArrayLike) -> "KeyBatch":
         """The keys at `item` (a slice or index array) as a new batch; costs O(selected keys)."""
         idx = np.arange(self.n)[item] if isinstance(item, slice) else _indices(item)
         if idx.size and (idx.min() < -self.n or idx.max() >= self.n):

@@ -43,7 +43,10 @@ from .params import GROUP, HEADER_LEN, VERSIONS, TreeParams, check_party
 if TYPE_CHECKING:
     from .function import TreeFunction
 
-np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 ARRAYS = ("seeds", "cw_seed", "cw_t", "cw_v")
 """The names of a `KeyBatch`'s grouped arrays, in the order `KeyBatch.from_grouped` takes them."""

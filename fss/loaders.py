@@ -23,7 +23,7 @@ bytes are read once and written once, into the batch's grouped arrays (`fss._ser
 from __future__ import annotations
 
 import os
-from typing import NamedTuple, Union
+from typing import TYPE_CHECKING, NamedTuple, Union
 
 from ._lazy import numpy as _numpy
 
@@ -35,7 +35,10 @@ from .function import TreeFunction
 from .keys import GROUP, Key, KeyBatch
 from .params import BATCH_HEADER_LEN, KIND_DCF, TreeParams, check_party
 
-np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
+if TYPE_CHECKING:
+    import numpy as np
+else:
+    np = _numpy(__name__)  # numpy at first use (`fss._lazy`)
 
 PathLike = Union[str, "os.PathLike[str]"]
 CHUNK_BYTES = 1 << 24  # write_batch and read_batch (file objects) move whole groups of about this many bytes
@@ -113,7 +116,7 @@ def write_batch(batch: KeyBatch, file: PathLike | object) -> int:
         g1 = min(g0 + step, batch.seeds.shape[0])
         m = min(n, g1 * GROUP) - g0 * GROUP
         codec.encode_into(p, n, arrays, g0, g1, buf, 0)
-        file.write(memoryview(buf)[: m * p.body_len])
+        file.write(buf.data[: m * p.body_len])
     return BATCH_HEADER_LEN + n * p.body_len
 
 
@@ -178,7 +181,7 @@ def _read_stream(f) -> Loaded:
     for g0 in range(0, groups, step):
         g1 = min(g0 + step, groups)
         size = (min(n, g1 * GROUP) - g0 * GROUP) * p.body_len
-        got = _read_exactly(f, memoryview(buf)[:size])
+        got = _read_exactly(f, buf.data[:size])
         if got < size:
             done = BATCH_HEADER_LEN + g0 * GROUP * p.body_len + got
             raise KeyFormatError(f"a batch of {n} keys of {p.describe()} is {BATCH_HEADER_LEN + n * p.body_len} bytes, "

@@ -7,6 +7,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass
+from typing import Literal, overload
 
 from .errors import ParameterError
 
@@ -37,12 +38,18 @@ def check_int(name: str, value: object, lo: int, hi: int) -> int:
     if isinstance(value, bool):
         raise ParameterError(f"{name} must be an int, got bool")
     try:
-        value = operator.index(value)
+        value = operator.index(value)  # type: ignore[arg-type]  # any object: its TypeError is the answer
     except TypeError:
         raise ParameterError(f"{name} must be an int, got {type(value).__name__}") from None
     if not lo <= value <= hi:
         raise ParameterError(f"{name} must lie in [{lo}, {hi}], got {value}")
     return value
+
+
+@overload
+def check_party(party: object, optional: Literal[False] = False) -> int: ...
+@overload
+def check_party(party: object, optional: bool) -> int | None: ...
 
 
 def check_party(party: object, optional: bool = False) -> int | None:
@@ -51,7 +58,7 @@ def check_party(party: object, optional: bool = False) -> int | None:
         return None
     if not isinstance(party, bool):
         try:
-            value = operator.index(party)
+            value = operator.index(party)  # type: ignore[arg-type]  # any object: its TypeError is the answer
         except TypeError:
             value = None
         if value in (0, 1):

@@ -71,13 +71,13 @@ _ECB = AES.new(FIXED_KEY, AES.MODE_ECB)
 def mmo_blocks(inp: np.ndarray, out: np.ndarray) -> None:
     """out = AES_K(inp) xor inp over a whole buffer of blocks (uint64 arrays, last axis of 2 words,
     C-contiguous), in one pycryptodome ECB call. This is the portable backend's AES."""
-    _ECB.encrypt(memoryview(inp.view(np.uint8).reshape(-1)), output=memoryview(out.view(np.uint8).reshape(-1)))
+    _ECB.encrypt(inp.view(np.uint8).reshape(-1).data, output=out.view(np.uint8).reshape(-1).data)
     np.bitwise_xor(out, inp, out=out)
 
 
 def encrypt_blocks(inp: np.ndarray, out: np.ndarray) -> None:
     """out = AES_K(inp) (no MMO xor: for callers that xor the input back in themselves)."""
-    _ECB.encrypt(memoryview(inp.view(np.uint8).reshape(-1)), output=memoryview(out.view(np.uint8).reshape(-1)))
+    _ECB.encrypt(inp.view(np.uint8).reshape(-1).data, output=out.view(np.uint8).reshape(-1).data)
 
 
 def tweak(role: int, j: int) -> int:
@@ -204,8 +204,8 @@ class EcbPass:
     the kept pointers, else the public `encrypt`. The buffers must stay alive and unmoved."""
 
     def __init__(self, inp: np.ndarray, out: np.ndarray):
-        self._in = memoryview(inp.view(np.uint8).reshape(-1))
-        self._out = memoryview(out.view(np.uint8).reshape(-1))
+        self._in = inp.view(np.uint8).reshape(-1).data
+        self._out = out.view(np.uint8).reshape(-1).data
         self._call = None
         raw = _raw_ecb()
         if raw is not None and len(self._in) == len(self._out):

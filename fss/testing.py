@@ -27,11 +27,15 @@ from __future__ import annotations
 
 import hashlib
 import operator
+from typing import TYPE_CHECKING
 
 from .errors import ParameterError
 from .params import check_int
 from .function import ROOT_BYTES, Payload, TreeFunction
 from .keys import Key, KeyBatch
+
+if TYPE_CHECKING:
+    from numpy.typing import ArrayLike
 
 SEED_DOMAIN = b"fss-dpcdf/testing/gen-batch-seed/v1\x00"
 
@@ -76,7 +80,7 @@ def gen(function: TreeFunction, alpha: int, beta: Payload = 1, *, randomness: by
     return fn._gen_with_randomness(alpha, beta, _randomness(randomness, ROOT_BYTES))
 
 
-def gen_batch(function: TreeFunction, alphas: object, betas: object = 1, *, seed: bytes | int | None = None,
+def gen_batch(function: TreeFunction, alphas: ArrayLike, betas: ArrayLike = 1, *, seed: bytes | int | None = None,
               randomness: bytes | None = None) -> tuple[KeyBatch, KeyBatch]:
     """FOR TESTS AND VECTORS ONLY (see the module): `function.gen_batch(alphas, betas)` with its root
     seeds given: exactly one of `seed` (expanded by `expand_seed`) or `randomness` (32 bytes a key).
