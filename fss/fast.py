@@ -515,7 +515,7 @@ def gen_one(p: TreeParams, alpha: int, beta, randomness: bytes, tier: str) -> tu
         kernel(alphas, betas, roots, bits, mask, below, equal, round_keys(), cw_seed, cw_t, cw_v, 0, 1)
         s0, s1 = roots[0:1].copy(), roots[1:2].copy()  # each key its own seed's array
     finally:
-        flat[0: 4 * GROUP: GROUP] = 0  # no seed stays in the staging arrays
+        flat[0:: GROUP] = 0  # no seed, alpha or payload stays in the staging arrays (lane 0 of each row)
     for a in (s0, s1, cw_seed, cw_t, cw_v):
         a.setflags(write=False)
     return KeyBatch._of(p, 0, 1, s0, cw_seed, cw_t, cw_v), KeyBatch._of(p, 1, 1, s1, cw_seed, cw_t, cw_v)
