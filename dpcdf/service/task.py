@@ -36,7 +36,10 @@ MAX_QUERY_POINTS = 1 << 16  # prefix indices per query (the analyst splits large
 MAX_VERIFIED_GRID = 1 << 16  # grid points a task is verified at by default, and on a server without a Dask cluster
 MAX_CLUSTER_VERIFIED_GRID = 1 << 20  # with verify=True, on servers with a cluster (`dpcdf serve --dask`)
 
-KEY_FORMAT = layout.KEY_FORMATS["p61"][-1]  # a verified task's F_p key format version: the newest fss writes
+KEY_FORMAT = 2  # a new verified task's F_p key format version (pinned: a newer fss format is a change of this line)
+KEY_FORMATS = (1, 2)  # the versions a config may name (review of issue 43: not whatever fss reads next)
+if not set(KEY_FORMATS) <= set(layout.KEY_FORMATS["p61"]):
+    raise ImportError("fss no longer reads the F_p key formats the service's tasks are pinned to")
 
 
 class SameServerError(ParameterError):
@@ -188,8 +191,8 @@ class TaskConfig:
                                      f"{MAX_CLUSTER_VERIFIED_GRID} points, on servers with a Dask cluster "
                                      f"(this grid has {size}); use verify=false")
             self.check()  # raises for a payload that cannot be verified
-            if type(self.key_format) is not int or self.key_format not in layout.KEY_FORMATS["p61"]:
-                raise ParameterError(f"key_format must be 1 or {KEY_FORMAT}, got {self.key_format!r:.40}")
+            if type(self.key_format) is not int or self.key_format not in KEY_FORMATS:
+                raise ParameterError(f"key_format must be one of {', '.join(map(str, KEY_FORMATS))}, got {self.key_format!r:.40}")
         else:
             object.__setattr__(self, "key_format", 1)  # ring keys: one format
         if self.payload.scored:
