@@ -85,7 +85,7 @@ class Payload(str, Enum):
         """Whether the servers can check this payload's reports (every payload so far)."""
         return True
 
-    def encode(self, values: np.ndarray, labels: object = None) -> np.ndarray | int:
+    def betas(self, values: np.ndarray, labels: object = None) -> np.ndarray | int:
         """Each report's payload vector from its value and label (the table above): 1 for a count task
         (no labels), else an int64 array (n, width); ParameterError if the labels are missing, not 0/1,
         given to a count task, or a calibration value is no probability."""

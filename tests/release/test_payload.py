@@ -36,14 +36,23 @@ def test_the_facts_of_each_payload():
 
 def test_encode_makes_each_payloads_key_vectors_and_refuses_what_does_not_fit():
     v = np.array([0.0, 0.25, 1.0])
-    assert Payload.COUNT.encode(v) == 1
-    assert Payload.LABEL.encode(v, [1, 0, 1]).tolist() == [[1, 0], [0, 1], [1, 0]]
-    assert Payload.CALIBRATION.encode(v, [1, 0, 1]).tolist() == [[1, 1, 0], [1, 0, 1 << 14], [1, 1, 1 << 16]]
+    assert Payload.COUNT.betas(v) == 1
+    assert Payload.LABEL.betas(v, [1, 0, 1]).tolist() == [[1, 0], [0, 1], [1, 0]]
+    assert Payload.CALIBRATION.betas(v, [1, 0, 1]).tolist() == [[1, 1, 0], [1, 0, 1 << 14], [1, 1, 1 << 16]]
     with pytest.raises(ParameterError, match="labels belong to label tasks"):
-        Payload.COUNT.encode(v, [1, 0, 1])
+        Payload.COUNT.betas(v, [1, 0, 1])
     for p in (Payload.LABEL, Payload.CALIBRATION):
         for labels in (None, [1, 0], [1, 0, 2]):
             with pytest.raises(ParameterError, match=f"a {p.value} task needs one label"):
-                p.encode(v, labels)
+                p.betas(v, labels)
     with pytest.raises(ParameterError, match="probabilities in"):
-        Payload.CALIBRATION.encode(v + 0.5, [1, 0, 1])
+        Payload.CALIBRATION.betas(v + 0.5, [1, 0, 1])
+
+
+def test_a_payload_is_a_string_everywhere_a_string_is_taken():
+    """Review of issue 43: the member equals its string, so str's own methods must still be str's
+    (an `encode` of the payload vectors shadowed str.encode and broke `urllib.parse.quote`)."""
+    from urllib.parse import quote
+
+    for p in Payload:
+        assert p.encode() == p.value.encode() and quote(p) == p.value and f"{p}" == p.value

@@ -39,7 +39,7 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
     if v.size == 0:
         raise ParameterError("no values to report")
     alphas = config.make_grid().index(v)
-    betas = config.payload.encode(v, labels)  # 1, (label, 1 - label) or (1, label, q)
+    betas = config.payload.betas(v, labels)  # 1, (label, 1 - label) or (1, label, q)
     dcf = config.key_dcf()
     extras = (None, None)
     if config.verify:  # keys with the check's MAC payload, then the client's check randomness (`wire.split_share`)
