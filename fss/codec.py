@@ -329,7 +329,7 @@ def as_buffer(data: object) -> np.ndarray:
         raise KeyFormatError(f"expected bytes or a uint8 array, got {type(data).__name__}")
     try:
         buf = np.frombuffer(data, np.uint8)
-    except (TypeError, ValueError) as exc:  # a non-contiguous memoryview
+    except (TypeError, ValueError, BufferError) as exc:  # a non-contiguous memoryview (BufferError: review of issue 43)
         raise KeyFormatError(f"expected contiguous bytes ({exc})") from None
     buf.flags.writeable = False
     return buf

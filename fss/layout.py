@@ -37,11 +37,9 @@ from ._lazy import numpy as _numpy
 
 from . import codec
 from .errors import KeyFormatError, ParameterError
+from .function import TreeFunction
 from .keys import KeyBatch, groups, payload_dtype
 from .params import GROUP, HEADER_LEN, VERSIONS, TreeParams, check_party
-
-if TYPE_CHECKING:
-    from .function import TreeFunction
 
 if TYPE_CHECKING:
     import numpy as np
@@ -73,7 +71,7 @@ def _params(function: object) -> TreeParams:
     if isinstance(function, TreeParams):
         return function
     params = getattr(function, "params", None)
-    if not isinstance(params, TreeParams) or isinstance(function, KeyBatch):
+    if not isinstance(params, TreeParams) or not isinstance(function, TreeFunction):  # a key or a batch has params too
         raise ParameterError(f"expected a DCF, a DPF or their params, got {type(function).__name__}")
     return params
 

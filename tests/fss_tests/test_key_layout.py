@@ -167,3 +167,21 @@ def test_bad_arguments_are_typed_errors():
         with pytest.raises(error) as info:
             call()
         assert isinstance(info.value, FssError)
+
+
+def test_a_key_or_a_strided_buffer_is_refused_with_a_typed_error():
+    """Review of issue 43: a `Key` or `KeyBatch` (they carry params too) is not a function, and a
+    non-contiguous memoryview raised numpy's BufferError; both are fss errors, and the function or its
+    params and contiguous bytes still work."""
+    fn = DCF(bits=8)
+    k0, _ = fn.gen_batch(np.arange(5), 1)
+    rows = layout.key_rows(k0)
+    for not_a_function in (k0, k0[0]):
+        with pytest.raises(ParameterError, match="expected a DCF"):
+            layout.batch_from_rows(not_a_function, rows, 0)
+    with pytest.raises(KeyFormatError, match="contiguous"):
+        layout.batch_from_rows(fn, memoryview(rows.tobytes())[::2], 0)
+    with pytest.raises(KeyFormatError, match="contiguous"):
+        fn.batch_from_bytes(memoryview(k0.to_bytes() * 2)[::2], 0)
+    for function in (fn, fn.params):
+        assert layout.batch_from_rows(function, memoryview(rows.tobytes()), 0).to_bytes() == k0.to_bytes()
