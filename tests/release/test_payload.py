@@ -56,3 +56,4 @@ def test_a_payload_is_a_string_everywhere_a_string_is_taken():
 
     for p in Payload:
         assert p.encode() == p.value.encode() and quote(p) == p.value and f"{p}" == p.value
+

@@ -39,3 +39,20 @@ def test_an_unknown_payload_is_refused_as_before():
     with pytest.raises(ParameterError, match=r"reports of payload 'roc' cannot be verified \(verified payloads: "
                                              r"\('count', 'label', 'calibration'\)\)"):
         Check("roc", 4)
+
+
+def test_every_list_of_payload_names_is_payloads():
+    """Review of issue 43: the names also listed where importing `Payload` would load the release (the
+    warm-up and the CLI's parser, which must start without the optional packages) or fix an OpenAPI
+    schema (the task model's Literal) are exactly Payload's, in its order."""
+    import typing
+
+    from dpcdf import warmup
+    from dpcdf.cli import build_parser
+    from dpcdf.service.server.models import TaskSpec
+
+    names = tuple(p.value for p in Payload)
+    assert warmup.PAYLOADS == names
+    assert typing.get_args(TaskSpec.model_fields["payload"].annotation) == names
+    task = next(a for a in build_parser()._subparsers._group_actions[0].choices["task"]._actions if a.dest == "payload")
+    assert tuple(task.choices) == names
