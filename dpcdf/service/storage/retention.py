@@ -7,8 +7,10 @@ When a task's key shares go:
   the close), its noise seed and the designs fixed by earlier queries, so its report rows (ids and key
   shares), round-one batches, segment files and the journal of the check's messages are deleted; the
   histogram share, noise seed, fixed designs, report set's count and hash, exclusion counts, query log
-  and DONE step stay, for as long as the task is kept. An unverified task evaluates its key shares at
-  every query, so it is never 'released': its key shares stay until it expires or is deleted.
+  and DONE step stay, for as long as the task is kept. An unverified task is never 'released': its key
+  shares stay until it expires or is deleted (a grid above 2^16 points evaluates them at every query;
+  a smaller one answers from its histogram share, `protocols.grid_sums`, and its batches are deleted
+  with the key shares).
 - 'expired': the task is older than the server's `--retention` and still holds key shares (never
   closed, unverified, or a close that never finished).
 - 'deleted': the operator's delete (`DELETE /admin/tasks/{id}`).

@@ -65,7 +65,8 @@ CREATE TABLE IF NOT EXISTS segments (
 # Versions 3 and 4: verified tasks (issue 12).
 # tasks.verified_at: the close's report check is done; excluded.reason: NULL for a report dropped
 # by the reconciliation, else the check's reason class; histograms: the server's share of a
-# verified task's histogram (cumulative counts at every grid point), for the set it names.
+# verified task's histogram (cumulative counts at every grid point), for the set it names (since issue
+# 44 also an unverified task's on a grid of up to 2^16 points).
 VERIFIED_SCHEMA = (
     ("tasks", "verified_at", "ALTER TABLE tasks ADD COLUMN verified_at REAL"),
     ("excluded", "reason", "ALTER TABLE excluded ADD COLUMN reason TEXT"),
@@ -81,7 +82,9 @@ CREATE TABLE IF NOT EXISTS histograms (
 # Version 5: the report check's round one of
 # a verified task, computed while its reports arrive (`dpcdf.service.protocols.check.round_one`), one row per batch of
 # consecutive reports (seq first_seq .. last_seq): their ids, round-one messages, states and check
-# randomness as little-endian field elements, and the sum of their grid values.
+# randomness as little-endian field elements, and the sum of their grid values. An unverified task's
+# batches (issue 44, `dpcdf.service.protocols.grid_sums`) use the same rows: ids and sums (mod 2^64), the
+# three per-report columns empty.
 CHECK_SCHEMA = """
 CREATE TABLE IF NOT EXISTS check_batches (
     task_id TEXT NOT NULL REFERENCES tasks (task_id), first_seq INTEGER NOT NULL, last_seq INTEGER NOT NULL,

@@ -319,6 +319,11 @@ class Store:
             rows = self.db.execute("SELECT seq, report_id, key_share " + _UNCHECKED, self._unchecked(task_id, after, limit)).fetchall()
         return [r[0] for r in rows], [bytes(r[1]) for r in rows], [bytes(r[2]) for r in rows]
 
+    def unchecked_count(self, task_id: str, limit: int) -> int:
+        """How many of the task's reports after `checked_upto` there are, counting up to `limit` (no share read)."""
+        with self.lock:
+            return self.db.execute("SELECT count(*) FROM (SELECT 1 " + _UNCHECKED + ")", self._unchecked(task_id, None, limit)).fetchone()[0]
+
     def unchecked_joined(self, task_id: str, limit: int, after: int | None = None) -> tuple[list[int], bytes, bytes, set]:
         """`unchecked` as ([first seq, last seq] or [], the ids end to end, the shares end to end, the
         shares' lengths), joined by SQLite as in `share_blocks`: round one on Dask sends one object a batch."""
@@ -365,11 +370,16 @@ class Store:
         with self.lock:
             return [(r[0], r[1]) for r in self.db.execute("SELECT task_id, config FROM tasks WHERE verified_at IS NULL")]
 
-    def save_histogram(self, task_id: str, set_hash: str, shape: tuple[int, ...], data: bytes) -> None:
-        """Keeps this server's share of a verified task's histogram for the report set `set_hash`."""
+    def save_histogram(self, task_id: str, set_hash: str, shape: tuple[int, ...], data: bytes) -> bool:
+        """Keeps this server's share of a task's histogram for the report set `set_hash`; not for a task whose
+        reports are gone (one made while a purge ran would outlive it). Returns whether it was stored."""
         with self._transaction():
+            life = self.lifecycle(task_id)
+            if life is None or life.gone:
+                return False
             self.db.execute("INSERT OR REPLACE INTO histograms VALUES (?, ?, ?, ?, ?)",
                             (task_id, set_hash, ",".join(map(str, shape)), bytes(data), time.time()))
+            return True
 
     def histogram(self, task_id: str) -> tuple[str, tuple[int, ...], bytes] | None:
         """(set hash, shape, bytes) of the task's stored histogram share, or None."""

@@ -25,27 +25,29 @@ Security, next to what `outcome` states for the exchange:
 - Re-running is safe: batches are consecutive ranges of the task's reports; a batch is stored only if
   it starts after the last stored one (`Store.add_check_batch`), so a concurrent or repeated run
   stores nothing twice, and everything is a deterministic function of the shares and K.
+The batches' machinery (the per-task lock, storing a batch, the sum over R less the drops) is
+`protocols.grid_sums`, which unverified tasks' histogram share runs through too.
 """
 from __future__ import annotations
 
 import functools
 import hashlib
 import hmac
-import threading
 from dataclasses import dataclass
 
 import numpy as np
 
-from fss import DCF, FssError, KeyBatch, layout
+from fss import DCF, KeyBatch
 from fss import field as F
 
 from ....errors import ParameterError
 from ....release.payload import Payload
 from ...storage.records import CheckBatch
-from ...storage.store import Store
 from ...verification import sketch
 from ...verification.maths import Check
+from .. import grid_sums
 from ..context import StepContext
+from ..grid_sums import decode_shares, lock, share_rows, store_batch  # noqa: F401 (their old home: callers use round_one's)
 from ..reconciliation import maths as reconcile
 from ..reconciliation.maths import SyncError
 
@@ -129,35 +131,6 @@ def warm_up(payloads: tuple[str, ...] = tuple(Payload)) -> None:
         sketch.value_sums(y, check.width)
 
 
-def share_rows(dcf: DCF, extras: int, shares: list[bytes] | bytes | np.ndarray) -> np.ndarray:
-    """Stored shares (a list, or joined into one bytes: what a Dask worker gets, one object to send
-    instead of a thousand) as (n, key size + 8 extras) uint8 rows; SyncError for a wrong length."""
-    if isinstance(shares, np.ndarray):
-        return shares
-    width = dcf.key_size + 8 * extras
-    blob = shares if isinstance(shares, bytes) else b"".join(shares)
-    n = len(blob) // width if isinstance(shares, bytes) else len(shares)
-    try:
-        return np.frombuffer(blob, np.uint8).reshape(n, width)
-    except ValueError:
-        raise SyncError("a stored share has the wrong length for this task") from None
-
-
-def decode_shares(dcf: DCF, extras: int, shares: list[bytes] | bytes | np.ndarray,
-                  party: int) -> tuple[KeyBatch, np.ndarray]:
-    """Stored shares (each a key, then `extras` field elements; checked at upload by
-    `wire.split_share`; as in `share_rows`) -> (their keys as one batch, the extras (n, extras)), in
-    one vectorized pass."""
-    size = dcf.key_size
-    rows = share_rows(dcf, extras, shares)
-    try:
-        keys = layout.batch_from_rows(dcf, rows[:, :size], party)  # read in place
-    except FssError:
-        raise SyncError("a stored share is not a key of this task's function") from None
-    values = np.ascontiguousarray(rows[:, size:]).view("<u8").astype(np.uint64).reshape(len(rows), extras)
-    return keys, values
-
-
 @dataclass
 class Local:
     """One server's side of the check over R: its round-one messages and state, the client's check
@@ -202,64 +175,59 @@ def evaluate(dcf: DCF, check: Check, party: int, shares: list[bytes] | bytes, ch
     return (*(np.concatenate(c) for c in zip(*parts)), total)
 
 
-def store_batch(ctx: StepContext, seqs: list[int], ids: list[bytes] | bytes, result: tuple[np.ndarray, ...]) -> bool:
-    """Stores one batch's `evaluate` result (reports `seqs`, first to last; `ids` a list or joined);
-    False if it was stored already."""
-    n = len(result[0])
-    x, msg, st, sums = (np.ascontiguousarray(a, dtype="<u8").tobytes() for a in result)
-    batch = CheckBatch(seqs[0], seqs[-1], n, ids if isinstance(ids, bytes) else b"".join(ids), msg, st, x, sums)
-    return ctx.store.add_check_batch(ctx.config.task_id, batch)
-
-
-_locks: dict[tuple[str, str], threading.Lock] = {}
-_locks_guard = threading.Lock()
-
-
-def lock(store: Store, task_id: str) -> threading.Lock:
-    """One round-one run at a time per task and store (the background worker and a close)."""
-    with _locks_guard:
-        return _locks.setdefault((str(store.path), task_id), threading.Lock())
-
-
 def catch_up(ctx: StepContext) -> int:
     """Round one for every stored report of the task not yet in a batch; returns how many."""
-    done = 0
-    with lock(ctx.store, ctx.config.task_id):
-        cluster = getattr(ctx, "round_one_map", None)
-        if cluster is not None:  # the server's Dask cluster (`server.dask_check`): the same batches, the same bits
-            return cluster(ctx)
-        while (k := step(ctx)):
-            done += k
-    return done
+    cluster = getattr(ctx, "round_one_map", None)
+    if cluster is None:
+        return grid_sums.run(ctx, step)
+    with lock(ctx.store, ctx.config.task_id):  # the server's Dask cluster (`server.dask_check`): the same batches, the same bits
+        return cluster(ctx)
 
 
 def prepare(ctx: StepContext) -> Local:
     """After the reconciliation: every report of R's round one (catching up first), in the order
     of the sorted ids (both servers' order in the messages), and the sum of R's grid values."""
     store, config, pair_key = ctx.store, ctx.config, ctx.pair_key
-    task_id, dcf, check = config.task_id, config.dcf(), config.check()
-    size = config.make_grid().size
+    task_id, check = config.task_id, config.check()
     catch_up(ctx)
     ids = store.reconciled_ids(task_id)
     raw_hash = bytes.fromhex(reconcile.set_hash(pair_key, ids))
     batches = store.check_batches(task_id)
-    total = np.zeros((size, dcf.width), np.uint64)
     if not ids:
         return Local(ids, raw_hash, np.zeros((0, check.extras), np.uint64), np.zeros((0, check.opened), np.uint64),
-                     np.zeros((0, 0), np.uint64), total)
-    n, width = sum(b.n for b in batches), len(ids[0])
-    stored = np.frombuffer(b"".join(b.ids for b in batches), np.uint8).reshape(n, width)
+                     np.zeros((0, 0), np.uint64), np.zeros((check.size, check.width), np.uint64))
+    n = sum(b.n for b in batches)
     message, extras = _column(batches, "message", n, check.opened), _column(batches, "extras", n, check.extras)
     state = _column(batches, "state", n, sum(len(b.state) for b in batches) // 8 // max(n, 1))
-    for b in batches:
-        total = F.add(total, np.frombuffer(b.sums, "<u8").astype(np.uint64).reshape(size, dcf.width))
-    keep = np.ones(n, bool)
-    dropped = store.dropped_ids(task_id)
-    if dropped:  # the reconciliation's drops: out of R, their grid values out of the sum
-        keep = ~np.isin(np.frombuffer(stored.tobytes(), f"S{width}"), np.frombuffer(b"".join(dropped), f"S{width}"))
-        total = F.sub(total, grid_sum(ctx, [bytes(stored[k]) for k in np.flatnonzero(~keep)]))
-    order = sorting(ids, stored[keep])
+    # the reconciliation's drops: out of R, their grid values out of the sum
+    total, keep = grid_sums.total(batches, FieldSums(config.key_dcf(), check), store.dropped_ids(task_id),
+                                  lambda dropped: grid_sum(ctx, dropped))
+    order = sorting(ids, grid_sums.stored_ids(batches)[keep])
     return Local(ids, raw_hash, extras[keep][order], message[keep][order], state[keep][order], total)
+
+
+@dataclass(frozen=True)
+class FieldSums:
+    """A verified task's grid sums (`grid_sums.Sums`): the values' shares in F_p, (size, width)."""
+    dcf: DCF
+    check: Check
+
+    @property
+    def size(self) -> int:
+        return self.check.size
+
+    @property
+    def width(self) -> int:
+        return self.check.width
+
+    def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return F.add(a, b)
+
+    def sub(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
+        return F.sub(a, b)
+
+    def of_shares(self, party: int, shares: list[bytes] | bytes) -> np.ndarray:
+        return shares_grid_sum(self.dcf, self.check, party, shares)
 
 
 def grid_sum(ctx: StepContext, ids: list[bytes]) -> np.ndarray:
@@ -269,14 +237,8 @@ def grid_sum(ctx: StepContext, ids: list[bytes]) -> np.ndarray:
     cluster = getattr(ctx, "round_one_map", None)
     if cluster is not None:
         return cluster.grid_sum(ctx, ids)
-    config = ctx.config
-    dcf, check = config.key_dcf(), config.check()
-    total = np.zeros((check.size, check.width), np.uint64)
-    per = keys_per_pass(check.size, dcf.width)
-    for start in range(0, len(ids), per):
-        shares = ctx.store.shares_by_id(config.task_id, ids[start:start + per])
-        total = F.add(total, shares_grid_sum(dcf, check, ctx.party, shares))
-    return total
+    dcf, check = ctx.config.key_dcf(), ctx.config.check()
+    return grid_sums.grid_sum(ctx, FieldSums(dcf, check), ids, keys_per_pass(check.size, dcf.width))
 
 
 def shares_grid_sum(dcf: DCF, check: Check, party: int, shares: list[bytes] | bytes) -> np.ndarray:
