@@ -110,7 +110,7 @@ def test_a_second_design_is_budget_spent(two):
     st.store.add_many("ctx", [(i, b"share") for i in ids])
     st.store.freeze("ctx", st.set_hash)
     st.store.mark("ctx", "reconciled")
-    st.refresh = lambda store, upto: []  # no key shares to load: only the gate is under test
+    st.source = lambda store, upto: []  # no histogram share to make from these shares: only the gate is under test
     assert st.open_for_query([("groups", "[1]", "spent")])[1:] == (3, st.set_hash(ids))
     assert st.open_for_query([("groups", "[1]", "spent")])[1] == 3  # the same design again: answered
     with pytest.raises(BudgetSpent, match="^spent$"):

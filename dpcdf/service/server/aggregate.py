@@ -22,6 +22,7 @@ from ...release.factorization import right_factor_times
 from ...release.mechanisms import Mechanism
 from ...release.noise import prf_key, prf_noise
 from ...release.zcdp import GaussianVariance, prf_dgauss
+from ..protocols.grid_sums import GRID_SUMS_MAX  # noqa: F401 (grids up to it: an unverified task's histogram share is kept too)
 
 
 def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.ndarray:
@@ -33,14 +34,11 @@ def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.nda
     return total & np.uint64(dcf.params.mask)
 
 
-GRID_SUMS_MAX = 1 << 16  # grids up to this size: an unverified task's histogram share is kept too (`Aggregator.grid_histogram`)
-
-
 class Histogram:
     """A task's histogram share: this server's share of the number of (passing) reports with index
-    <= i, for every grid index i (width elements each): a verified task's in F_p, made once at the
-    close (`protocols.check.outcome.finish`); an unverified one's mod 2^64 (`grid_histogram`, at its
-    first query). A query reads it in O(points), whatever the number of reports."""
+    <= i, for every grid index i (width elements each): a verified task's in F_p, an unverified one's
+    mod 2^64, each made once at the close (`histograms`). A query reads it in O(points), whatever the
+    number of reports."""
 
     def __init__(self, values: np.ndarray, set_hash: str):
         self.values, self.set_hash = np.asarray(values, np.uint64), set_hash
@@ -82,7 +80,9 @@ class Aggregator:
         """An unverified task's histogram share (issue 44): its keys' summed shares at every grid index
         (`sums`, in-process or on the evaluator: one pass over the keys), kept so that every later query
         reads O(points), as a verified task's does. The same bits as `sums` at any points; a function of
-        this server's key shares alone, so what a query releases is unchanged."""
+        this server's key shares alone, so what a query releases is unchanged. A server with a Dask
+        evaluator makes it this way at the close (`histograms`); one evaluating in-process sums the same
+        bits in batches while the reports arrive (`protocols.grid_sums`), and tests hold the two equal."""
         values = self.sums(shards, np.arange(size, dtype=np.int64))
         return Histogram(np.asarray(values, np.uint64).reshape(size, -1), set_hash)
 

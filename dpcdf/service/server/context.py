@@ -21,6 +21,7 @@ from ...errors import DpcdfError
 from ...release.grid import Grid
 from ...release.mechanisms import Mechanism
 from ..hpke import ServerKeys
+from ..protocols import grid_sums
 from ..protocols.check import round_one
 from ..protocols.check.exchange import CheckHelper, CheckLeader
 from ..protocols.context import StepContext
@@ -123,10 +124,21 @@ class TaskContext(StepContext):
         (`dask_check.RoundOneMap`), or None, in-process."""
         return getattr(self.aggregator.evaluator, "round_one", None)
 
+    @property
+    def batched(self) -> bool:
+        """Whether this server evaluates the task's reports in batches while they arrive: a verified
+        task's round one of the check, an unverified one's grid sums on grids of up to GRID_SUMS_MAX
+        (`protocols.grid_sums`; on a server with a Dask evaluator its close makes the histogram share
+        on the cluster instead, `histograms`)."""
+        return self.config.verify or (grid_sums.ring_sums(self) is not None and self.aggregator.evaluator is None)
+
     # --- the protocol steps, handed this context ---------------------------------------------------
     def catch_up(self) -> int:
-        """Round one of the check over the reports not yet through it (`round_one.catch_up`)."""
-        return round_one.catch_up(self)
+        """The batches of the reports not yet in one: round one of the check (`round_one.catch_up`), or
+        an unverified task's grid sums (`grid_sums.catch_up`); 0 if the task is not `batched`."""
+        if self.config.verify:
+            return round_one.catch_up(self)
+        return grid_sums.catch_up(self) if self.batched else 0
 
     def round_one(self) -> round_one.Local:
         """Round one over the reconciled set, read back for the check (`round_one.prepare`)."""

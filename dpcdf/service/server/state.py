@@ -18,8 +18,6 @@ from typing import Callable, Iterator
 
 from fss import KeyBatch, backend
 
-import numpy as np
-
 from ...errors import DpcdfError
 from ..files import write_secret
 from ..hpke import ServerKeys
@@ -33,11 +31,12 @@ from ..storage.lifecycle import Lifecycle
 from ..storage.records import CollectionClosed, Mark
 from ..storage.store import Store
 from ..task import TaskConfig, token_hash
-from .aggregate import GRID_SUMS_MAX, Evaluator, Histogram
+from .aggregate import Evaluator, Histogram
 from .checker import Checker
 from .context import BudgetSpent, NotClosed, TaskContext, TooFewReports, pair_key  # noqa: F401 (pair_key: its old home)
 from .context import CloseRefused, PeerFailed, TaskGone, TaskNotFound, gone_message
 from .errors import HttpError
+from .histograms import HistogramShare
 from .ownership import claim_party
 from .peer_gate import PeerGate
 
@@ -73,21 +72,21 @@ class TaskState:
         self.answering = threading.Lock()
         self._checking: CheckHelper | None = None  # server 1's side of a verified close
         self._preparing = threading.Lock()
-        self._histogram: Histogram | None = None
+        self.histograms = HistogramShare(ctx, lambda: self.refresh(self.store, self.store.frozen(config.task_id).seq))
 
     # --- the server-to-server protocols, as the routers call them ---------------------------------
     def close_as_leader(self, post: Callable[[str, bytes], bytes]) -> None:
         """Server 0's part of a close, after the freeze: the reconciliation, the report check of a
-        verified task (else the segments), DONE. `post(path, message)` sends one message to server 1's
-        "sync" or "verify" and returns its answer. Raises SyncError (server 1 deviated or failed) or
-        Refused (server 1 refused a step)."""
+        verified task (else the segments and, on grids of up to GRID_SUMS_MAX, the histogram share),
+        DONE. `post(path, message)` sends one message to server 1's "sync" or "verify" and returns its
+        answer. Raises SyncError (server 1 deviated or failed) or Refused (server 1 refused a step)."""
         store, task_id = self.store, self.config.task_id
         self.reconciliation().run(lambda m: post("sync", m))
         if self.config.verify:
             if not store.marked(task_id, Mark.VERIFIED):
                 self.check_leader().run(lambda m: post("verify", m))
         else:
-            self.refresh(store, store.frozen(task_id).seq)  # the key shares into their segments, once, now
+            self._segments_and_histogram()
         say_done(self.channel, lambda m: post("sync", m))
         self.warm_histogram()
 
@@ -229,9 +228,9 @@ class TaskState:
         return self.ctx.check_leader()
 
     def _reconciled(self) -> None:
-        """Server 1 just reconciled: round one of the check, or the segments, while server 0 goes on
-        (and writes its own: the two builds overlap). The segments are built under `answering`, so
-        server 0's DONE, and so the analyst's close, and any query wait for them."""
+        """Server 1 just reconciled: round one of the check, or the segments and the histogram share,
+        while server 0 goes on (and makes its own: the two overlap). The segments and the share are made
+        under `answering`, so server 0's DONE, and so the analyst's close, and any query wait for them."""
         if self.config.verify:
             self.prepare_in_background()
         else:
@@ -239,7 +238,14 @@ class TaskState:
 
     def _build_segments(self) -> None:
         with self.answering:
-            self.refresh(self.store, self.store.frozen(self.config.task_id).seq)
+            self._segments_and_histogram()
+
+    def _segments_and_histogram(self) -> None:
+        """An unverified task's close on this server, once reconciled: its key shares into their
+        segments, then on grids of up to GRID_SUMS_MAX its histogram share, stored (`histograms`)."""
+        self.refresh(self.store, self.store.frozen(self.config.task_id).seq)
+        if self.histograms.answers:
+            self.histograms.get()
 
     def helper(self) -> CheckHelper:
         """Server 1's side of the report check: its round one over the reconciled set, computed
@@ -261,43 +267,26 @@ class TaskState:
             self.prepare_in_background()
         return None
 
-    def histogram(self, store: Store) -> Histogram:
-        """A verified task's histogram share, from the store once (made at the close)."""
-        digest = store.frozen(self.config.task_id).digest
-        if self._histogram is None or self._histogram.set_hash != digest:
-            row = store.histogram(self.config.task_id)
-            if row is None or row[0] != digest:
-                raise DpcdfError(f"task {self.config.task_id} has no histogram of its verified report set")
-            values = np.frombuffer(row[2], "<u8").astype(np.uint64).reshape(row[1])
-            self._histogram = Histogram(values, digest)
-        return self._histogram
-
     def source(self, store: Store, upto: int) -> "list[KeyBatch] | Histogram":
-        """What a query evaluates: a histogram share (a verified task's from the close; an unverified
-        one's on grids of up to GRID_SUMS_MAX points from its first query on, `grid_histogram`), else
-        the key shares."""
-        if self.config.verify:
-            return self.histogram(store)
-        shards = self.refresh(store, upto)
-        size = self.config.make_grid().size
-        if not self.sealed or size > GRID_SUMS_MAX:
-            return shards
-        digest = store.frozen(self.config.task_id).digest
-        with self._preparing:  # once, whether a query or the close's warm-up (`warm_histogram`) gets here first
-            if self._histogram is None or self._histogram.set_hash != digest:
-                self._histogram = self.aggregator.grid_histogram(shards, size, digest)
-            return self._histogram
+        """What a query evaluates: the task's histogram share (a verified task's, or an unverified one's
+        on grids of up to GRID_SUMS_MAX points: `histograms`, made at the close), else its key shares."""
+        if self.histograms.answers:
+            return self.histograms.get()
+        return self.refresh(store, upto)
 
     def warm_histogram(self) -> None:
-        """An unverified task's histogram share, made in the background once its close is over, so that
-        its first query reads it too (issue 44)."""
+        """In the background once the close is over: the histogram share read into memory (or, on a
+        server restarted before it stored an unverified task's, made), or a larger grid's segments
+        mapped, so that the first query reads them at once (issue 44)."""
         def make() -> None:
             try:
-                self.source(self.store, self.store.frozen(self.config.task_id).seq)
-            except Exception as exc:  # noqa: BLE001 (a purge meanwhile, a full disk): the first query makes it, or says why
+                with self.answering:  # a purge takes it: never made for a task it deletes
+                    if not self.store.lifecycle(self.config.task_id).gone:
+                        self.source(self.store, self.store.frozen(self.config.task_id).seq)
+            except Exception as exc:  # noqa: BLE001 (a full disk): the first query makes it, or says why
                 log.warning("task %s: histogram share not made ahead of its queries: %s", self.config.task_id, exc)
 
-        if not self.config.verify:
+        if not self.config.verify:  # a verified task's is stored by its check, read at its first query
             threading.Thread(target=make, name=f"histogram-{self.config.task_id}", daemon=True).start()
 
     def forget_keys(self) -> None:
@@ -484,8 +473,8 @@ class Server:
     def add_reports(self, st: TaskState, items: list[tuple[bytes, bytes]], taken: list[int] | None = None) -> int:
         """Stores checked reports (report id, opened share) in one transaction; how many were new (the same
         bytes again are stored and counted once; `taken` gets the index of each whose id holds another share,
-        `Store.add_many`). 409 (CLOSED) once the collection is closed. Round one of a verified task's new reports
-        starts now, in the background, not at the close."""
+        `Store.add_many`). 409 (CLOSED) once the collection is closed. The batches of the new reports (round one
+        of a verified task, an unverified one's grid sums: `TaskContext.batched`) start now, in the background."""
         if not items:
             return 0
         task_id = st.config.task_id
@@ -493,6 +482,6 @@ class Server:
             added = self.store.add_many(task_id, items, taken)
         except CollectionClosed:
             raise HttpError(409, closed_because(self, task_id)) from None
-        if added and st.config.verify:
+        if added and st.ctx.batched:
             self.checker.wake(task_id)
         return added
