@@ -26,13 +26,13 @@ def parse_grid(spec: str) -> dict:
                 raise CliError(f"--grid {spec}: LO must be below HI, at most 2^24 integers")
             return {"kind": "thresholds", "values": [float(v) for v in range(lo, hi + 1)]}
         if kind in ("uniform", "log"):
-            lo, hi, bits = rest.split(":")
-            out = {"kind": kind, "lo": float(lo), "hi": float(hi), "bits": int(bits)}
-            if not (math.isfinite(out["lo"]) and math.isfinite(out["hi"]) and out["lo"] < out["hi"]):
+            lo_s, hi_s, bits_s = rest.split(":")
+            low, high, bits = float(lo_s), float(hi_s), int(bits_s)
+            if not (math.isfinite(low) and math.isfinite(high) and low < high):
                 raise CliError(f"--grid {spec}: LO must be below HI, both finite")
-            if not 1 <= out["bits"] <= 24:
+            if not 1 <= bits <= 24:
                 raise CliError(f"--grid {spec}: BITS must be in 1..24 (2^BITS thresholds)")
-            return out
+            return {"kind": kind, "lo": low, "hi": high, "bits": bits}
         if kind == "thresholds":
             values = [float(v) for v in rest.split(",")]
             if not values or not all(math.isfinite(v) for v in values):

@@ -21,19 +21,20 @@ delta in (0, 1). `RocRelease.statement` states the exact rational accounting of 
 """
 from __future__ import annotations
 
-from typing import TYPE_CHECKING
+from typing import TYPE_CHECKING, Any, cast
 
 from dataclasses import dataclass
+from fractions import Fraction
 
 import numpy as np
 
 from ..errors import ParameterError
 from ..release.grid import Grid
 from ..release.ecdf import Release, release_ecdf, secure_node_noise
-from ..release.mechanisms import TreeMechanism
+from ..release.mechanisms import Mechanism, TreeMechanism
 from ..release.payload import Payload
 from ..release.policy import auto_mechanism, check_budget, curve_budget
-from ..release.zcdp import gaussian_tree, zcdp_to_dp
+from ..release.zcdp import ZcdpAccounting, gaussian_tree, zcdp_to_dp
 
 if TYPE_CHECKING:
     from ..service.client.analyst import Analyst
@@ -67,18 +68,25 @@ class RocRelease:
         for rel in (self.negatives, self.positives):
             lo, hi = rel.confidence_band(1 - (1 - level) / 2)
             out += [np.concatenate([[1.0], 1 - hi]), np.concatenate([[1.0], 1 - lo])]
-        return tuple(out)
+        return out[0], out[1], out[2], out[3]
 
     @property
     def statement(self) -> str:
-        if self.rho is None:
+        if self.epsilon is not None:  # pure DP (no rho)
             return (f"{self.epsilon:g}-DP under substitution (n public): two ECDFs (positives, negatives), each "
                     f"{self.epsilon / 2:g}-DP under add/remove")
-        per_curve = max(r.mechanism.exact_rho("add-remove") for r in (self.positives, self.negatives))
-        sub = max(2 * per_curve, max(r.mechanism.exact_rho("substitution") for r in (self.positives, self.negatives)))
+        per_curve = max(_curve_rho(r, "add-remove") for r in (self.positives, self.negatives))
+        sub = max(2 * per_curve, max(_curve_rho(r, "substitution") for r in (self.positives, self.negatives)))
         return (f"{float(sub):.6g}-zCDP under substitution (n public; at most rho = {self.rho:g}), {float(per_curve):.6g}-zCDP "
                 f"under add/remove: two ECDFs (positives, negatives), each {float(per_curve):.6g}-zCDP under add/remove "
                 f"(discrete Gaussian trees); implies ({zcdp_to_dp(float(sub), 1e-6):.4g}, 1e-6)-DP under substitution")
+
+
+def _curve_rho(release: Release, relation: str) -> Fraction:
+    """A zCDP curve's exact rho under `relation` (its mechanism a discrete Gaussian one, calibrated for add/remove)."""
+    rho = cast(ZcdpAccounting, release.mechanism).exact_rho(relation)
+    assert rho is not None  # (add/remove's calibration: a guarantee under both relations)
+    return rho
 
 
 def rates(release: Release) -> np.ndarray:
@@ -88,7 +96,7 @@ def rates(release: Release) -> np.ndarray:
     return np.clip((total - c) / total, 0.0, 1.0) if total > 0 else np.zeros(c.size)
 
 
-def roc(scores, labels, grid: Grid, epsilon: float | None = None, mechanism: str = "auto", noise=secure_node_noise,
+def roc(scores, labels, grid: Grid, epsilon: float | None = None, mechanism: str | Mechanism = "auto", noise=secure_node_noise,
         privacy: str = "pure", rho: float | None = None) -> RocRelease:
     """The epsilon-DP ROC curve of classifier scores against binary labels, on `grid`, or with
     privacy="zcdp" and `rho` (no epsilon) the rho-zCDP one (each curve a discrete Gaussian tree at rho/2,
@@ -111,6 +119,7 @@ def roc(scores, labels, grid: Grid, epsilon: float | None = None, mechanism: str
         raise ParameterError(f"grid must be a dpcdf.Grid, got {type(grid).__name__}")
     if mechanism == "auto":
         mechanism = auto_mechanism(grid.size, relation, privacy, share, payload=Payload.LABEL)
+    zcdp: dict[str, Any]  # release_ecdf's privacy and rho, under zCDP
     if privacy == "zcdp":
         if mechanism == "tree":  # a zCDP label task's curves (`TaskConfig.make_mechanism`)
             mechanism = gaussian_tree(grid.size, share, relation)

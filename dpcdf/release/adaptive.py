@@ -64,6 +64,7 @@ from __future__ import annotations
 import math
 from dataclasses import dataclass
 from fractions import Fraction
+from typing import cast
 
 import numpy as np
 
@@ -220,6 +221,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         self.scale_group = self.scale_inner = self.group_share = None
         if self.fine and self.rules.groups:  # a split group's total, and its bins, share a bin's budget
             self.group_share = self.rules.group_share
+            assert self.group_share is not None  # (every plan version with groups gives their share)
             eps_group, eps_inner = split_budget(eps_bins, self.group_share)
             self.scale_group, self.scale_inner = scale_fraction(delta, eps_group), scale_fraction(delta, eps_inner)
         self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
@@ -229,7 +231,8 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         self.fine_ends = equal_width_ends(self.size, fine_bins(self.size)) if self.fine else np.zeros(0, np.int64)
         self.round_one_parts = [self.round_one_ends] + ([self.fine_ends] if self.fine else [])
         self.bins_one = ROUND_ONE_BINS + self.fine_ends.size
-        if self.exact_epsilon(self.relation) > Fraction(self.epsilon):
+        exact = self.exact_epsilon(self.relation)  # (the round-two tree's own relation: a guarantee)
+        if exact is None or exact > Fraction(self.epsilon):
             raise AssertionError("the adaptive mechanism's rounds exceed epsilon")
 
     # --- the plan ----------------------------------------------------------------------------
@@ -239,7 +242,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         proposal = super().plan(round_one, n, copies)
         if not self.rules.gate or proposal.design == "tree":
             return proposal
-        known = float(n) if self.relation == "substitution" else None
+        known = float(n) if self.relation == "substitution" and n is not None else None  # (substitution: n given)
         counts = np.asarray(round_one, dtype=np.float64).reshape(-1)
         histogram = plan_error.histogram_error(self, counts, np.asarray(proposal.ends, np.int64), known, copies)
         return proposal if plan_error.SAFETY * histogram < plan_error.tree_error(self, copies) else RoundTwo("tree")
@@ -248,6 +251,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         """A bin count's noise variance in round one (its coarse bins, or with `fine` its fine ones)
         or two (a histogram's bins, or with `root` its count of the whole grid; `copies` independent noises)."""
         scale = (self.scale_root if root else self.scale_two) if round_ == 2 else self.scale_fine if fine else self.scale_one
+        assert scale is not None  # (`root` and `fine` asked of a release that has them)
         return copies * dlaplace_variance(scale)
 
     def check_plan(self, plan: RoundTwo) -> RoundTwo:
@@ -295,7 +299,8 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         scale_two, or Delta / scale_group + Delta / scale_inner, plus Delta / scale_root, at most eps_two."""
         split, member = self.layout(plan)[1:]
         scales = [self.scale_inner if m >= 0 else self.scale_two for m in member] + [self.scale_group] * int(split.sum())
-        return scales + [self.scale_root] * self.root
+        # each one set: split groups only in a checked plan of a release with their scales, `root` with its own
+        return cast("list[Fraction]", scales + [self.scale_root] * self.root)
 
     # --- the release -------------------------------------------------------------------------
     def bin_noise(self, round_: int, count: int, noise: NoiseFn, plan: RoundTwo | None = None) -> np.ndarray:
@@ -323,9 +328,12 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
             return noise(ROUND_ZERO_IDS + np.arange(k, dtype=np.int64), self.scale_zero)
         ids = ROUND_ONE_IDS + np.arange(count, dtype=np.int64)
         out = noise(ids[:ROUND_ONE_BINS], self.scale_one)
-        return out if count <= ROUND_ONE_BINS else np.concatenate([out, noise(ids[ROUND_ONE_BINS:], self.scale_fine)])
+        if count <= ROUND_ONE_BINS:
+            return out
+        assert self.scale_fine is not None  # (round one's fine bins: a release that has them)
+        return np.concatenate([out, noise(ids[ROUND_ONE_BINS:], self.scale_fine)])
 
-    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
+    def gather(self, prefix_at: Answers | None, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
                bins_at: BinAnswers | None = None, n=None, copies: int = 1) -> AdaptiveRelease:
         """Round one through `bins_at(1, ends)` (its partitions' ends one after another), the plan,
         then round two through `bins_at(2, ends)` or the tree's `nodes_at(level)`; `n` (a number, or a
@@ -333,7 +341,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         if bins_at is None:
             raise ParameterError("the adaptive mechanism's release is asked for in bins (bins_at)")
         zero = None
-        if self.routed:  # plan version 6: the whole tree on large data (`adaptive_route`)
+        if self.whole is not None:  # routed, plan version 6: the whole tree on large data (`adaptive_route`)
             if n is None and self.relation == "substitution" and self.scale_zero is not None:  # review of version 8
                 raise ParameterError("under substitution a release of plan version 8 is asked with n (public), before "
                                      "round zero, whose counts are noisy there")
@@ -381,7 +389,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         value, e.g. 2 to simulate the two servers: round two is planned knowing that)."""
         prefix = np.asarray(prefix).astype(np.int64)
 
-        def bins_at(round_: int, ends: np.ndarray, groups: np.ndarray = ()) -> np.ndarray:
+        def bins_at(round_: int, ends: np.ndarray, groups: np.ndarray | tuple[()] = ()) -> np.ndarray:
             if round_ in (0, 1):
                 return part_counts(prefix[ends], ends) + self.bin_noise(round_, len(ends), noise)
             plan = RoundTwo("bins", tuple(int(e) for e in ends), groups=tuple(int(e) for e in groups))
@@ -389,7 +397,9 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
             return counts + self.bin_noise(2, counts.size, noise, plan)
 
         def nodes_at(level: int, whole: bool = False) -> np.ndarray:
-            return (self.whole if whole else self.tree).central_nodes(prefix, noise)(level)
+            tree = self.whole if whole else self.tree
+            assert tree is not None  # (`whole` asked of a routed release only)
+            return tree.central_nodes(prefix, noise)(level)
 
         return self.gather(None, nodes_at, None, bins_at, int(prefix[-1]), copies)
 
@@ -436,7 +446,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         for g in range(int(split.sum())):
             at = member == g
             inner = np.abs(bins[at]) > INNER_SDS * np.sqrt(v_in) if empty else None  # released answers only
-            if empty and inner.any() and not inner.all():  # its empty bins 0, and its total fitted to the others alone
+            if inner is not None and inner.any() and not inner.all():  # its empty bins 0, and its total fitted to the others alone
                 dropped = np.flatnonzero(at)[~inner]
                 at[dropped], bins[dropped], kept[dropped] = False, 0.0, False
             bins[at] += (np.asarray(groups)[g] - bins[at].sum(axis=0)) * v_in / (at.sum() * v_in + v_group)
@@ -469,6 +479,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         if merged is None:
             return None
         values = self.reused(release)
+        assert values is not None  # (a merge only of counts the release reuses)
         return lambda fitted: merged.apply(fitted, values)
 
     def estimate(self, release: AdaptiveRelease, copies: int = 1) -> tuple[np.ndarray, np.ndarray]:
@@ -499,26 +510,27 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         if tree is None:
             return None
         delta = TreeMechanism.level_sensitivity(check_relation(relation))
-        fine = delta / self.scale_fine if self.fine else 0
-        root = delta / self.scale_root if self.root else 0
+        fine = delta / self.scale_fine if self.scale_fine is not None else 0  # (`fine`)
+        root = delta / self.scale_root if self.scale_root is not None else 0  # (`root`)
         bins = delta / self.scale_two
-        if self.scale_group is not None:  # a unit in a split group: its total and its bin
+        if self.scale_group is not None and self.scale_inner is not None:  # a unit in a split group: its total and its bin
             bins = max(bins, delta / self.scale_group + delta / self.scale_inner)
         rounds = delta / self.scale_one + fine + max(bins + root, tree)
-        if not self.routed:
+        if self.whole is None:  # not routed
             return rounds
-        return self.zero_epsilon(relation) + max(rounds, self.whole.exact_epsilon(relation))
+        whole = self.whole.exact_epsilon(relation)  # (the round-two tree's relation: not None, as `tree`)
+        return None if whole is None else self.zero_epsilon(relation) + max(rounds, whole)
 
     def rounded_budgets(self) -> int:
         rounds = 1 + self.fine + max(1 + self.root + (self.scale_group is not None), self.tree.rounded_budgets())
-        return rounds if not self.routed else (self.scale_zero is not None) + max(rounds, self.whole.rounded_budgets())
+        return rounds if self.whole is None else (self.scale_zero is not None) + max(rounds, self.whole.rounded_budgets())
 
     def _describe(self) -> str:
         fine = f" and {self.fine_ends.size} with eps {self.eps_fine:.4g}" if self.fine else ""
         root = f" (a histogram also counts n with {ROOT_SHARE_TWO:g} of it)" if self.root else ""
         rounds = (f"{ROUND_ONE_BINS} bins with eps {self.eps_one:.4g}{fine}, then a histogram or the b-ary tree "
                   f"chosen from them with eps {self.eps_two:.4g}{root}")
-        if not self.routed:
+        if self.whole is None:  # not routed
             return f"adaptive: {rounds}"
         screen = self.screens and self.scale_zero is not None
         counts = f"the counts of {self.zero_ends.size} bins" if screen else "a count of n"

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import functools
 from dataclasses import dataclass
+from typing import TYPE_CHECKING
 
 import numpy as np
 
@@ -108,6 +109,20 @@ class RoundTwo:
 class RoundOnePlanner:
     """`AdaptiveMechanism.plan` and the statistics it is made of (a mixin: no state of its own)."""
 
+    # the mechanism's parameters the plan reads (`AdaptiveMechanism` sets them)
+    size: int
+    relation: str
+    fine: bool
+    share_rule: int
+    rules: PlanRules
+    round_one_ends: np.ndarray
+    fine_ends: np.ndarray
+    bins_one: int
+    isolated_sds: float
+
+    if TYPE_CHECKING:  # the mechanism's, too
+        def noise_variance(self, round_: int, copies: int = 1, fine: bool = False, root: bool = False) -> float: ...
+
     def coarse_counts(self, counts: np.ndarray, copies: int = 1) -> tuple[np.ndarray, float]:
         """Round one's coarse bin counts and their noise variance: with fine bins, the inverse-variance
         mean of each coarse count and its fine bins' sum (post-processing of round one)."""
@@ -157,7 +172,7 @@ class RoundOnePlanner:
         bridge = self.relation == "substitution"
         if bridge and (n is None or isinstance(n, bool) or not np.isfinite(float(n)) or n < 0):
             raise ParameterError(f"under substitution round two is planned with n (a count), got {n!r:.40}")
-        total = float(n) if bridge else max(float(counts.sum()), 1.0)
+        total = float(n) if bridge and n is not None else max(float(counts.sum()), 1.0)  # (bridge: n given, above)
         var = self.noise_variance(2, copies)
         if self.flat_statistic(counts, total, copies) < FLAT_LIMIT:
             flat = self.rules.flat_bins
@@ -190,10 +205,10 @@ class RoundOnePlanner:
             crowded = counts[ROUND_ONE_BINS:].max() > TREE_SDS * np.sqrt(var)  # a small bin's interpolation would cost more
             if ends.size > MAX_REFINED_BINS or crowded:
                 return RoundTwo("tree")
-            runs = np.zeros(self.fine_ends.size, bool)  # the fine bins cut as a spike or as mass round one cannot place
+            runs = np.zeros(self.fine_ends.size, np.bool_)  # the fine bins cut as a spike or as mass round one cannot place
             if refined is not None:
                 runs |= self.spike_bins(counts, copies)
-            if unplaced is not None:
+            if found is not None:  # (unplaced)
                 runs |= found
             groups = self.split_groups(ends, runs) if self.rules.groups else ends
             split = tuple(int(i) for i in groups) if groups.size < ends.size else ()  # () when no run holds two bins
@@ -219,8 +234,8 @@ class RoundOnePlanner:
         w = 2 if heaviest > self.rules.narrow_sds else self.rules.refined_width  # 2-point bins where a spike is heavy (interpolation)
         if self.share_rule >= 2 and self.fine and self.relation == "add-remove" and heaviest < WIDE_SDS:
             w = 2 * self.rules.refined_width  # ... and 8-point bins where it is light (fewer noises in its sum)
-        ends = [np.arange(a + w - 1, b, w) for a, b in zip(starts[kept], self.fine_ends[kept])]
-        ends = np.unique(np.concatenate(ends + [starts[kept] - 1, self.fine_ends[kept], [self.size - 1]]))
+        cuts = [np.arange(a + w - 1, b, w) for a, b in zip(starts[kept], self.fine_ends[kept])]
+        ends = np.unique(np.concatenate(cuts + [starts[kept] - 1, self.fine_ends[kept], np.array([self.size - 1])]))
         return ends[ends >= 0]
 
     def heavy_ends(self, counts: np.ndarray, found: np.ndarray, copies: int = 1) -> np.ndarray | None:

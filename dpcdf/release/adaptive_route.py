@@ -48,7 +48,7 @@ from fractions import Fraction
 import numpy as np
 
 from . import plan_error
-from .adaptive_plan import PLAN_RULES
+from .adaptive_plan import PLAN_RULES, PlanRules
 from .noise import dlaplace_variance, scale_fraction
 
 ZERO_SHARE = 0.02  # add/remove from plan version 6, substitution from 8: round zero's share of epsilon (`zero_ends`' counts)
@@ -69,6 +69,20 @@ def takes_routes(plan_version: int, fine: bool) -> bool:
 class RoutedRelease:
     """The route of plan version 6 (module docstring), mixed into `AdaptiveMechanism`: no state of its own
     beyond what `route_budget` sets."""
+
+    eps_zero: float  # set by `route_budget`
+    scale_zero: Fraction | None
+    # the mechanism's parameters the route reads (`AdaptiveMechanism` sets them)
+    size: int
+    epsilon: float
+    relation: str
+    fine: bool
+    plan_version: int
+    rules: PlanRules
+    fine_ends: np.ndarray
+    round_one_parts: list[np.ndarray]
+    scale_one: Fraction
+    scale_fine: Fraction | None
 
     @property
     def routed(self) -> bool:
@@ -110,7 +124,9 @@ class RoutedRelease:
         counts, whose sum is noisier than one count of the grid) `N_SDS` of its sds low, so that
         small data do not take the whole tree on noise (the rounds can find a histogram there)."""
         zero = np.asarray(zero, np.float64)
-        low = N_SDS * math.sqrt(zero.size * copies * dlaplace_variance(self.scale_zero)) if self.screens else 0.0
+        low = 0.0
+        if self.screens and self.scale_zero is not None:  # (a screen has round zero's scale: `route_budget`)
+            low = N_SDS * math.sqrt(zero.size * copies * dlaplace_variance(self.scale_zero))
         return float(zero.sum()) - low
 
     def screened(self, zero: np.ndarray, copies: int = 1) -> bool:
@@ -158,7 +174,8 @@ class RoutedRelease:
         for the round-two tree round one's bins; ([], []) for anything else."""
         if not self.routed or design not in ("tree", "whole"):
             return [], []
-        parts, scales = (list(self.round_one_parts), [self.scale_one, self.scale_fine]) if design == "tree" else ([], [])
+        fine = [self.scale_fine] if self.scale_fine is not None else []  # as `round_one_parts`: with the fine bins
+        parts, scales = (list(self.round_one_parts), [self.scale_one, *fine]) if design == "tree" else ([], [])
         if self.scale_zero is not None:
             parts, scales = parts + [self.zero_ends], scales + [self.scale_zero]
         return parts, scales

@@ -209,7 +209,7 @@ def _tree(mech, released, copies: int, what: str, reuse=None) -> LinearEstimate:
         return merged.apply(fitted, earlier)
 
     y = mech.consistent([np.asarray(v, np.float64) for v in released], copies)
-    key = (type(mech).__name__, mech.size, mech.branching, tuple(mech.scales), tuple(levels), copies)
+    key: tuple = (type(mech).__name__, mech.size, mech.branching, tuple(mech.scales), tuple(levels), copies)
     if reuse is not None:
         merged, (parts, scales), counts = reuse
         y = merged.apply(y, counts)
@@ -239,7 +239,7 @@ def _bins(mech, released, total: float, copies: int) -> LinearEstimate:
         z_root = draw_noise(mech.scale_root, draws, rng, copies) if root is not None else None
         return np.cumsum(mech.fit(released, copies, noise=(z, groups, z_root))[0], axis=0)
     scale_root = mech.scale_root if root is not None else None
-    key = ("bins", ends.size, mech.scale_two, scale_root, mech.relation, copies)
+    key: tuple = ("bins", ends.size, mech.scale_two, scale_root, mech.relation, copies)
     if split.any():
         key += (mech.scale_inner, mech.scale_group, tuple(member.tolist()))
     return LinearEstimate(np.cumsum(bins), ends, simulate, key,
@@ -352,7 +352,7 @@ def confidence_band(rel, level: float = 0.95, target: str = "sample", ts=None,
     return np.where(i >= 0, f_lo[np.clip(i, 0, None)], 0.0), np.where(i >= rel.grid.size - 1, 1.0, f_hi[upper])
 
 
-def plot_band(rel, ax=None, level: float = 0.95, target: str = "sample", label: str | None = None):
+def plot_band(rel, ax=None, level: float | None = 0.95, target: str = "sample", label: str | None = None):
     """Draw the released ECDF and its band (matplotlib, imported here only); returns the axes."""
     if ax is None:
         import matplotlib.pyplot as plt

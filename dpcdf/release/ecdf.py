@@ -226,6 +226,7 @@ def release_ecdf(
                       "integer t is read at the threshold below it (Release.read_at); Grid.integers(lo, hi) answers "
                       "each integer exactly", IntegerGridWarning, stacklevel=2)
     if mech is None:
+        assert epsilon is not None  # (privacy "pure": checked above)
         tree_fit = postprocess_with not in ("auto", "monotone", "none")  # a tree's post-processing: "auto" is the tree
         mech = _mechanism("tree" if tree_fit and mechanism == "auto" else mechanism, grid.size, epsilon, relation)
     return finish_release(grid, mech, mech.noisy(prefix, noise), v.size, postprocess_with)

@@ -128,7 +128,9 @@ class SqrtFactorizationMechanism(ZcdpAccounting, Mechanism):
         if isinstance(self.size, bool) or not isinstance(self.size, (int, np.integer)) or not 2 <= self.size <= MAX_FACTOR_GRID:
             raise ParameterError(f"the factorization mechanism takes grids of 2 to {MAX_FACTOR_GRID} points, got {self.size!r}")
         self.size = int(self.size)
-        self.sigma2 = calibrate_sigma2(self.l2_sensitivity(self.relation), self.rho)
+        delta2 = self.l2_sensitivity(self.relation)
+        assert delta2 is not None  # (under its own relation every value released has noise)
+        self.sigma2 = calibrate_sigma2(delta2, self.rho)
         self.epsilon = zcdp_to_dp(self.rho, 1e-6)  # informative only: the guarantee is stated in rho
 
     # --- privacy -----------------------------------------------------------------------------

@@ -39,7 +39,7 @@ def check_epsilon(epsilon: object) -> float:
         ok = not isinstance(epsilon, bool) and isinstance(epsilon, (int, float)) and math.isfinite(epsilon) and epsilon > 0
     except OverflowError:
         ok = False
-    if not ok:
+    if not ok or not isinstance(epsilon, (int, float)):
         raise ParameterError(f"epsilon must be a finite number > 0, got {epsilon!r:.60}")
     return float(epsilon)
 

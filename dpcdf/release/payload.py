@@ -30,7 +30,7 @@ class Payload(str, Enum):
     CALIBRATION = "calibration"
 
     __str__ = str.__str__  # "label", in messages and f-strings, on every Python version
-    __format__ = str.__format__
+    __format__ = str.__format__  # type: ignore[assignment]  # str's own (its argument positional-only)
 
     @classmethod
     def get(cls, value: object) -> "Payload | None":

@@ -10,7 +10,7 @@ from __future__ import annotations
 
 import operator
 from dataclasses import dataclass, fields
-from typing import Callable, ClassVar, Union
+from typing import TYPE_CHECKING, Callable, ClassVar, Iterable, Union
 
 import numpy as np
 
@@ -22,7 +22,7 @@ def _int(value: object, what: str) -> int:
     if isinstance(value, (bool, np.bool_)):
         raise ParameterError(f"{what}: expected an integer, got a boolean")
     try:
-        return operator.index(value)
+        return operator.index(value)  # type: ignore[arg-type]  # any object: its TypeError is the answer
     except TypeError:
         raise ParameterError(f"{what}: expected an integer, got {value!r:.40}") from None
 
@@ -32,7 +32,7 @@ def _ints(values: object, what: str) -> tuple[int, ...]:
     if isinstance(values, np.ndarray) and values.ndim == 1 and np.issubdtype(values.dtype, np.integer):
         return tuple(values.tolist())
     try:
-        items = list(values)
+        items = list(values)  # type: ignore[call-overload]  # any object: its TypeError is the answer
     except TypeError:
         raise ParameterError(f"{what}: expected a sequence of integers, got {values!r:.40}") from None
     return tuple(_int(v, what) for v in items)
@@ -43,6 +43,9 @@ class PrefixQuery:
     """Noisy counts of the values with grid index <= i, for each index i."""
     indices: tuple[int, ...]
     kind: ClassVar[str] = "prefix"
+
+    if TYPE_CHECKING:  # the generated __init__ takes any integers (`__post_init__` makes them a tuple)
+        def __init__(self, indices: Iterable[int] | np.ndarray) -> None: ...
 
     def __post_init__(self) -> None:
         object.__setattr__(self, "indices", _ints(self.indices, "prefix indices"))
@@ -82,6 +85,10 @@ class BinsQuery:
     groups: tuple[int, ...] | None = None
     kind: ClassVar[str] = "bins"
 
+    if TYPE_CHECKING:  # the generated __init__ takes any integers (`__post_init__` makes them tuples)
+        def __init__(self, round: int, ends: Iterable[int] | np.ndarray | None = None,
+                     groups: Iterable[int] | np.ndarray | None = None) -> None: ...
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "round", _int(self.round, "a round"))
         if self.ends is not None:
@@ -96,13 +103,16 @@ class GroupsQuery:
     edges: tuple[int, ...]
     kind: ClassVar[str] = "groups"
 
+    if TYPE_CHECKING:  # the generated __init__ takes any integers (`__post_init__` makes them a tuple)
+        def __init__(self, edges: Iterable[int] | np.ndarray) -> None: ...
+
     def __post_init__(self) -> None:
         object.__setattr__(self, "edges", _ints(self.edges, "group edges"))
 
 
 Query = Union[PrefixQuery, NodesQuery, CoordinatesQuery, BinsQuery, GroupsQuery]
-QUERY_TYPES: tuple[type, ...] = (PrefixQuery, NodesQuery, CoordinatesQuery, BinsQuery, GroupsQuery)
-BY_KIND: dict[str, type] = {cls.kind: cls for cls in QUERY_TYPES}
+QUERY_TYPES: tuple[type[Query], ...] = (PrefixQuery, NodesQuery, CoordinatesQuery, BinsQuery, GroupsQuery)
+BY_KIND: dict[str, type[Query]] = {cls.kind: cls for cls in QUERY_TYPES}
 
 Answer = Callable[[Query], np.ndarray]
 """Whoever answers queries (the two servers through the analyst, or exact counts centrally):

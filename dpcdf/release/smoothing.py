@@ -22,7 +22,7 @@ from __future__ import annotations
 import numpy as np
 
 from ..errors import ParameterError
-from .mechanisms import TreeMechanism
+from .mechanisms import Mechanism, TreeMechanism
 
 MAX_SMOOTH_GRID = 1 << 12
 _COLUMNS = 512  # unit noises propagated through the consistent estimate at a time
@@ -78,7 +78,7 @@ def detail_variances(mech: TreeMechanism) -> np.ndarray:
     return out
 
 
-def smooth(mech: TreeMechanism, fitted: np.ndarray, copies: int = 1) -> np.ndarray:
+def smooth(mech: Mechanism, fitted: np.ndarray, copies: int = 1) -> np.ndarray:
     """S_H c plus every detail d_h shrunk inside each level-(h+1) node by its James-Stein factor
     (module docstring), for a release whose nodes carry `copies` independent noises."""
     if not isinstance(mech, TreeMechanism):

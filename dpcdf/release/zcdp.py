@@ -12,7 +12,7 @@ import math
 import secrets
 from dataclasses import dataclass, field
 from fractions import Fraction
-from typing import Callable
+from typing import TYPE_CHECKING, Callable
 
 import numpy as np
 
@@ -89,7 +89,8 @@ class PrfStream:
     _CHUNK = 16  # AES blocks encrypted at a time (32 words)
 
     def __init__(self, ecb, node_id: int):
-        self.ecb, self.id, self.next_block, self.words = ecb, int(node_id), 0, []
+        self.ecb, self.id, self.next_block = ecb, int(node_id), 0
+        self.words: list[int] = []
 
     def _word(self) -> int:
         if not self.words:
@@ -156,7 +157,7 @@ def check_rho(rho: object) -> float:
         ok = not isinstance(rho, bool) and isinstance(rho, (int, float)) and math.isfinite(rho) and 0 < rho <= 1e6
     except OverflowError:
         ok = False
-    if not ok:
+    if not ok or not isinstance(rho, (int, float)):
         raise ParameterError(f"rho must be a finite number in (0, 1e6], got {rho!r:.60}")
     if rho < 1e-9:
         raise ParameterError(f"rho must be at least 1e-9, got {rho!r}")
@@ -230,6 +231,9 @@ class ZcdpAccounting:
 
     def _describe(self) -> str:
         raise NotImplementedError
+
+    if TYPE_CHECKING:  # the mechanism's (`Mechanism._no_guarantee`), or the subclass's own
+        def _no_guarantee(self) -> str: ...
 
 
 @dataclass

@@ -19,7 +19,7 @@ from .accounting import check_relation, round_up
 
 NoiseFn = Callable[[np.ndarray, Fraction], np.ndarray]  # (node ids, scale) -> int64 noise
 Answers = Callable[[np.ndarray], np.ndarray]  # grid indices -> noisy prefix counts
-NodeAnswers = Callable[[int], np.ndarray]  # level -> noisy counts of its data-holding nodes
+NodeAnswers = Callable[..., np.ndarray]  # (level[, whole]) -> noisy counts of its data-holding nodes (`whole`: adaptive)
 CoordinateAnswers = Callable[[], np.ndarray]  # () -> a factorization's noisy coordinates R x + z (then n)
 BinAnswers = Callable[..., np.ndarray]  # (round, bin ends[, group ends]) -> an adaptive release's noisy bin counts
 

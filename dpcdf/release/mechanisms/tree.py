@@ -52,8 +52,8 @@ class TreeMechanism(Mechanism):
         self.scales = [None] * (self.shape.height + 1)
         for level, eps_l in zip(noised, self.budgets):
             self.scales[level] = scale_fraction(delta, eps_l)
-        # exactly, with the budgets as the sampler uses them (each rounded down to a rational)
-        if sum(delta / self.scales[level] for level in noised) > Fraction(self.epsilon):
+        # exactly, with the budgets as the sampler uses them (each rounded down to a rational): the noised levels'
+        if sum((delta / s for s in self.scales if s is not None), Fraction(0)) > Fraction(self.epsilon):
             raise ParameterError(f"level budgets {self.budgets} exceed epsilon {self.epsilon}")
 
     def noised_levels(self) -> list[int]:
@@ -96,9 +96,10 @@ class TreeMechanism(Mechanism):
     def node_noise(self, level: int, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
         """The noise of nodes (level, index); zero at an exact (public) root."""
         idx = np.asarray(indices, np.int64).reshape(-1)
-        if self.scales[level] is None:
+        scale = self.scales[level]
+        if scale is None:
             return np.zeros(idx.size, np.int64)
-        return noise(self.shape.node_id(np.full(idx.size, level), idx), self.scales[level])
+        return noise(self.shape.node_id(np.full(idx.size, level), idx), scale)
 
     def prefix_noise(self, indices: np.ndarray, noise: NoiseFn) -> np.ndarray:
         """The noise on the covering estimate of each prefix: the sum of its covering nodes' noise
@@ -140,7 +141,7 @@ class TreeMechanism(Mechanism):
         sums = np.concatenate([[0], np.cumsum(self.node_noise(level, nodes, noise))]).astype(np.int64)
         return sums[np.searchsorted(nodes, hi)] - sums[np.searchsorted(nodes, lo)]
 
-    def gather(self, prefix_at: Answers, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
+    def gather(self, prefix_at: Answers | None, nodes_at: NodeAnswers, coordinates_at: CoordinateAnswers | None = None,
                bins_at: BinAnswers | None = None, n=None, copies: int = 1) -> list[np.ndarray]:
         """The tree release: noisy counts of every data-holding node, per level (float64); the root
         is n itself under substitution (public), noised under add/remove when released, NaN when not
@@ -245,7 +246,7 @@ class TreeMechanism(Mechanism):
         return float((self.shape.covering_counts() * self.variances()).sum() / self.size)
 
     def _describe(self) -> str:
-        budgets = ", ".join(f"{e:.3g}" for e in self.budgets)
+        budgets = ", ".join(f"{e:.3g}" for e in self.budgets or ())  # (set by __post_init__)
         return (f"tree mechanism, branching {self.branching}, height {self.shape.height}, "
                 f"level budgets [{budgets}] leaves first")
 
