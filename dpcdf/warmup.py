@@ -133,6 +133,7 @@ def _in_processes(todo, lanes: list[list[int]], begin: Callable[[int, list[int]]
         children.append((lane, child, log))
 
     def follow(lane: list[int], child: subprocess.Popen) -> None:
+        assert child.stdout is not None  # (stdout=PIPE)
         for line in child.stdout:
             begin(int(line), lane)
 

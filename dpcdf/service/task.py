@@ -289,10 +289,12 @@ class TaskConfig:
         """The mechanism of each released ECDF (for a label payload: of each of the two curves)."""
         size = self.make_grid().size
         if self.privacy == "zcdp":  # rho of each curve: the policy table's (all of it for a count task)
+            assert self.rho is not None  # (checked: a zCDP task has rho)
             rho, relation = curve_budget(self.payload, self.rho, self.relation, self.split)
             if self.mechanism == "factorization":
                 return sqrt_factorization(size, rho, relation)
             return gaussian_tree(size, rho, relation)
+        assert self.epsilon is not None  # (checked: a pure task has epsilon)
         if self.mechanism == "adaptive":  # its round-two tree's plan is ROOT_SHARE's: a new plan needs a new name
             return AdaptiveMechanism(size, self.epsilon, self.relation, fine=self.fine_bins, plan_version=self.adaptive_plan,
                                      share_rule=self.adaptive_shares)
@@ -306,7 +308,9 @@ class TaskConfig:
     @property
     def budget(self) -> float:
         """The task's whole budget: epsilon, or rho under privacy "zcdp"."""
-        return self.rho if self.privacy == "zcdp" else self.epsilon
+        budget = self.rho if self.privacy == "zcdp" else self.epsilon
+        assert budget is not None  # (checked: rho under "zcdp", else epsilon)
+        return budget
 
     def group_scales(self) -> list:
         """The noise of a calibration task's group sums (n, O, E): discrete Laplace scales, or under zCDP

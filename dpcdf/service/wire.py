@@ -35,7 +35,7 @@ from __future__ import annotations
 
 import struct
 from dataclasses import dataclass
-from typing import Sequence
+from typing import Callable, Optional, Sequence
 
 import numpy as np
 from cryptography.exceptions import InvalidTag
@@ -151,6 +151,9 @@ def open_share(report: Report, party: int, private_key, fingerprint: bytes, kem:
     return Opener(private_key, fingerprint, party, kem)(report.report_id, capsule, ct, report.version)
 
 
+_Decrypt = Callable[[bytes, bytes, Optional[bytes]], bytes]  # AESGCM.decrypt: (nonce, ciphertext, associated data)
+
+
 class Opener:
     """Opens server `party`'s shares of one task's reports: `opener(report_id, capsule, ciphertext,
     version)` is `open_share` once the caller has checked the fingerprint and the capsule's length
@@ -167,24 +170,24 @@ class Opener:
         self._decrypt, self._key = hpke.suite(kem).decrypt, private_key
         self._head, self._tail = hpke_info(fingerprint, b"", party)[:-1], bytes([party])
         self._capsule_info, self._aad = capsule_info(fingerprint, party), share_aad(fingerprint, b"", party)[:-1]
-        self._keys: dict[bytes, object] = {}  # capsule -> its AESGCM's decrypt, or None: does not open
+        self._keys: dict[bytes, _Decrypt | None] = {}  # capsule -> its AESGCM's decrypt, or None: does not open
 
     def __call__(self, report_id: bytes, capsule: bytes, ciphertext: bytes, version: int = 2) -> bytes:
         try:
             if version == 1:
                 return self._decrypt(capsule + ciphertext, self._key, info=self._head + report_id + self._tail)
-            decrypt = self._keys.get(capsule, False)
-            if decrypt is False:
+            if capsule not in self._keys:
                 if len(self._keys) >= self.CAPSULES:
                     del self._keys[next(iter(self._keys))]  # the first one in: a request's capsules come in runs
-                decrypt = self._keys[capsule] = self._open_capsule(capsule)
+                self._keys[capsule] = self._open_capsule(capsule)
+            decrypt = self._keys[capsule]
             if decrypt is None:
                 raise ReportError(NOT_OPENED)
             return decrypt(report_id[:NONCE_BYTES], ciphertext, self._aad + report_id + self._tail)
         except (InvalidTag, ValueError):
             raise ReportError(NOT_OPENED) from None
 
-    def _open_capsule(self, capsule: bytes):
+    def _open_capsule(self, capsule: bytes) -> _Decrypt | None:
         try:
             key = self._decrypt(capsule, self._key, info=self._capsule_info)
         except (InvalidTag, ValueError):

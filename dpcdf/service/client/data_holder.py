@@ -12,7 +12,7 @@ import os
 import secrets
 import sys
 import threading
-from typing import Sequence
+from typing import Sequence, cast
 from pathlib import Path
 
 import numpy as np
@@ -20,6 +20,8 @@ import numpy as np
 from fss import layout
 
 from ...errors import DomainError, DpcdfError, ParameterError
+from ...release.adaptive import PLAN_VERSION
+from ...release.payload import Payload
 from .. import hpke
 from ..http import ServerError, http
 from ..task import TaskConfig, check_distinct_servers, token_hash
@@ -43,8 +45,8 @@ def make_reports(config: TaskConfig, values, labels=None) -> list[Report]:
     dcf = config.key_dcf()
     extras = (None, None)
     if config.verify:  # keys with the check's MAC payload, then the client's check randomness (`wire.split_share`)
-        rows = np.broadcast_to(np.asarray(betas, np.int64).reshape(-1, config.width), (v.size, config.width))
-        betas, *extras = config.check().client_report(rows)
+        units = np.broadcast_to(np.asarray(betas, np.int64).reshape(-1, config.width), (v.size, config.width))
+        betas, *extras = config.check().client_report(units)
     k0, k1 = dcf.gen_batch(alphas, betas)
     rows = [share_rows(dcf, k, e) for k, e in zip((k0, k1), extras)]
     width, flat0, flat1 = rows[0].shape[1], rows[0].tobytes(), rows[1].tobytes()
@@ -116,9 +118,10 @@ def create_task(servers: list[str], grid: dict, epsilon: float | None, mechanism
     token = secrets.token_urlsafe(24)
     privacy = "pure" if rho is None else "zcdp"
     config = TaskConfig(grid, None if epsilon is None else float(epsilon), mechanism, relation, int(min_batch),
-                        (servers[0], servers[1]), (keys[0], keys[1]), token_hash(token), payload=payload, split=split,
-                        kem=kem, verify=verify, privacy=privacy, rho=rho, name=name,
-                        **({} if adaptive_plan is None else {"adaptive_plan": adaptive_plan}))
+                        (servers[0], servers[1]), (keys[0], keys[1]), token_hash(token),
+                        payload=cast(Payload, payload),  # (its name: TaskConfig parses it)
+                        split=split, kem=kem, verify=verify, privacy=privacy, rho=rho, name=name,
+                        adaptive_plan=PLAN_VERSION if adaptive_plan is None else adaptive_plan)
     http("POST", f"{servers[0]}/tasks", config.to_json().encode(), admin[0])
     try:
         http("POST", f"{servers[1]}/tasks", config.to_json().encode(), admin[1])
@@ -271,7 +274,8 @@ class _Uploads:
     def __init__(self, config: TaskConfig, store: Spool, batch: int, progress: bool, retry_for: float, coming: int = 0):
         self.config, self.store, self.batch, self.progress, self.retry_for = config, store, batch, progress, retry_for
         self.changed = threading.Condition()  # guards the fields below; never held while the spool is used
-        self.made, self.made_all, self.stopped, self.error = 0, False, False, None
+        self.made, self.made_all, self.stopped = 0, False, False
+        self.error: BaseException | None = None
         self.acked = {party: store.acknowledged(party) for party in (0, 1)}
         self.total, self.shown = store.spooled() + coming, -1  # with the `coming` reports still to be made
         self.failing: dict[int, str] = {}  # party -> its last error, while its requests fail

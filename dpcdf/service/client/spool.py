@@ -250,6 +250,7 @@ class Spool:
             version = versions[0][0] + 1 if versions else 1
             with self._transaction():
                 chosen = self.db.execute("INSERT INTO sources (name, version) VALUES (?, ?)", (source, version)).lastrowid
+            assert chosen is not None  # (the row the INSERT made)
             names[chosen] = (source, version)
         own = {d: deque(line for s, line in places if s == chosen) for d, places in held.items()}
         other = {d: deque((s, line) for s, line in places if s != chosen) for d, places in held.items()}

@@ -72,7 +72,7 @@ def create_app(party: int, data_dir: str | Path, noise: bool = True, warm_up: bo
     app.state.reserve = reserve = Reserve(gate, app.state.server.admin_hash)  # room for keys (issue 42)
     app.add_middleware(Guard, limits=limits, failures=failures, gate=gate, reserve=reserve)  # peers: issue 42
     app.add_middleware(metrics.Middleware, metrics=app.state.metrics)  # outermost: sees the Guard's refusals too
-    app.openapi = _schema(app)
+    app.openapi = _schema(app)  # type: ignore[method-assign]  # FastAPI's documented way to change the schema
     if warm_up:
         app.state.server.warm_up()
     return app
@@ -84,8 +84,9 @@ def _schema(app: FastAPI):
     generate = app.openapi
 
     def openapi() -> dict:
-        if app.openapi_schema is None:
-            schema = generate()
+        schema = app.openapi_schema
+        if schema is None:
+            schema = generate()  # (FastAPI's: it keeps it as app.openapi_schema)
             for path in schema["paths"].values():
                 for operation in path.values():
                     operation.get("responses", {}).pop("422", None)
@@ -93,7 +94,7 @@ def _schema(app: FastAPI):
             for name in ("HTTPValidationError", "ValidationError"):
                 models.pop(name, None)
             models["TaskSpec"] = TaskSpec.model_json_schema(ref_template="#/components/schemas/{model}")
-        return app.openapi_schema
+        return schema
 
     return openapi
 

@@ -79,7 +79,7 @@ def protocol(limits: Limits, failures: Failures, reserve: Reserve | None = None)
         it after `keepalive_requests` requests or `keepalive_seconds` (see the module for the rest)."""
 
         _timer = None
-        prefix: str | None = None
+        prefix = ""  # its address's prefix (`prefix_of`), set when it connects, before any use
         kind: str | None = None  # "client", "probation", "reserved" or None (not counted)
         refused = False  # on probation, its request without a key is refused
         _charge = False  # its prefix is charged when it closes without a request with a key

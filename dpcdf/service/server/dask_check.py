@@ -63,7 +63,7 @@ class RoundOneMap:
 
     def __init__(self, client: "distributed.Client", worker_count: Callable[[], int], spool: Path | None = None):
         self.client, self.worker_count, self.spool = client, worker_count, spool
-        self._challenges: OrderedDict[tuple[str, bytes], object] = OrderedDict()
+        self._challenges: OrderedDict[tuple[str, bytes], distributed.Future] = OrderedDict()
         self._guard = threading.Lock()  # tasks' round ones run in parallel (one lock per task, `round_one.lock`)
 
     def reports_per_batch(self, size: int, width: int) -> int:
@@ -77,8 +77,11 @@ class RoundOneMap:
         config, store = ctx.config, ctx.store
         dcf, check = config.key_dcf(), config.check()
         per = self.reports_per_batch(check.size, dcf.width)
-        partial = check.size <= MAX_VERIFIED_GRID or not store.lifecycle(config.task_id).collecting
-        ch, after, done, pending, width = None, None, 0, deque(), dcf.key_size + 8 * check.extras
+        life = store.lifecycle(config.task_id)
+        assert life is not None  # (a task being checked is stored)
+        partial = check.size <= MAX_VERIFIED_GRID or not life.collecting
+        ch, after, done, width = None, None, 0, dcf.key_size + 8 * check.extras
+        pending: deque = deque()
         while True:
             while len(pending) < self._window():
                 seqs, ids, shares, lengths = store.unchecked_joined(config.task_id, per, after)  # one object each
@@ -136,7 +139,8 @@ class RoundOneMap:
         config = ctx.config
         dcf, check = config.key_dcf(), config.check()
         per = self.reports_per_batch(check.size, dcf.width)
-        starts, pending = deque(range(0, len(ids), per)), deque()
+        starts = deque(range(0, len(ids), per))
+        pending: deque = deque()
         total = np.zeros((check.size, check.width), np.uint64)
         while starts or pending:  # at most AHEAD batches per worker in flight (and spooled), as __call__
             while starts and len(pending) < self._window():
@@ -202,7 +206,8 @@ def kernel_threads() -> Iterator[None]:
         if threads:
             import numba
 
-            numba.set_num_threads(max(1, min(threads, numba.config.NUMBA_NUM_THREADS)))
+            cores = numba.config.NUMBA_NUM_THREADS  # type: ignore[attr-defined]  # numba.config sets its options at import
+            numba.set_num_threads(max(1, min(threads, cores)))
         yield
 
 

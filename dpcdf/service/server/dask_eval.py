@@ -91,7 +91,7 @@ class DaskEvaluator:
             raise DaskError(f"transport must be one of {TRANSPORTS}, got {transport!r}")
         self.address, self.transport = address, transport
         self.cluster = None
-        self._scattered: dict[tuple, object] = {}
+        self._scattered: dict[tuple, tuple[object, KeyBatch]] = {}  # piece -> (its future on a worker, its shard)
         if address.startswith("local:"):
             count = address[len("local:"):]
             if not count.isdigit() or not 1 <= int(count) <= 1024:
@@ -149,7 +149,7 @@ class DaskEvaluator:
 
     def _scatter(self, shard: KeyBatch, first: int, end: int, n: int):
         """The piece's arrays on one worker, sent once (kept for later queries)."""
-        key = (shard.directory, shard.digests) if isinstance(shard, segments.SegmentBatch) else (id(shard),)
+        key: tuple = (shard.directory, shard.digests) if isinstance(shard, segments.SegmentBatch) else (id(shard),)
         key += (first, end)
         if key not in self._scattered:
             arrays = tuple(np.asarray(getattr(shard, a)[first:end]) for a in segments.ARRAYS)

@@ -12,13 +12,13 @@ from fastapi.security import HTTPAuthorizationCredentials, HTTPBearer
 from ..task import token_hash
 from .context import gone_message
 from .errors import HttpError, TaskNotFound
-from .models import Error
+from .models import Error, Responses
 from .state import Server, TaskState
 
 _bearer = HTTPBearer(auto_error=False, description="the analyst's token for the task")
 _operator_bearer = HTTPBearer(auto_error=False, scheme_name="OperatorBearer", description="the server operator's token")
 UNAUTHORIZED = "the analyst's bearer token is required"
-THROTTLED = {429: {"model": Error, "description": "too many of this analyst's closes and queries at once",
+THROTTLED: Responses = {429: {"model": Error, "description": "too many of this analyst's closes and queries at once",
                    "headers": {"Retry-After": {"description": "seconds to wait before sending it again",
                                                "schema": {"type": "integer"}}}}}
 
@@ -60,7 +60,9 @@ def analyst_task(task_id: str, srv: Annotated[Server, Depends(server)],
         raise HttpError(401, UNAUTHORIZED) from None
     if not secrets.compare_digest(token_hash(credentials.credentials), st.config.token_hash):
         raise HttpError(401, UNAUTHORIZED)
-    gone = srv.store.lifecycle(task_id).gone  # after the token: only the analyst learns it (issue 24)
+    life = srv.store.lifecycle(task_id)
+    assert life is not None  # (`srv.task` found it)
+    gone = life.gone  # after the token: only the analyst learns it (issue 24)
     if gone:
         raise HttpError(410, gone_message(task_id, gone))
     return st
@@ -71,7 +73,8 @@ async def raw_body(request: Request) -> bytes:
     while it arrives, past `Limits.memory_bytes` it waits in an unlinked 0600 file in the data
     directory (`app.state.bodies`), so a slow client holds at most that much memory."""
     memory = request.app.state.limits.memory_bytes
-    chunks, size, spill = [], 0, None
+    chunks: list[bytes] = []
+    size, spill = 0, None
     try:
         async for chunk in request.stream():
             size += len(chunk)

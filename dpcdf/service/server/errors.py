@@ -6,6 +6,7 @@ from __future__ import annotations
 
 import json
 import logging
+from typing import Any, Awaitable, Callable, Mapping
 
 from fastapi import Request
 from fastapi.exceptions import RequestValidationError
@@ -59,7 +60,7 @@ def status_of(exc: DpcdfError) -> int:
     return next(STATUS[cls] for cls in type(exc).__mro__ if cls in STATUS)
 
 
-def _answer(request: Request, status: int, reason: str, headers: dict | None = None) -> JSONResponse:
+def _answer(request: Request, status: int, reason: str, headers: Mapping[str, str] | None = None) -> JSONResponse:
     """The error's JSON answer, and one log line with its reason (issue 46: the access log has the status
     only): the reason is the text the client gets too, which names no secret and no report's contents;
     a failed call to the other server is its 502 here. JSON, so that `--log-format json` merges it."""
@@ -87,5 +88,7 @@ async def starlette_error(request: Request, exc: HTTPException) -> JSONResponse:
     return _answer(request, exc.status_code, message, exc.headers)
 
 
-HANDLERS = {HttpError: http_error, RequestValidationError: invalid_request, HTTPException: starlette_error,
-            **{cls: domain_error for cls in STATUS}}
+# each handler takes its own exception type (Starlette calls the one of the exception's class)
+HANDLERS: dict[type[Exception], Callable[[Request, Any], Awaitable[JSONResponse]]] = {
+    HttpError: http_error, RequestValidationError: invalid_request, HTTPException: starlette_error,
+    **{cls: domain_error for cls in STATUS}}

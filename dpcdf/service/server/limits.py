@@ -68,6 +68,7 @@ import re
 import threading
 import time
 from dataclasses import dataclass
+from typing import TypedDict
 
 from starlette.types import ASGIApp, Message, Receive, Scope, Send
 
@@ -225,6 +226,15 @@ class BodyTooLong(DpcdfError):
     """A chunked body past its cap."""
 
 
+class _Body(TypedDict):
+    """A request body's progress (`Limiter._serve`)."""
+    size: int
+    done: bool
+    failed: BodyTimeout | BodyTooLong | None
+    started: bool
+    waited: float
+
+
 def client_address(scope: Scope) -> str:
     client = scope.get("client")
     return str(client[0]) if client else "unknown"
@@ -314,6 +324,7 @@ class Guard:
             if verdict.forged:
                 self.failures.charge(client_address(scope))
             return await self._refuse(send, verdict.status, verdict.message)
+        length = verdict.length  # (the declared one: a gate refuses none)
         lim, pool = self.limits, self.peers
         if pool[0] >= lim.peer_requests or pool[1] + length > lim.peer_bytes:
             return await self._refuse(send, 429, f"too many of the other server's messages at once (at most "
@@ -330,7 +341,7 @@ class Guard:
     async def _serve(self, scope: Scope, receive: Receive, send: Send, cap: int) -> None:
         lim = self.limits
         deadline = time.monotonic() + lim.body_seconds
-        state = {"size": 0, "done": cap == 0, "failed": None, "started": False, "waited": 0.0}
+        state: _Body = {"size": 0, "done": cap == 0, "failed": None, "started": False, "waited": 0.0}
 
         async def guarded() -> Message:
             if state["done"]:
@@ -345,18 +356,18 @@ class Guard:
                     raise asyncio.TimeoutError
                 message = await asyncio.wait_for(receive(), left)
             except asyncio.TimeoutError:
-                state["failed"] = BodyTimeout(f"the body must come at {lim.body_rate:,} bytes/s or more (counted after "
-                                              f"{lim.body_grace:g} s), with no pause over {lim.idle_seconds:g} s, and "
-                                              f"arrive whole within {lim.body_seconds:g} s")
-                raise state["failed"] from None
+                late = state["failed"] = BodyTimeout(f"the body must come at {lim.body_rate:,} bytes/s or more (counted "
+                                                     f"after {lim.body_grace:g} s), with no pause over {lim.idle_seconds:g} s, "
+                                                     f"and arrive whole within {lim.body_seconds:g} s")
+                raise late from None
             finally:
                 state["waited"] += time.monotonic() - now  # only time spent waiting for it counts
             if message["type"] == "http.request":
                 state["size"] += len(message.get("body", b""))
                 if state["size"] > cap:
-                    state["failed"] = BodyTooLong(f"a body over {cap} bytes needs a Content-Length header"
-                                                  if cap < lim.chunked_bytes + 1 else f"request body over {cap} bytes")
-                    raise state["failed"]
+                    long = state["failed"] = BodyTooLong(f"a body over {cap} bytes needs a Content-Length header"
+                                                         if cap < lim.chunked_bytes + 1 else f"request body over {cap} bytes")
+                    raise long
                 state["done"] = not message.get("more_body", False)
             else:
                 state["done"] = True

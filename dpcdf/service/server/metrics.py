@@ -100,7 +100,7 @@ class Metrics:
             if kind == "refused":
                 out.sample("dpcdf_reports_refused_total", {"reason": why}, n)
         out.family("dpcdf_uploads_refused_total", "counter", "uploads (one report or a batch) refused whole, by reason")
-        refused = Counter()
+        refused: Counter[str] = Counter()
         for (method, route, status), n in requests.items():
             if route in UPLOAD_ROUTES and status >= 400:
                 refused[UPLOAD_REFUSALS.get(status, "other")] += n

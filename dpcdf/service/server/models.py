@@ -4,7 +4,7 @@ and type. A query model converts to and from its plain type (`dpcdf.release.quer
 `from_query`), which is what the server answers and the analyst asks."""
 from __future__ import annotations
 
-from typing import Annotated, Literal, Union
+from typing import Annotated, Any, Literal, Union
 
 from pydantic import AfterValidator, BaseModel, ConfigDict, Discriminator, Field, StrictBool, StrictInt, Tag
 
@@ -237,7 +237,10 @@ class QueryResponse(BaseModel):
                          "p = 2^61 - 1 for a verified task")
 
 
-def errors(*codes: int) -> dict:
+Responses = dict[Union[int, str], dict[str, Any]]  # a route's `responses` (FastAPI's type)
+
+
+def errors(*codes: int) -> Responses:
     """The `responses` entry documenting these refusals."""
     return {code: {"model": Error, "description": _WHY[code]} for code in codes}
 

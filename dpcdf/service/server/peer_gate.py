@@ -80,7 +80,7 @@ class PeerRefusal:
 class PeerGate:
     """Server `party`'s table of its tasks' request-tag keys and whether each is verified."""
 
-    def __init__(self, party: int, own: x25519.X25519PrivateKey):
+    def __init__(self, party: int, own: x25519.X25519PrivateKey | None):  # None: server 0's (it refuses every message)
         self.party, self._own = party, own
         self._tasks: dict[str, tuple[bytes, bool]] = {}  # task id -> (request_key(K), verify)
         self._decoy = secrets.token_bytes(32)  # an unknown task's tag is checked under it: the same time
@@ -102,12 +102,13 @@ class PeerGate:
 
     def add(self, config: TaskConfig) -> None:
         """A task just registered."""
-        self._add(config.task_id, config.hpke_keys[1 - self.party], config.fingerprint, config.verify,
+        self._add(config.task_id, config.hpke_keys[1 - self.party], config.fingerprint, bool(config.verify),  # (a bool by now)
                   config.token_hash, config.servers[1 - self.party])
 
     def _add(self, task_id: str, peer_hex: str, fingerprint: bytes, verify: bool, analyst: str, peer_url: str) -> None:
         self.analysts.add(analyst)
         if self.party == 1:  # server 0 takes no server-to-server message: every one is refused 403
+            assert self._own is not None  # (server 1's gate has its key)
             k = pair_key(self._own, bytes.fromhex(peer_hex)[-32:], fingerprint)
             self._tasks[task_id] = (request_key(k), verify)
             try:

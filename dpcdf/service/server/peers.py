@@ -126,6 +126,7 @@ def _peer_task(srv: "Server", task_id: str, what: str) -> "TaskState":
     except TaskNotFound:
         raise HttpError(400, FORGED) from None
     life = srv.store.lifecycle(task_id)  # issue 24: a task whose key shares are deleted
+    assert life is not None  # (`srv.task` found it)
     if life.gone or (life.purge_reason and what == "report-check"):
         # expired or deleted: as unknown to the protocol; released: its check is over (its round one
         # deleted), and an honest server 0 sends nothing after its DONE, so the same answer as an unknown

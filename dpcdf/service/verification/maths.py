@@ -29,6 +29,7 @@ per server (`calibration_extras`), the servers open 21 in round one and 3 in rou
 from __future__ import annotations
 
 import secrets
+from typing import cast
 
 import numpy as np
 
@@ -58,7 +59,7 @@ protocol, or the client's MAC shares disagree): the report's check values were n
 
 def mac_ok(sigma_0: np.ndarray, sigma_1: np.ndarray) -> np.ndarray:
     """Per report: whether every opened element passed its MAC (sigma_0 + sigma_1 == 0), bool (n,)."""
-    return ~F.add(_u64(sigma_0), _u64(sigma_1)).astype(bool).any(axis=1)
+    return np.logical_not(F.add(_u64(sigma_0), _u64(sigma_1)).astype(bool).any(axis=1))
 
 
 class Check:
@@ -151,8 +152,8 @@ class Check:
         return y
 
     def _round_one(self, party: int, y: np.ndarray, extras: np.ndarray, ch: "Challenges") -> tuple[np.ndarray, np.ndarray]:
-        if self.payload.scored:
-            return _calibration_round_one(party, y, _u64(extras), ch)
+        if self.payload.scored:  # (a calibration check's challenges: `CalibrationChallenges`)
+            return _calibration_round_one(party, y, _u64(extras), cast(CalibrationChallenges, ch))
         z, big_l, top = sketch.sketch(y, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0))
         a = _u64(extras)[:, 0]
         msg = np.stack([F.sub(z, a), top], axis=1)
@@ -171,7 +172,7 @@ class Check:
         """`round_one` and this server's share of the reports' histogram, the column sums of their
         values ((size, width), mod p, without the MAC tags), in one pass over y (what a server runs on
         each batch of reports, `round_one.step`); the same bits as `round_one` and `sketch.column_sums`."""
-        return self._round_one_mac(party, y, extras, ch, True)
+        return cast("tuple[np.ndarray, np.ndarray, np.ndarray]", self._round_one_mac(party, y, extras, ch, True))  # (with the sums)
 
     def _round_one_mac(self, party: int, y: np.ndarray, extras: np.ndarray, ch: "Challenges",
                        sums: bool) -> tuple[np.ndarray, np.ndarray, np.ndarray | None]:
@@ -179,7 +180,8 @@ class Check:
         w, xs = self.width, self.base_extras
         if self.mac and not self.payload.scored:  # count, label: one kernel reads values and tags in place
             total = np.zeros(self.size * w if sums else 0, np.uint64)
-            msg, state = self.mac_messages(*sketch.sketch_mac(y, w, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0), total), extras, ch)
+            z, big_l, top, zt, topt = sketch.sketch_mac(y, w, ch.wz, ch.wl, np.uint64(1 if party == 0 else 0), total)
+            msg, state = self.mac_messages(z, big_l, top, zt, topt, extras, ch)
             return msg, state, total.reshape(self.size, w) if sums else None
         msg, state = self._round_one(party, np.ascontiguousarray(y[:, :, :w]), extras[:, :xs], ch)
         if self.mac:
@@ -264,7 +266,7 @@ class Challenges:
     of D's entry i of component c (r_N = 0), wz[i, c] = r_i - r_{i+1} and wl[i, c] = r_i^2 - r_{i+1}^2,
     so that sum_i r_i D_i = sum_i wz_i y_i (summation by parts) and likewise for L."""
 
-    def __init__(self, wz: np.ndarray, wl: np.ndarray, s: np.uint64):
+    def __init__(self, wz: np.ndarray, wl: np.ndarray, s: int | np.integer | np.ndarray):
         self.wz, self.wl, self.s = wz, wl, np.uint64(s)
 
     @classmethod
@@ -298,7 +300,8 @@ class CalibrationChallenges(Challenges):
         vals, s = challenges(key, context, 3 * size + 1 + 2 * BITS)
         return cls(vals[: 2 * size], s, vals[2 * size : 3 * size], vals[3 * size], vals[3 * size + 1 :].reshape(BITS, 2))
 
-    def __init__(self, r: np.ndarray, s: object, rho: np.ndarray, sigma: object, rbits: np.ndarray):
+    def __init__(self, r: np.ndarray, s: int | np.integer | np.ndarray, rho: np.ndarray, sigma: int | np.integer | np.ndarray,
+                 rbits: np.ndarray):
         r, rho, rbits = _u64(r), _u64(rho), _u64(rbits)
         size = rho.shape[0]
         self.r, self.rho, self.sigma, self.rbits = r, rho, np.uint64(sigma), rbits

@@ -55,6 +55,12 @@ def _le(a: np.ndarray) -> bytes:
     return np.ascontiguousarray(a, dtype="<u8").tobytes()
 
 
+def _journalled(row: bytes | None) -> bytes:
+    """The request or answer of a step this server answered (`Channel.request`, `answered`): kept."""
+    assert row is not None  # (answered: journalled first)
+    return row
+
+
 def commitment(nonce: bytes, sigma: np.ndarray) -> bytes:
     return hashlib.sha256(b"dpcdf check commitment v1" + nonce + _le(sigma)).digest()
 
@@ -144,7 +150,8 @@ class CheckHelper:
             if not all(self.channel.answered(Kind.CHECK_VALUES, c) is not None for c in range(len(self.chunks))):
                 raise Refused("server 0 finished the check before every chunk was decided")
             sealed = self.channel.answer_once(message, self._finish, self.context)
-            request, mine = self.channel.request(Kind.CHECK_FINISH, 0), self.channel.answered(Kind.CHECK_FINISH, 0)
+            request, mine = (_journalled(self.channel.request(Kind.CHECK_FINISH, 0)),
+                             _journalled(self.channel.answered(Kind.CHECK_FINISH, 0)))
             outcome.mark_if_agreed(self.store, self.config.task_id, mine.hex(), request[36:].hex())
             return sealed
         c = message.chunk
@@ -153,8 +160,9 @@ class CheckHelper:
         before = {Kind.CHECK_OPEN: None, Kind.CHECK_MAC: Kind.CHECK_OPEN, Kind.CHECK_VALUES: Kind.CHECK_MAC}
         if message.kind not in before:
             raise SyncError(f"the report check takes messages 5, 7, 9 and 11, not {int(message.kind)}")
-        if before[message.kind] is not None and self.channel.answered(before[message.kind], c) is None:
-            raise Refused(f"server 0 sent message {int(message.kind)} of chunk {c} before message {int(before[message.kind])}")
+        prior = before[message.kind]
+        if prior is not None and self.channel.answered(prior, c) is None:
+            raise Refused(f"server 0 sent message {int(message.kind)} of chunk {c} before message {int(prior)}")
         step = {Kind.CHECK_OPEN: self._commit, Kind.CHECK_MAC: self._open, Kind.CHECK_VALUES: self._values}[message.kind]
         return self.channel.answer_once(message, lambda body: step(c, body), self.context, open_steps)
 
@@ -169,7 +177,7 @@ class CheckHelper:
     def _opened(self, c: int, body: bytes | None = None) -> np.ndarray:
         """Chunk c's opened round-one elements (from message 5: `body`, else the journalled one)."""
         local, (part, rows) = self.local, self._part(c)
-        body = self.channel.request(Kind.CHECK_OPEN, c) if body is None else body
+        body = _journalled(self.channel.request(Kind.CHECK_OPEN, c)) if body is None else body
         theirs = outcome.rows(body[outcome.HEAD:], rows, "messages")
         if theirs.shape[1] != self.check.opened:
             raise SyncError("the check message's messages do not fit its reports")
@@ -191,7 +199,7 @@ class CheckHelper:
         """(opened, sigma_1, whether each report's MAC holds) of chunk c, from message 7 (`body`, else
         the journalled one)."""
         _, rows = self._part(c)
-        body = self.channel.request(Kind.CHECK_MAC, c) if body is None else body
+        body = _journalled(self.channel.request(Kind.CHECK_MAC, c)) if body is None else body
         if body[:4] != c.to_bytes(4, "big"):
             raise SyncError("the check message's chunk index is not its step's")
         sigma_0 = outcome.rows(body[4:], rows, "MAC values")
@@ -225,8 +233,8 @@ class CheckHelper:
             _, rows = self._part(c)
             opened, sigma_1, ok = self._mac(c)
             width = 8 * self.check.opened * rows
-            v_1 = outcome.rows(self.channel.answered(Kind.CHECK_MAC, c)[4 + NONCE + width:], rows, "values")
-            v_0 = outcome.rows(self.channel.request(Kind.CHECK_VALUES, c)[4:], rows, "values")
+            v_1 = outcome.rows(_journalled(self.channel.answered(Kind.CHECK_MAC, c))[4 + NONCE + width:], rows, "values")
+            v_0 = outcome.rows(_journalled(self.channel.request(Kind.CHECK_VALUES, c))[4:], rows, "values")
             out.append(self.check.verdicts(opened, _column(F.add(v_0, v_1)), ok))
         return np.concatenate(out) if out else np.zeros(0, np.uint8)
 

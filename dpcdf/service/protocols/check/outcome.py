@@ -83,10 +83,12 @@ def finish(ctx: StepContext, local: Local, verdicts: np.ndarray) -> str:
     histogram share over the passing reports (the sum over R minus the failures' values, recomputed),
     and returns the keyed hash of the passing set."""
     store, pair_key, task_id = ctx.store, ctx.pair_key, ctx.config.task_id
-    if store.marked(task_id, Mark.VERIFIED):  # done before (a repeated close): the same verdicts, nothing to change
-        return store.frozen(task_id).digest
-    set_hash = lambda ids: reconcile.set_hash(pair_key, ids)  # noqa: E731
+    verified = store.marked(task_id, Mark.VERIFIED)  # done before (a repeated close): the same verdicts, nothing to change
     frozen = store.frozen(task_id)  # the reconciled set; each exclusion below returns the set after it
+    assert frozen is not None  # (closed before the check)
+    if verified:
+        return frozen.digest
+    set_hash = lambda ids: reconcile.set_hash(pair_key, ids)  # noqa: E731
     for code, name in REASONS.items():
         ids = [local.ids[k] for k in np.flatnonzero(verdicts == code)]
         if ids:

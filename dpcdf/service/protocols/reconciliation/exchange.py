@@ -5,6 +5,7 @@ after a crash replays the same messages and answers, and server 1 takes no new r
 it is reconciled: after that its report set, the set the check opens, can no longer change."""
 from __future__ import annotations
 
+import functools
 from typing import Callable
 
 from ...storage.records import AlreadyAnswered, Mark
@@ -54,7 +55,7 @@ class ReconcileLeader(_Side):
         plan = planned.get("drops") or reconcile.drops(self.key, ids, answer, chunk_ids)
         self._exclude(plan.drop)
         for k, (body, ack) in enumerate(zip(plan.bodies, plan.acks)):
-            self.channel.exchange(Kind.DROPS, k, body, send, check=lambda got, want=ack: reconcile.check_ack(got, want))
+            self.channel.exchange(Kind.DROPS, k, body, send, check=functools.partial(reconcile.check_ack, expected=ack))
         self.store.mark(self.task_id, Mark.RECONCILED)
 
 
@@ -83,6 +84,7 @@ class ReconcileHelper(_Side):
 
         sealed = self.channel.answer_once(message, take, new_steps=before)
         body, ack = self.channel.request(Kind.DROPS, message.chunk), self.channel.answered(Kind.DROPS, message.chunk)
+        assert body is not None and ack is not None  # (answered just now: journalled)
         if body[4:5] == b"\x01" and ack[36:] == body[5:37]:  # the last chunk, and the two sets agree: done
             self.store.mark(self.task_id, Mark.RECONCILED)
             if before:

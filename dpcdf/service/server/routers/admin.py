@@ -17,10 +17,10 @@ from fastapi import APIRouter, Request
 from .. import peers
 from ..deps import OperatorAdminDep, ServerDep
 from ..errors import HttpError
-from ..models import AdminTask, AdminTasks, CloseResponse, Error, PurgeResult, SweepResult, errors
+from ..models import AdminTask, AdminTasks, CloseResponse, Error, PurgeResult, Responses, SweepResult, errors
 
 router = APIRouter(prefix="/admin", tags=["admin"])
-GONE = {410: {"model": Error, "description": "the task expired or was deleted: it answers nothing again"}}
+GONE: Responses = {410: {"model": Error, "description": "the task expired or was deleted: it answers nothing again"}}
 
 
 @router.get("/tasks", response_model=AdminTasks, responses=errors(401, 403))

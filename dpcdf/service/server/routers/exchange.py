@@ -7,7 +7,7 @@ from fastapi import APIRouter, Request, Response
 
 from .. import peers
 from ..deps import RawBody, ServerDep
-from ..models import Error, errors
+from ..models import Error, Responses, errors
 
 router = APIRouter(prefix="/tasks", tags=["tasks"])
 
@@ -15,7 +15,7 @@ OCTETS = peers.OCTETS
 _SEALED = {"type": "string", "format": "binary", "description": "a reconciliation message, AES-GCM under the servers' key"}
 _OCTET_BODY = {"requestBody": {"required": True, "content": {OCTETS: {"schema": _SEALED}}}}
 _OCTET_ANSWER = {"description": "server 1's reply (empty after the last message)", "content": {OCTETS: {"schema": _SEALED}}}
-_PEER_REFUSALS = {401: {"model": Error, "description": "no request tag (Dpcdf-Peer header) or no Content-Length"},
+_PEER_REFUSALS: Responses = {401: {"model": Error, "description": "no request tag (Dpcdf-Peer header) or no Content-Length"},
                   403: {"model": Error, "description": "not the other server's request tag for this task and message"}}
 
 

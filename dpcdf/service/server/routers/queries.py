@@ -24,12 +24,12 @@ def query(task_id: str, srv: ServerDep, st: AnalystTaskDep, q: Annotated[Query, 
     at most 2 closes and queries in flight on a server at once (DPCDF_ANALYST_CONCURRENCY); one more
     is answered 429 {"error": ...} with a Retry-After header (seconds), and can be sent again then."""
     config = st.config
-    q = q.to_query()
-    answers.check(q, config, st.aggregator)  # QueryRefused: 400
+    plain = q.to_query()
+    answers.check(plain, config, st.aggregator)  # QueryRefused: 400
     with srv.analyst_slot(st), st.answering:
-        source, n, digest = st.open_for_query(answers.designs(q, config))
-        shares = answers.shares(q, config, st.aggregator, source)
-        st.log_query(q.kind, int(shares.size))
+        source, n, digest = st.open_for_query(answers.designs(plain, config))
+        shares = answers.shares(plain, config, st.aggregator, source)
+        st.log_query(plain.kind, int(shares.size))
     width = 1 if shares.ndim == 1 else shares.shape[1]
     return QueryResponse(party=srv.party, n=n if config.n_public else None, reports_hash=digest, width=width,
                          shares=[str(int(v)) for v in shares.reshape(-1)], modulus=str(st.dcf.modulus))

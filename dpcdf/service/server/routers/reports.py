@@ -8,11 +8,11 @@ from fastapi import APIRouter, Request
 from .. import ingest
 from ..deps import RawBody, ServerDep
 from ..limits import client_address
-from ..models import Accepted, BatchAccepted, Error, Rejected, errors
+from ..models import Accepted, BatchAccepted, Error, Rejected, Responses, errors
 
 router = APIRouter(prefix="/tasks/{task_id}/reports", tags=["reports"])
 
-RETRY_STATUS = {429: {"model": Error, "description": "this address sent too many reports that "
+RETRY_STATUS: Responses = {429: {"model": Error, "description": "this address sent too many reports that "
                       "did not open: send again after Retry-After seconds",
                       "headers": {"Retry-After": {"description": "seconds", "schema": {"type": "integer"}}}}}
 

@@ -5,6 +5,8 @@ live in `dpcdf.service.protocols` (Leader/Helper objects over one Channel per ta
 task's state (`state`, `peers`): these handlers only parse, call and answer."""
 from __future__ import annotations
 
+from typing import Any
+
 from fastapi import APIRouter, Request
 
 from .. import peers, registration
@@ -37,7 +39,7 @@ def status(task_id: str, srv: ServerDep, st: AnalystTaskDep) -> TaskStatus:
     reports stay: exclude_unset, not exclude_none). `checked`: a verified task's check progress on this
     server until it is over, where n is public (under add/remove the batches it counts would give n)."""
     n, closed, restored = st.status()
-    extra = {"restored": restored} if restored is not None else {}  # left unset: not in the answer
+    extra: dict[str, Any] = {"restored": restored} if restored is not None else {}  # left unset: not in the answer
     checked = st.check_progress()
     if checked is not None:
         extra["checked"] = checked
