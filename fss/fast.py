@@ -411,7 +411,7 @@ def _unfit(batch: KeyBatch, tier: str) -> bool:
     or, for `_blockgrid` (t in bit 0 of the seeds), bit 0 of a seed correction set."""
     p = batch.params
     blocks = fits(p.width, p.level_payload, field_code(p), tier)
-    return p.prime and len(batch) > 0 and (int(batch.cw_v.max()) >= p.modulus or blocks and (batch.cw_seed[:, :, 0] & 1).any())
+    return p.prime and len(batch) > 0 and (int(batch.cw_v.max()) >= p.modulus or blocks and bool((batch.cw_seed[:, :, 0] & 1).any()))
 
 
 def _grid_run(batch: KeyBatch, start: int, size: int, reverse: bool, tier: str, threads: int, out, sketch: tuple, extra) -> np.ndarray:
