@@ -58,7 +58,10 @@ class ServerKeys:
                                                    serialization.NoEncryption()))
         if not mpath.exists():
             write_secret(mpath, mlkem.MLKEM768PrivateKey.generate().private_bytes_raw())
-        self.x25519 = serialization.load_pem_private_key(xpath.read_bytes(), password=None)
+        loaded = serialization.load_pem_private_key(xpath.read_bytes(), password=None)
+        if not isinstance(loaded, x25519.X25519PrivateKey):  # (its bytes would be published as an X25519 key)
+            raise ParameterError(f"{xpath} holds a {type(loaded).__name__}, not an X25519 private key")
+        self.x25519 = loaded
         self.mlkem = mlkem.MLKEM768PrivateKey.from_seed_bytes(mpath.read_bytes())
 
     def private(self, kem: str):

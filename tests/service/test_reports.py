@@ -64,6 +64,22 @@ def test_hybrid_kem_shares_open_and_x25519_keys_do_not_fit(tmp_path):
     assert again.public_hex("mlkem768-x25519") == pubs[0]
 
 
+def test_a_data_directory_whose_x25519_key_is_another_kind_is_refused(tmp_path):
+    """hpke_x25519.pem holding a key of another kind (here Ed25519, 32 bytes as well) is refused when the
+    server loads its keys: it would otherwise publish that key's bytes as its X25519 key at GET /hpke, and
+    no share sealed to them would open (mypy: the PEM loader's type is any private key)."""
+    from cryptography.hazmat.primitives.asymmetric import ed25519
+
+    from dpcdf.errors import ParameterError
+    from dpcdf.service.hpke import ServerKeys
+
+    pem = ed25519.Ed25519PrivateKey.generate().private_bytes(serialization.Encoding.PEM, serialization.PrivateFormat.PKCS8,
+                                                             serialization.NoEncryption())
+    (tmp_path / "hpke_x25519.pem").write_bytes(pem)
+    with pytest.raises(ParameterError, match="not an X25519 private key"):
+        ServerKeys(tmp_path)
+
+
 def test_another_rfc_9180_implementation_opens_our_shares():
     """pycryptodome's HPKE (DHKEM X25519, HKDF-SHA256, AES-128-GCM, base mode) opens a capsule we seal,
     and its AES-GCM opens each share under the capsule's key with the nonce and associated data
