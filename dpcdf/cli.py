@@ -7,6 +7,7 @@ the service, scipy) load inside the command that needs them, so `dpcdf --help` a
 from __future__ import annotations
 
 import argparse
+import io
 import json
 import math
 import os
@@ -216,7 +217,8 @@ def cmd_demo(args) -> None:
         where = Path(args.plot).resolve().parent
         if not where.is_dir() or not os.access(where, os.W_OK):
             raise CliError(f"--plot: cannot write {args.plot} ({where} is not a writable directory)")
-    sys.stdout.reconfigure(line_buffering=True)  # progress as it happens, also through a pipe
+    if isinstance(sys.stdout, io.TextIOWrapper):  # (a notebook's stream, or a StringIO, has no such setting)
+        sys.stdout.reconfigure(line_buffering=True)  # progress as it happens, also through a pipe
     run_demo(args.clients, args.epsilon, args.mechanism, args.plot, warm=not args.no_warm_up)
 
 

@@ -401,6 +401,23 @@ def test_serve_logs_the_servers_own_events_in_its_format():
     assert [(ln["level"], ln["party"]) for ln in lines] == [("info", 1), ("warning", 1)], lines
 
 
+def test_demo_runs_where_stdout_is_no_console_stream(monkeypatch, tmp_path):
+    """`dpcdf demo` asks for line buffering where its stdout has it: under a stream without
+    `reconfigure` (a notebook's, a StringIO) the demo still runs, it did not fail with an
+    AttributeError (mypy: a TextIO has no reconfigure)."""
+    import contextlib
+    import io
+
+    from dpcdf import cli, demo
+
+    ran = []
+    monkeypatch.setattr(demo, "run_demo", lambda *args, **kwargs: ran.append(args))
+    monkeypatch.chdir(tmp_path)  # the default --plot's folder
+    with contextlib.redirect_stdout(io.StringIO()):
+        assert cli.main(["demo", "--no-warm-up"]) == 0
+    assert len(ran) == 1
+
+
 def test_a_csv_from_a_spreadsheet_with_a_byte_order_mark_reads_as_any_other(tmp_path):
     from dpcdf.cli_inputs import read_csv
 
