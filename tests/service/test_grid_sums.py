@@ -8,6 +8,7 @@ without its share; and none of it outlives a purge."""
 from __future__ import annotations
 
 import threading
+from dataclasses import replace
 from types import SimpleNamespace
 
 import numpy as np
@@ -60,11 +61,11 @@ def _open(path, config: TaskConfig) -> Store:
     return store
 
 
-def _task(tmp_path, monkeypatch, min_batch: int, n: int, seed: int, payload: str = "count", party: int = 0):
+def _task(tmp_path, monkeypatch, per: int, n: int, seed: int, payload: str = "count", party: int = 0):
     """(config, ids, party's shares, store, context) of an unverified task with n reports made (none stored)
-    and batches of `min_batch` reports (its grid's sums are smaller)."""
-    monkeypatch.setattr(grid_sums, "MIN_BATCH", min_batch)
+    and batches of `per` reports (at least its grid's size * width / 8)."""
     config = _config(payload)
+    monkeypatch.setattr(grid_sums, "BATCH_VALUES", per * config.make_grid().size * config.dcf().width)
     ids, shares, _ = _reports(config, n, seed)
     store = _open(tmp_path / "server.sqlite", config)
     return config, ids, shares[party], store, StepContext.of(config, party, store, b"k" * 32)
@@ -160,7 +161,8 @@ def test_only_small_grids_of_unverified_tasks_are_summed_in_batches():
     def sums(config):
         return grid_sums.ring_sums(SimpleNamespace(config=config))  # it reads the context's config only
 
-    assert sums(_config()).per_batch == grid_sums.MIN_BATCH
+    assert sums(_config()).per_batch == grid_sums.MAX_BATCH == 1 << 16  # 2^7 points: at most 2^16 reports a batch
+    assert sums(replace(_config(), grid={**GRID, "bits": 10})).per_batch == 1 << 14  # 2^24 grid values
     big = TaskConfig({"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 16}, 1.0, "path", "substitution", 0, ("a", "b"),
                      ("00" * 32, "01" * 32), "00", payload="label", verify=False)
     assert sums(big).per_batch == 2 * (1 << 16) // 8  # 64 B of sums a report
@@ -175,7 +177,7 @@ def test_only_small_grids_of_unverified_tasks_are_summed_in_batches():
 def two(tmp_path, monkeypatch):
     """Two in-process servers (their background workers running) and an unverified task on both."""
     monkeypatch.setenv("DPCDF_ADMIN_TOKEN", "x" * 20)
-    monkeypatch.setattr(grid_sums, "MIN_BATCH", 32)
+    monkeypatch.setattr(grid_sums, "BATCH_VALUES", 32 * 128)  # 32 reports a batch
     servers = [Server(p, tmp_path / f"s{p}", noise=False) for p in (0, 1)]
     keys = (servers[0].keys.public_hex("x25519"), servers[1].keys.public_hex("x25519"))
     config = TaskConfig(GRID, 1.0, "tree", "substitution", 2, ("http://a", "http://b"), keys, token_hash("t"), verify=False)

@@ -48,7 +48,9 @@ from .reconciliation.maths import SyncError
 
 GRID_SUMS_MAX = 1 << 16  # grids up to this size: an unverified task's histogram share is summed in batches too
 SUM_PASS = 1 << 14  # an unverified task's keys per `DCF.eval_sum` call (no (keys, grid) array: the kernel sums)
-MIN_BATCH = 1 << 11  # reports per stored batch of an unverified task, at least (`RingSums.per_batch`)
+# an unverified task's batches (`RingSums.per_batch`): about BATCH_VALUES grid values each (16384 reports at 2^10
+# points: a batch's commit, fsynced, cost more than its evaluation at 2048), at most MAX_BATCH reports
+BATCH_VALUES, MAX_BATCH = 1 << 24, 1 << 16
 
 
 class Sums(Protocol):
@@ -108,9 +110,10 @@ class RingSums:
 
     @property
     def per_batch(self) -> int:
-        """Reports per stored batch: at least MIN_BATCH, and enough that a batch's sums (a whole grid)
-        are at most 64 bytes a report (8192 reports at 2^16 points)."""
-        return max(MIN_BATCH, self.size * self.width // 8)
+        """Reports per stored batch: BATCH_VALUES grid values' worth, at most MAX_BATCH, and enough that a
+        batch's sums (a whole grid) are at most 64 bytes a report (8192 reports at 2^16 points)."""
+        values = self.size * self.width
+        return max(min(MAX_BATCH, BATCH_VALUES // values), values // 8)
 
     def add(self, a: np.ndarray, b: np.ndarray) -> np.ndarray:
         return (a + b) & np.uint64(self.dcf.params.mask)

@@ -20,7 +20,7 @@ from dpcdf.service.server.aggregate import Aggregator
 from helpers import values
 from test_round_one_on_servers import Pair, consecutive, post, settled
 
-GRID = {"kind": "uniform", "lo": 0.0, "hi": 100.0, "bits": 6}  # MIN_BATCH (2048) reports a batch
+GRID = {"kind": "uniform", "lo": 0.0, "hi": 100.0, "bits": 13}  # 2048 reports a batch (BATCH_VALUES / 2^13)
 
 
 @pytest.fixture
@@ -48,7 +48,7 @@ def _rows(db, task_id: str) -> tuple[list[int], tuple | None, list[bytes], int]:
 
 def test_shares_summed_through_a_restart_one_sided_reports_and_a_racing_close(pair):
     config, token = create_task(pair.urls, GRID, 1.0, "tree", "substitution", min_batch=0, verify=False)
-    assert not config.verify and grid_sums.MIN_BATCH == 2048
+    assert not config.verify and grid_sums.RingSums(config.dcf(), 1 << 13).per_batch == 2048
     vals = list(values(2500, 41))
     submit(config, vals, batch=500)
     lost = make_reports(config, [7.0, 70.0])  # one report reached server 0 only, another server 1 only
@@ -94,9 +94,10 @@ def test_shares_summed_through_a_restart_one_sided_reports_and_a_racing_close(pa
         consecutive(pair.db(party), config.task_id)
         dcf = config.dcf()
         want = Aggregator(dcf, config.make_mechanism(), b"s" * 32, config.task_id, noise=False).grid_histogram(
-            [dcf.batch_from_keys(shares, party)], 64, "").values
-        assert len(shares) == n and hist is not None and hist[1] == "64,1"
+            [dcf.batch_from_keys(shares, party)], 1 << 13, "").values
+        assert len(shares) == n and hist is not None and hist[1] == "8192,1"
         np.testing.assert_array_equal(np.frombuffer(hist[2], "<u8"), want[:, 0])  # the same bits as today's evaluation
-    counts, got = analyst.prefix_counts(list(range(64)))  # the first query: from the stored shares
+    idx = list(range(0, 1 << 13, 7))
+    counts, got = analyst.prefix_counts(idx)  # the first query: from the stored shares
     assert got == n
-    np.testing.assert_array_equal(counts, prefix_counts(np.asarray(vals, float), config.make_grid()))
+    np.testing.assert_array_equal(counts, prefix_counts(np.asarray(vals, float), config.make_grid())[idx])
