@@ -38,7 +38,7 @@ from ...errors import DpcdfError
 from ..files import create_private, fsync_dir, private_dir
 from .restore import mark_copy
 from .schema import migrate
-from .segments import task_dir
+from .segments import sha256, task_dir
 
 STORE = "server.sqlite"
 MANIFEST = "MANIFEST.json"
@@ -66,9 +66,7 @@ def _copy(src: Path, dst: Path) -> str:
     return h.hexdigest()
 
 
-def _sha256(path: Path) -> str:
-    with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+_sha256 = sha256  # (segments'; hashlib.file_digest is Python 3.11's)
 
 
 def backup(data_dir: str | Path, dest: str | Path) -> dict:
@@ -126,10 +124,10 @@ def backup(data_dir: str | Path, dest: str | Path) -> dict:
     manifest = {"format": FORMAT, "created": created, "source": str(data.resolve()),
                 "files": files}
     tmp = dest / (MANIFEST + ".tmp")
-    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as f:
-        json.dump(manifest, f, indent=1, sort_keys=True)
-        f.flush()
-        os.fsync(f.fileno())
+    with os.fdopen(os.open(tmp, os.O_WRONLY | os.O_CREAT | os.O_TRUNC, 0o600), "w") as out:
+        json.dump(manifest, out, indent=1, sort_keys=True)
+        out.flush()
+        os.fsync(out.fileno())
     os.replace(tmp, dest / MANIFEST)
     fsync_dir(dest)
     return {"files": len(files), "bytes": sum(v["bytes"] for v in files.values()), "tasks": tasks,

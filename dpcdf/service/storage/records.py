@@ -50,7 +50,7 @@ class Frozen(NamedTuple):
     """A closed task's report set: the last report sequence number it includes, how many reports it
     has (excluded ones left out) and its hash (keyed: see protocols.reconciliation.maths)."""
     seq: int
-    count: int
+    count: int  # type: ignore[assignment]  # (a field named as tuple.count, which it hides: its callers read .count)
     digest: str
 
 

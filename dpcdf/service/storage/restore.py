@@ -87,7 +87,7 @@ def unfinished(life: Lifecycle | None) -> bool:
 def refuse_steps(life: Lifecycle | None) -> None:
     """`Restored` if the task was unfinished in the backup this store was restored from."""
     taken = _unfinished_in(life)
-    if taken is not None:
+    if taken is not None and life is not None:
         raise Restored(f"task {life.task_id} was restored from a backup (of {taken}) taken before its close was over: "
                        "(collecting or closing): this server may have answered or asked its server-to-server steps "
                        f"since, and takes none again. {_AGAIN}")
@@ -97,7 +97,7 @@ def refuse_uploads(life: Lifecycle | None) -> None:
     """`Restored` for a report upload to a task unfinished in the backup: it can never be closed here, so
     a report acknowledged to a client would never count."""
     taken = _unfinished_in(life)
-    if taken is not None:
+    if taken is not None and life is not None:
         raise Restored(f"task {life.task_id} was restored from a backup (of {taken}) taken before its close was over "
                        f"(collecting or closing): it can never be closed here, so its reports are refused. {_AGAIN}")
 

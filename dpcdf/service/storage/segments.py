@@ -102,7 +102,7 @@ class _Shard:
     def add(self, arrays: dict[str, np.ndarray]) -> None:
         """The next groups of each array (C-contiguous, grouped layout)."""
         for name, a in arrays.items():
-            self._put(name, memoryview(a).cast("B"))
+            self._put(name, a.data.cast("B"))
         self.groups += arrays["seeds"].shape[0]
 
     def close(self) -> list[SegmentFile]:
@@ -145,9 +145,13 @@ def write(directory: str | Path, batches: Iterable[KeyBatch], set_hash: str) -> 
 
 
 def sha256(path: Path) -> str:
-    """The file's SHA-256, hex (what the store records for each segment file)."""
+    """The file's SHA-256, hex (what the store records for each segment file), read 1 MiB at a time
+    (hashlib.file_digest is Python 3.11's; this package supports 3.10)."""
+    h = hashlib.sha256()
     with open(path, "rb") as f:
-        return hashlib.file_digest(f, "sha256").hexdigest()
+        while chunk := f.read(1 << 20):
+            h.update(chunk)
+    return h.hexdigest()
 
 
 def open_array(path: str | Path) -> np.ndarray:
@@ -183,7 +187,8 @@ def load(directory: str | Path, files: Sequence[SegmentFile], dcf: DCF, party: i
             batch = KeyBatch.from_grouped(dcf.params, party, recs["seeds"].n, *arrays)
         except FssError as exc:
             raise SegmentError(f"shard {shard} in {directory}: {exc}") from None
-        out.append(SegmentBatch(batch.params, party, batch.n, *arrays, directory=str(directory),
+        seeds, cw_seed, cw_t, cw_v = arrays
+        out.append(SegmentBatch(batch.params, party, batch.n, seeds, cw_seed, cw_t, cw_v, directory=str(directory),
                                 files=tuple(recs[a].file for a in ARRAYS), digests=tuple(recs[a].sha256 for a in ARRAYS)))
     return out
 

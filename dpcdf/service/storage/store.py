@@ -447,7 +447,10 @@ class Store:
         with self._transaction():
             self.db.execute("INSERT OR IGNORE INTO exchanges VALUES (?, ?, ?, ?, ?, ?, ?)",
                             (task_id, role, int(kind), int(chunk), bytes(request), bytes(answer), time.time()))
-            return self.exchange(task_id, role, kind, chunk)
+            stored = self.exchange(task_id, role, kind, chunk)
+            if stored is None:  # the row was just written, or was there: never, short of a foreign key failure
+                raise StoreError(f"task {task_id}: the journalled step ({role}, {kind}, {chunk}) is not in the store")
+            return stored
 
     def exchanged(self, task_id: str, role: str, kinds: Sequence[int]) -> int:
         """How many steps of these message kinds this role has journalled for the task."""
