@@ -17,7 +17,7 @@ from fss import DCF, KeyBatch
 from fss import field as F
 
 from ...errors import ParameterError
-from ...release.adaptive import RoundTwo
+from ...release.adaptive import AdaptiveMechanism, RoundTwo
 from ...release.factorization import right_factor_times
 from ...release.mechanisms import Mechanism
 from ...release.noise import prf_key, prf_noise
@@ -163,14 +163,17 @@ class Aggregator:
         `round_two_parts`), plus this server's noise at each value's scale (`AdaptiveMechanism.bin_noise`: ids no tree node uses). ParameterError for any other
         mechanism or a bad partition. Whether round two may be answered is the router's (once per task)."""
         mech = self.mechanism
-        if not hasattr(mech, "round_one_ends") or self.dcf.width != 1:
+        if not isinstance(mech, AdaptiveMechanism) or self.dcf.width != 1:
             raise ParameterError("bins are released by adaptive count tasks only")
         plan = None
+        parts: list[tuple[np.ndarray, np.ndarray | slice]]
         if round_ == 0:  # plan version 6: the count of the whole grid (`adaptive_route`; exact under substitution to
             parts = [(mech.zero_ends, slice(None))]  # version 7), from 7 under add/remove, 8 under both the fine bins' counts
         elif round_ == 1:  # its partitions one after another (coarse, then fine: `AdaptiveMechanism.round_one_parts`)
             parts = [(e, slice(None)) for e in mech.round_one_parts]
         else:
+            if ends is None:
+                raise ParameterError("round two names its bins' ends")
             plan = mech.check_plan(RoundTwo("bins", tuple(ends), groups=tuple(groups)))
             parts = mech.round_two_parts(plan)
         counts = np.concatenate([self._interval_shares(shards, e)[s, 0] for e, s in parts])

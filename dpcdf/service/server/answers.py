@@ -7,7 +7,7 @@ Free of HTTP: a query the task does not answer is a `QueryRefused` (HTTP 400, `e
 from __future__ import annotations
 
 import json
-from typing import TYPE_CHECKING, Callable, ClassVar
+from typing import TYPE_CHECKING, Any, Callable, ClassVar, Generic, TypeVar
 
 import numpy as np
 
@@ -35,7 +35,10 @@ class QueryRefused(ParameterError):
     """A query this task does not answer (its grid, mechanism or payload rule it out): HTTP 400."""
 
 
-class Handler:
+Q = TypeVar("Q", PrefixQuery, NodesQuery, CoordinatesQuery, BinsQuery, GroupsQuery)  # a handler's query type
+
+
+class Handler(Generic[Q]):
     """The server's side of one query type. `check` runs before anything is read, `designs` lists the
     (kind, design, refusal) the query fixes at its first answer (`TaskState.open_for_query`), `shares`
     is this server's answer from the task's key shares or histogram share (`source`)."""
@@ -43,30 +46,30 @@ class Handler:
     answered_by: ClassVar[frozenset[str]] = frozenset({"prefix"})  # the task families that answer it (`family`)
     every_element: ClassVar[bool] = False  # False: a calibration task answers its probabilities' ECDF only
 
-    def check(self, q: Query, config: "TaskConfig", agg: "Aggregator") -> None:
+    def check(self, q: Q, config: "TaskConfig", agg: "Aggregator") -> None:
         """QueryRefused unless the task answers `q`."""
 
-    def designs(self, q: Query, config: "TaskConfig") -> list[tuple[str, str, str]]:
+    def designs(self, q: Q, config: "TaskConfig") -> list[tuple[str, str, str]]:
         """The release designs `q` fixes for good (none for most types)."""
         return []
 
-    def shares(self, q: Query, config: "TaskConfig", agg: "Aggregator", source: "list | Histogram") -> np.ndarray:
+    def shares(self, q: Q, config: "TaskConfig", agg: "Aggregator", source: "list | Histogram") -> np.ndarray:
         """This server's shares of the answer (uint64; a trailing axis per payload element)."""
         raise NotImplementedError
 
 
-_HANDLERS: dict[type, Handler] = {}
+_HANDLERS: dict[type, Handler[Any]] = {}
 
 
-def _handles(query_type: type) -> Callable[[type[Handler]], type[Handler]]:
+def _handles(query_type: type) -> Callable[[type[Handler[Any]]], type[Handler[Any]]]:
     """Registers a Handler subclass (one instance) as the handler of `query_type`."""
-    def register(cls: type[Handler]) -> type[Handler]:
+    def register(cls: type[Handler[Any]]) -> type[Handler[Any]]:
         _HANDLERS[query_type] = cls()
         return cls
     return register
 
 
-def handler(q: Query) -> Handler:
+def handler(q: Query) -> Handler[Any]:
     """The handler of the query's type (every type of `QUERY_TYPES` has one)."""
     try:
         return _HANDLERS[type(q)]
@@ -79,7 +82,7 @@ def _in_grid(values: tuple[int, ...], end: int) -> bool:
 
 
 @_handles(PrefixQuery)
-class _Prefix(Handler):
+class _Prefix(Handler[PrefixQuery]):
     def check(self, q: PrefixQuery, config, agg) -> None:
         size = agg.mechanism.size
         if not _in_grid(q.indices, size):
@@ -90,7 +93,7 @@ class _Prefix(Handler):
 
 
 @_handles(NodesQuery)
-class _Nodes(Handler):
+class _Nodes(Handler[NodesQuery]):
     answered_by = frozenset({"prefix", "adaptive"})  # a tree's, or an adaptive task's round-two (or whole) tree's
 
     def check(self, q: NodesQuery, config, agg) -> None:
@@ -112,7 +115,7 @@ class _Nodes(Handler):
 
 
 @_handles(CoordinatesQuery)
-class _Coordinates(Handler):
+class _Coordinates(Handler[CoordinatesQuery]):
     answered_by = frozenset({"factorization"})
 
     def shares(self, q: CoordinatesQuery, config, agg, source) -> np.ndarray:
@@ -120,7 +123,7 @@ class _Coordinates(Handler):
 
 
 @_handles(BinsQuery)
-class _Bins(Handler):
+class _Bins(Handler[BinsQuery]):
     answered_by = frozenset({"adaptive"})
 
     def check(self, q: BinsQuery, config, agg) -> None:
@@ -138,7 +141,8 @@ class _Bins(Handler):
     def designs(self, q: BinsQuery, config) -> list[tuple[str, str, str]]:
         if q.round != 2:
             return _rounds(config) if q.round == 1 else []  # round 0 chooses the route: either may follow
-        design = {"ends": list(q.ends), "groups": list(q.groups)} if q.groups else list(q.ends)  # a plan without groups: as before
+        ends = list(q.ends or ())  # (round 2 names them: `check`)
+        design = {"ends": ends, "groups": list(q.groups)} if q.groups else ends  # a plan without groups: as before
         return _rounds(config) + [("round-two", json.dumps(design), SPENT_ROUND_TWO)]
 
     def shares(self, q: BinsQuery, config, agg, source) -> np.ndarray:
@@ -146,7 +150,7 @@ class _Bins(Handler):
 
 
 @_handles(GroupsQuery)
-class _Groups(Handler):
+class _Groups(Handler[GroupsQuery]):
     every_element = True  # the group sums of every payload element
 
     def check(self, q: GroupsQuery, config, agg) -> None:

@@ -54,7 +54,7 @@ class TooManyFailures(HttpError):
 class Refused(NamedTuple):
     """A report not stored: its index in the upload, and why."""
 
-    index: int
+    index: int  # type: ignore[assignment]  # (a field named as tuple.index, which it hides)
     error: str
 
 
@@ -88,7 +88,7 @@ def take_one(srv: Server, task_id: str, raw: bytes, address: str, failures: Fail
         metrics.count_reports(0, 0, [rejected[0].error])
         raise HttpError(400, rejected[0].error)
     taken: list[int] = []
-    if not srv.add_reports(st, good, taken):
+    if st is None or not srv.add_reports(st, good, taken):  # (an unknown task's report is refused above)
         metrics.count_reports(0, 0 if taken else 1, [TAKEN] if taken else [])
         if taken:  # another share under this id: not this report (issue 42)
             raise ReportIdTaken()
@@ -109,7 +109,7 @@ def take_batch(srv: Server, task_id: str, raw: bytes, address: str, failures: Fa
     st = known_task(task_id, srv)
     good, rejected = accept(srv, st, raws, address, failures)
     taken: list[int] = []
-    added = srv.add_reports(st, good, taken)  # and round one of a verified task's new reports, now
+    added = srv.add_reports(st, good, taken) if st is not None else 0  # and the new reports' batches, now
     refused = {r.index for r in rejected}
     at = [i for i in range(len(raws)) if i not in refused]  # good's indices in the batch (`accept` keeps its order)
     conflicts = [Refused(at[k], TAKEN) for k in taken]
@@ -123,7 +123,8 @@ class _Refusals:
     refused whole (400) once there are more than REJECTS_PER_BATCH of them."""
 
     def __init__(self, address: str, failures: Failures):
-        self.address, self.failures, self.list = address, failures, []
+        self.address, self.failures = address, failures
+        self.list: list[Refused] = []
 
     def __call__(self, i: int, error: str) -> None:
         self.list.append(Refused(i, error))
@@ -193,7 +194,7 @@ def accept(srv: Server, st: TaskState | None, raws: list[bytes], address: str, f
     restored unfinished from a backup), 429 when the address runs out of failures while shares are opened."""
     refuse = _Refusals(address, failures)
     candidates = _sealed(srv, st, raws, refuse)
-    if not candidates:
+    if not candidates or st is None:  # (an unknown task's reports are all refused as foreign)
         return [], sorted(refuse.list)
     if not st.collecting():  # Restored (409) first if restored unfinished from a backup
         raise HttpError(409, closed_because(srv, st.config.task_id))

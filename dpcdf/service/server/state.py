@@ -12,14 +12,16 @@ import logging
 import os
 import secrets
 import threading
-from contextlib import contextmanager
+from fractions import Fraction
 from pathlib import Path
-from typing import Callable, Iterator
+from typing import Callable
 
 from fss import KeyBatch, backend
 
+import numpy as np
+
 from ...errors import DpcdfError
-from ..files import write_secret
+from ...release.noise import prf_key, prf_noise
 from ..hpke import ServerKeys
 from ..protocols.channel import CHECK, RECONCILIATION, Kind, Message, NotReady, Refused, Unopened
 from ..protocols.check import round_one
@@ -28,9 +30,10 @@ from ..protocols.reconciliation.exchange import ReconcileHelper, ReconcileLeader
 from ..protocols.reconciliation.maths import SyncError
 from ..storage import restore, segments
 from ..storage.lifecycle import Lifecycle
-from ..storage.records import CollectionClosed, Mark
+from ..storage.records import CollectionClosed, Frozen, Mark
 from ..storage.store import Store
 from ..task import TaskConfig, token_hash
+from .access import ANALYST_LIMIT, ANALYST_LIMIT_ENV, Limiter, Throttled, operator_token  # noqa: F401 (Throttled: its old home)
 from .aggregate import Evaluator, Histogram
 from .checker import Checker
 from .context import BudgetSpent, NotClosed, TaskContext, TooFewReports, pair_key  # noqa: F401 (pair_key: its old home)
@@ -48,7 +51,8 @@ CLOSED = "collection is closed: the analyst has closed the task"
 def closed_because(srv: "Server", task_id: str) -> str:
     """Why a task takes no more reports: CLOSED, or its key shares deleted by the operator or expired."""
     life = srv.store.lifecycle(task_id)
-    why = {"deleted": "deleted by this server's operator", "expired": "expired (this server's retention)"}.get(life and life.gone)
+    why = {"deleted": "deleted by this server's operator", "expired": "expired (this server's retention)"}.get(
+        life.gone if life is not None and life.gone else "")
     return CLOSED if why is None else f"collection is closed: the task was {why}; its key shares are deleted and it takes no more reports"
 
 
@@ -72,7 +76,7 @@ class TaskState:
         self.answering = threading.Lock()
         self._checking: CheckHelper | None = None  # server 1's side of a verified close
         self._preparing = threading.Lock()
-        self.histograms = HistogramShare(ctx, lambda: self.refresh(self.store, self.store.frozen(config.task_id).seq))
+        self.histograms = HistogramShare(ctx, lambda: self.refresh(self.store, self._frozen().seq))
 
     # --- the server-to-server protocols, as the routers call them ---------------------------------
     def close_as_leader(self, post: Callable[[str, bytes], bytes]) -> None:
@@ -81,7 +85,10 @@ class TaskState:
         DONE. `post(path, message)` sends one message to server 1's "sync" or "verify" and returns its
         answer. Raises SyncError (server 1 deviated or failed) or Refused (server 1 refused a step)."""
         store, task_id = self.store, self.config.task_id
-        self.reconciliation().run(lambda m: post("sync", m))
+        leader = self.reconciliation()
+        if not isinstance(leader, ReconcileLeader):
+            raise Refused("server 1 is closed by server 0's close")
+        leader.run(lambda m: post("sync", m))
         if self.config.verify:
             if not store.marked(task_id, Mark.VERIFIED):
                 self.check_leader().run(lambda m: post("verify", m))
@@ -99,11 +106,14 @@ class TaskState:
                 answer = finish(self.ctx, message, ready_mark(self.config))
                 self.warm_histogram()
                 return answer
-            return self.reconciliation().answer(message)
+            helper = self.reconciliation()
+            if not isinstance(helper, ReconcileHelper):
+                raise Refused("server 0 answers no reconciliation message")
+            return helper.answer(message)
 
     def answer_check(self, raw: bytes) -> bytes:
         """Server 1's answer to a report-check message (Unopened, Refused, NotReady, SyncError, Restored)."""
-        life = self.store.lifecycle(self.config.task_id)
+        life = self._life()
         if restore.unfinished(life) or not self.config.verify or not life.reached(Mark.RECONCILED):
             # refused unopened: opening needs H_R, the keyed hash of the whole report set, and what depends on
             # n waits for the other server's request tag and the reconciled set (issue 42, `peer_gate`)
@@ -124,10 +134,24 @@ class TaskState:
         from a round one still in memory: the once-only rule lives in the journal (security review of
         issue 24). A released task keeps its DONE, so its channel refuses every step already. Returns the
         task's lifecycle, read under the lock."""
-        life = self.store.lifecycle(self.config.task_id)
+        life = self._life()
         if life.gone:
             raise Unopened("the task's reports are deleted")
         return life
+
+    def _life(self) -> Lifecycle:
+        """The task's lifecycle (`Store.lifecycle`); TaskNotFound if its row is gone (a purge keeps it)."""
+        life = self.store.lifecycle(self.config.task_id)
+        if life is None:
+            raise TaskNotFound(self.config.task_id)
+        return life
+
+    def _frozen(self) -> Frozen:
+        """The task's fixed report set (`Store.frozen`); NotClosed while its collection is open."""
+        fixed = self.store.frozen(self.config.task_id)
+        if fixed is None:
+            raise NotClosed("the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
+        return fixed
 
     def _open(self, raw: bytes, kinds: tuple, context: bytes = b"") -> Message:
         try:
@@ -139,7 +163,7 @@ class TaskState:
     def collecting(self) -> bool:
         """Whether the collection is still open (no report set fixed yet); `Restored` (409) if restored
         unfinished from a backup: never closed here, its reports would never count (`storage.restore`)."""
-        life = self.store.lifecycle(self.config.task_id)
+        life = self._life()
         restore.refuse_uploads(life)
         return life.collecting
 
@@ -148,7 +172,7 @@ class TaskState:
         reports; once closed, the reconciled count, none between the two (a count that changed at the
         reconciliation would show what it dropped); n only where it is public; `restore.state`."""
         task_id = self.config.task_id
-        life = self.store.lifecycle(task_id)
+        life = self._life()
         closed = not life.collecting
         n = self.view()["n"] if closed else self.store.count(task_id)
         return (n if self.config.n_public else None), closed, restore.state(life)
@@ -158,7 +182,7 @@ class TaskState:
         the check is over; None otherwise (`dpcdf close` shows it while it waits), and always where n is
         private (add/remove): round one counts whole batches of known size, so a share would give n."""
         task_id = self.config.task_id
-        if not self.config.verify or not self.config.n_public or self.store.lifecycle(task_id).reached(Mark.VERIFIED):
+        if not self.config.verify or not self.config.n_public or self._life().reached(Mark.VERIFIED):
             return None
         total = self.store.count(task_id)
         return min(1.0, self.store.checked_count(task_id) / total) if total else 0.0
@@ -167,9 +191,9 @@ class TaskState:
         """n (when public) and the report-set hash, once this server is reconciled; before, nothing
         (an intermediate hash would show whether reconciliation dropped anything)."""
         task_id, verified = self.config.task_id, self.config.verify
-        if not self.store.lifecycle(task_id).ready:  # verified if `verified`, else reconciled
+        if not self._life().ready:  # verified if `verified`, else reconciled
             return {"n": None, "reports_hash": None, "reconciled": False}
-        _, n, digest = self.store.frozen(task_id)
+        _, n, digest = self._frozen()
         return {"n": n if self.config.n_public else None, "reports_hash": digest, "reconciled": True,
                 "rejected": self.store.rejections(task_id) if verified else None}
 
@@ -180,7 +204,7 @@ class TaskState:
         reconciled `view`. 409 (`Restored`) for a task restored unfinished from a backup."""
         store, task_id = self.store, self.config.task_id
         with self.answering:
-            life = store.lifecycle(task_id)
+            life = self._life()
             restore.refuse_steps(life)  # restored unfinished: 409 before anything is frozen or sent
             if life.collecting and not store.holds(task_id, self.config.min_batch):
                 raise TooFewReports(f"the task has {store.count(task_id)} reports; queries need at least {self.config.min_batch}")
@@ -201,12 +225,12 @@ class TaskState:
         with another design after.
         Marks the task answered; returns what to evaluate, n and the report-set hash."""
         store, task_id, config = self.store, self.config.task_id, self.config
-        life = store.lifecycle(task_id)
+        life = self._life()
         if life.gone:  # a query that passed the analyst's 410 while a purge held this lock (review of issue 43)
             raise TaskGone(gone_message(task_id, life.gone))
         if not life.ready:  # verified for a verified task, else reconciled
             raise NotClosed("the task is not closed: the analyst closes it first (POST /tasks/{id}/close, Analyst.close)")
-        upto, n, digest = store.frozen(task_id)
+        upto, n, digest = self._frozen()
         if n < config.min_batch:
             raise TooFewReports(f"the task has {n} reports after reconciliation; queries need at least {config.min_batch}")
         restore.refuse_new_designs(store, life, [kind for kind, _, _ in fixes])  # a restore forgot any since
@@ -243,7 +267,7 @@ class TaskState:
     def _segments_and_histogram(self) -> None:
         """An unverified task's close on this server, once reconciled: its key shares into their
         segments, then on grids of up to GRID_SUMS_MAX its histogram share, stored (`histograms`)."""
-        self.refresh(self.store, self.store.frozen(self.config.task_id).seq)
+        self.refresh(self.store, self._frozen().seq)
         if self.histograms.answers:
             self.histograms.get()
 
@@ -281,8 +305,8 @@ class TaskState:
         def make() -> None:
             try:
                 with self.answering:  # a purge takes it: never made for a task it deletes
-                    if not self.store.lifecycle(self.config.task_id).gone:
-                        self.source(self.store, self.store.frozen(self.config.task_id).seq)
+                    if not self._life().gone:
+                        self.source(self.store, self._frozen().seq)
             except Exception as exc:  # noqa: BLE001 (a full disk): the first query makes it, or says why
                 log.warning("task %s: histogram share not made ahead of its queries: %s", self.config.task_id, exc)
 
@@ -305,7 +329,7 @@ class TaskState:
             if self.sealed:
                 return list(self.shards)
             if store.marked(self.config.task_id, "reconciled"):
-                self.shards = segments.open_or_build(store, self.config.task_id, self.dcf, self.party, store.path.parent)
+                self.shards = list(segments.open_or_build(store, self.config.task_id, self.dcf, self.party, store.path.parent))
                 self.sealed = True
                 return list(self.shards)
             shares, self.seq = store.shares_since(self.config.task_id, self.seq, upto)
@@ -317,63 +341,6 @@ class TaskState:
 
     def set_hash(self, ids: list[bytes]) -> str:
         return self.ctx.set_hash(ids)
-
-
-ADMIN_ENV = "DPCDF_ADMIN_TOKEN"
-ANALYST_LIMIT_ENV = "DPCDF_ANALYST_CONCURRENCY"
-ANALYST_LIMIT = 2  # expensive requests (closes, queries) in flight per analyst token: one running, one waiting
-RETRY_AFTER = 2  # seconds, in the 429's Retry-After header
-
-
-class Throttled(HttpError):
-    """429 with a Retry-After header: too many of one analyst's expensive requests at once."""
-
-    def __init__(self, message: str, retry_after: int = RETRY_AFTER):
-        super().__init__(429, message, {"Retry-After": str(retry_after)})
-
-
-class Limiter:
-    """At most `limit` requests in flight per key; the next one is refused at once (`Throttled`)
-    rather than queued, so one client cannot fill the server's thread pool with waiting requests."""
-
-    def __init__(self, limit: int, what: str):
-        if limit < 1:
-            raise DpcdfError(f"a request limit must be >= 1, got {limit}")
-        self.limit, self.what = limit, what
-        self._busy: dict[str, int] = {}
-        self._lock = threading.Lock()
-
-    @contextmanager
-    def slot(self, key: str) -> Iterator[None]:
-        with self._lock:
-            busy = self._busy.get(key, 0)
-            if busy >= self.limit:
-                raise Throttled(f"{self.what}: at most {self.limit} at once; try again in {RETRY_AFTER} s")
-            self._busy[key] = busy + 1
-        try:
-            yield
-        finally:
-            with self._lock:
-                left = self._busy.pop(key) - 1
-                if left:
-                    self._busy[key] = left
-
-
-def operator_token(data: Path, path: str | Path | None) -> str:
-    """The operator's token: from `path`, else $DPCDF_ADMIN_TOKEN, else DATA/admin.token (made at the
-    first start, 0600). Only its hash is kept in memory."""
-    if path is None and os.environ.get(ADMIN_ENV):
-        return os.environ[ADMIN_ENV]
-    file = Path(path) if path is not None else data / "admin.token"
-    if path is None and not file.exists():
-        write_secret(file, secrets.token_urlsafe(32).encode())
-    try:
-        token = file.read_text().strip()
-    except OSError as exc:
-        raise DpcdfError(f"cannot read the operator token file {file}: {exc}") from None
-    if len(token) < 16:
-        raise DpcdfError(f"the operator token in {file} is shorter than 16 characters")
-    return token
 
 
 class Server:
@@ -415,10 +382,12 @@ class Server:
             self.evaluator = None
 
     def warm_up(self) -> None:
-        """Compiles the kernels in the background, while reports arrive."""
+        """Compiles the kernels in the background, while reports arrive, and loads the noise sampler's (a
+        first query after a start paid it: 13 ms warm from numba's disk cache, about 0.4 s cold)."""
         def run() -> None:
             backend.warm_up()
             round_one.warm_up()
+            prf_noise(prf_key(bytes(32), "warm-up"), np.arange(2, dtype=np.uint64), Fraction(1))
             self.warm.set()
 
         threading.Thread(target=run, name="warm-up", daemon=True).start()
