@@ -48,7 +48,7 @@ class Metrics:
     """The counters, updated by the middleware (`Middleware`), the upload routes (`count_reports`) and
     a logging handler (errors logged by the server's threads), read by `render`."""
 
-    def __init__(self):
+    def __init__(self) -> None:
         self._lock = threading.Lock()
         self.started = time.time()
         self.requests: Counter = Counter()  # (method, route, status)
@@ -182,7 +182,7 @@ def _le(bound: float) -> str:
 
 
 class _Out:
-    def __init__(self):
+    def __init__(self) -> None:
         self.lines: list[str] = []
 
     def family(self, name: str, kind: str, text: str) -> None:
