@@ -1,16 +1,21 @@
 """The servers' speed: report ingest and query latency, on real server processes on loopback.
 
-    python bench/bench_server.py [--sizes 10000 100000 1000000] [--close-only]
+    python bench/bench_server.py [--sizes 10000 100000 1000000] [--bits 10] [--close-only]
 
-Unverified tasks (`verify=False`); docs/verification.md measures verified ones. Ingest: reports sealed beforehand (client work not counted), uploaded in batches of 1000 to one
+Unverified tasks (`verify=False`) on a grid of 2^--bits points; docs/verification.md measures verified ones.
+Ingest: reports sealed beforehand (client work not counted), uploaded in batches of 1000 to one
 server; each report is parsed, HPKE-opened, checked to be a key of the task, and committed to SQLite
-before the acknowledgement. Queries: the analyst's latency for 1 and 1024 thresholds (both servers,
-shares added), after a first query that loads the key cache. For n above the ingest run, the key
-shares are written into the servers' databases directly (as if ingested), since sealing a million
-reports on the client would take far longer than the queries being measured. "close" is the
-analyst's close of an unverified task: both servers freeze and reconcile their sets, and each writes
-its key shares into segments (server 1 as its reconciliation ends, server 0 after). `--close-only`
-skips the queries. The first line names the CPU and the load average before and after the run.
+before the acknowledgement. For the sizes, n - 1 reports' key shares are written into the servers'
+databases directly (as if ingested), since sealing a million reports on the client would take far
+longer than what is measured, and the last report is uploaded to both servers (`submit`): as any
+upload, it wakes each server's background work on the task's stored reports, and "collect s" is the
+time until neither server has any left (/health/operator `checking`; what runs while reports arrive).
+"close s" is the analyst's close: both servers freeze and reconcile their sets, each writes its key
+shares into segments (server 1 as its reconciliation ends, server 0 after) and, on grids of up to
+2^16 points, stores its histogram share. Queries: the analyst's latency (both servers, shares added)
+for "first q s" (the first query after the close, 1024 thresholds spread over the grid), then the
+best of 3 of 1 threshold and of 2 of the 1024 thresholds. `--close-only` skips the queries. The
+first line names the CPU and the load average before and after the run.
 """
 from __future__ import annotations
 
@@ -26,18 +31,15 @@ import numpy as np
 from dpcdf.analyst import Analyst
 from dpcdf.service.http import http
 from dpcdf.service.client import create_task
-from dpcdf.service.client import make_reports
+from dpcdf.service.client import make_reports, submit
 from dpcdf.service.wire import encode_batch
 from dpcdf.service.processes import start_server, stop
 from dpcdf.service.task import TaskConfig
 
-GRID = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": 16}
-
-
 def direct_insert(config: TaskConfig, data_dirs: list[str], n: int) -> None:
     """n reports' key shares written straight into both servers' stores."""
     dcf = config.dcf()
-    alphas = np.random.default_rng(n).integers(0, 1 << 16, n)
+    alphas = np.random.default_rng(n).integers(0, config.make_grid().size, n)
     k0, k1 = dcf.gen_batch(alphas, 1)
     body_len = dcf.params.body_len
     for party, batch, data_dir in ((0, k0, data_dirs[0]), (1, k1, data_dirs[1])):
@@ -55,8 +57,10 @@ def main() -> None:
     ap = argparse.ArgumentParser()
     ap.add_argument("--sizes", nargs="*", type=int, default=[10_000, 100_000, 1_000_000])
     ap.add_argument("--ingest", type=int, default=5000)
+    ap.add_argument("--bits", type=int, default=10, help="the grid has 2^bits points (default 10)")
     ap.add_argument("--close-only", action="store_true", help="time the close only (no ingest run, no queries)")
     args = ap.parse_args()
+    grid = {"kind": "uniform", "lo": 0.0, "hi": 1.0, "bits": args.bits}
     load_start = os.getloadavg()[0]
     with tempfile.TemporaryDirectory(prefix="dpcdf-bench-") as tmp:
         dirs = [f"{tmp}/s0", f"{tmp}/s1"]
@@ -69,7 +73,7 @@ def main() -> None:
             # 2^16 grid) would refuse at the close (each of its shares carries the check's extras)
             if args.close_only:
                 args.ingest = 0
-            config, token = create_task(urls, GRID, 1.0, "path", "substitution", min_batch=1, verify=False)
+            config, token = create_task(urls, grid, 1.0, "path", "substitution", min_batch=1, verify=False)
             make_reports(config, [0.5])  # the client's kernels compiled (or loaded) before the clock starts
             if args.ingest:
                 t = time.perf_counter()
@@ -84,23 +88,24 @@ def main() -> None:
             if args.ingest:
                 print(f"client: {args.ingest / seal:.0f} reports/s made and sealed (both shares), one core")
                 print(f"server ingest: {args.ingest / ingest:.0f} reports/s (parse, HPKE open, key check, SQLite commit)\n")
-            print(f"{'n':>9} {'close s':>8} {'load keys s':>11} {'1 threshold s':>13} {'1024 thresholds s':>17}")
+            print(f"# grid 2^{args.bits}")
+            print(f"{'n':>9} {'collect s':>9} {'close s':>8} {'first q s':>9} {'1 threshold s':>13} {'1024 thresholds s':>17}")
+            size = 1 << args.bits
+            spread = np.linspace(0, size - 1, 1024).astype(int)
             for n in args.sizes:
-                cfg, tok = create_task(urls, GRID, 1.0, "path", "substitution", min_batch=1, verify=False)
-                direct_insert(cfg, dirs, n)
-                analyst = Analyst(cfg, tok)
+                cfg, tok = create_task(urls, grid, 1.0, "path", "substitution", min_batch=1, verify=False)
+                direct_insert(cfg, dirs, n - 1)
                 os.sync()  # the inserted rows on disk, so the close's own fsyncs are what it pays for
+                collect = _timed(lambda: (submit(cfg, [0.5]), _settle(urls)))
+                analyst = Analyst(cfg, tok)
                 close = _timed(analyst.close)  # the close and the servers' reconciliation
                 if args.close_only:
-                    print(f"{n:>9} {close:>8.2f}")
+                    print(f"{n:>9} {collect:>9.2f} {close:>8.2f}")
                     continue
-                t = time.perf_counter()
-                analyst.prefix_counts([123])
-                load = time.perf_counter() - t
-                one = min(_timed(lambda: analyst.prefix_counts([40000])) for _ in range(3))
-                grid = np.linspace(0, (1 << 16) - 1, 1024).astype(int)
-                many = min(_timed(lambda: analyst.prefix_counts(grid)) for _ in range(2))
-                print(f"{n:>9} {close:>8.2f} {load:>11.2f} {one:>13.3f} {many:>17.3f}")
+                first = _timed(lambda: analyst.prefix_counts(spread))
+                one = min(_timed(lambda: analyst.prefix_counts([size * 5 // 8])) for _ in range(3))
+                many = min(_timed(lambda: analyst.prefix_counts(spread)) for _ in range(2))
+                print(f"{n:>9} {collect:>9.2f} {close:>8.2f} {first:>9.3f} {one:>13.3f} {many:>17.3f}")
         finally:
             for proc, _ in procs:
                 stop(proc)
@@ -124,6 +129,12 @@ def cpu_name() -> str:
     if flags:
         name += ", " + ("AVX-512" if "avx512f" in flags else "no AVX-512") + (", VAES" if "vaes" in flags else "")
     return name
+
+
+def _settle(urls: list[str]) -> None:
+    """Until neither server has background work on reports queued or running (/health/operator)."""
+    while any(http("GET", f"{u}/health/operator", token=os.environ["DPCDF_ADMIN_TOKEN"])["checking"] for u in urls):
+        time.sleep(0.05)
 
 
 def _timed(fn) -> float:
