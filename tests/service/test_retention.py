@@ -148,7 +148,7 @@ def test_migration_8_adds_the_retention_columns_to_a_version_7_store(tmp_path):
     store = Store(tmp_path / "s.sqlite")
     columns = {r[1] for r in store.db.execute("PRAGMA table_info(tasks)")}
     assert {"purged_at", "purge_reason"} <= columns
-    assert store.db.execute("PRAGMA user_version").fetchone()[0] == LATEST == 9
+    assert store.db.execute("PRAGMA user_version").fetchone()[0] == LATEST == 10
 
 
 @pytest.mark.parametrize("text,seconds", [("30d", 30 * 86400), ("12h", 43200), ("90m", 5400), ("45s", 45), ("2", 2),

@@ -149,6 +149,13 @@ def _add_columns(*columns: tuple[str, str, str]):
     return step
 
 
+REPORTS_BY_TASK = "CREATE INDEX IF NOT EXISTS reports_by_task ON reports (task_id, seq)"
+"""A task's reports after a seq, read or counted in O(those reports) (review of issue 44): by the seq
+range alone, each upload's wake of a task that has not filled a batch scanned every later report of
+every task (45 ms at 3 x 10^5, under the store's lock); by the (task_id, report_id) index, every
+report of the task."""
+
+
 def _create(*statements: str):
     def step(db: sqlite3.Connection) -> None:
         for statement in statements:
@@ -166,6 +173,7 @@ MIGRATIONS = (
     _create(COUNTED_VIEW),  # 7: the reports that count
     _add_columns(*RETENTION_SCHEMA),  # 8: retention
     _create(RESTORED_SCHEMA),  # 9: the restore marker
+    _create(REPORTS_BY_TASK),  # 10: a task's reports in seq order (the batches' reads)
 )
 LATEST = SCHEMA_VERSION + len(MIGRATIONS)
 

@@ -29,7 +29,7 @@ SetHash = Callable[[list[bytes]], str]
 
 
 # a task's unchecked reports after a seq, up to a seq: plain bounds, so SQLite reads the rowid range, not the table
-_UNCHECKED = "FROM reports WHERE seq > ? AND seq <= ? AND +task_id = ? ORDER BY seq LIMIT ?"
+_UNCHECKED = "FROM reports INDEXED BY reports_by_task WHERE task_id = ? AND seq > ? AND seq <= ? ORDER BY seq LIMIT ?"
 
 
 class Store:
@@ -338,7 +338,7 @@ class Store:
         """The parameters of `_UNCHECKED` (under the lock): plain bounds, no subquery in the range."""
         after, frozen = self.checked_upto(task_id) if after is None else after, self._state(task_id)[0]
         after = after or self._before_first(task_id)  # the first batch (a scan of the task's index, once)
-        return after, frozen if frozen is not None else 2**62, task_id, int(limit)
+        return task_id, after, frozen if frozen is not None else 2**62, int(limit)
 
     def add_check_batch(self, task_id: str, batch: CheckBatch) -> bool:
         """Stores a round-one batch if it starts after `checked_upto` (else a concurrent or earlier run
