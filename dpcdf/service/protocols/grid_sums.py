@@ -91,8 +91,8 @@ def decode_shares(dcf: DCF, extras: int, shares: list[bytes] | bytes | np.ndarra
     rows = share_rows(dcf, extras, shares)
     try:
         keys = layout.batch_from_rows(dcf, rows[:, :size], party)  # read in place
-    except FssError:
-        raise SyncError("a stored share is not a key of this task's function") from None
+    except FssError as exc:  # before fss.layout a KeyFormatError escaped here (review of issue 43): say why
+        raise SyncError(f"a stored share is not a key of this task's function ({exc})") from None
     values = np.ascontiguousarray(rows[:, size:]).view("<u8").astype(np.uint64).reshape(len(rows), extras)
     return keys, values
 

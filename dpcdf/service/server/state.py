@@ -103,6 +103,9 @@ class TaskState:
         with self.answering:
             restore.refuse_steps(self._not_purged())  # before the reconciliation freezes the set
             if message.kind == Kind.DONE:
+                life = self._life()  # an unverified task's segments and share, made here if DONE won the lock from the
+                if not self.config.verify and life.reached(ready_mark(self.config)) and not life.gone:  # builder thread
+                    self._segments_and_histogram()  # (`_reconciled`); a no-op once made (review of issue 44)
                 answer = finish(self.ctx, message, ready_mark(self.config))
                 self.warm_histogram()
                 return answer
@@ -262,7 +265,8 @@ class TaskState:
 
     def _build_segments(self) -> None:
         with self.answering:
-            self._segments_and_histogram()
+            if not self._life().gone:  # a delete got the lock first (review of issue 44)
+                self._segments_and_histogram()
 
     def _segments_and_histogram(self) -> None:
         """An unverified task's close on this server, once reconciled: its key shares into their
