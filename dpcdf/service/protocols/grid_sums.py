@@ -43,6 +43,7 @@ from fss import DCF, FssError, KeyBatch, layout
 from ...errors import ParameterError
 from ..storage.records import CheckBatch
 from ..storage.store import Store
+from ..task import TaskConfig
 from .context import StepContext
 from .reconciliation.maths import SyncError
 
@@ -133,11 +134,15 @@ class RingSums:
         return total
 
 
+def summed(config: TaskConfig) -> bool:
+    """Whether a task's reports are summed in batches for its histogram share: unverified, on a grid of
+    up to GRID_SUMS_MAX points (the one rule the worker, the close and the queries read)."""
+    return not config.verify and config.make_grid().size <= GRID_SUMS_MAX
+
+
 def ring_sums(ctx: StepContext) -> RingSums | None:
-    """An unverified task's `RingSums` if its grid is small enough to be summed in batches, else None."""
-    config = ctx.config
-    size = config.make_grid().size
-    return None if config.verify or size > GRID_SUMS_MAX else RingSums(config.dcf(), size)
+    """An unverified task's `RingSums` if it is `summed`, else None."""
+    return RingSums(ctx.config.dcf(), ctx.config.make_grid().size) if summed(ctx.config) else None
 
 
 _locks: dict[tuple[str, str], threading.Lock] = {}

@@ -22,7 +22,6 @@ from ...release.factorization import right_factor_times
 from ...release.mechanisms import Mechanism
 from ...release.noise import prf_key, prf_noise
 from ...release.zcdp import GaussianVariance, prf_dgauss
-from ..protocols.grid_sums import GRID_SUMS_MAX  # noqa: F401 (grids up to it: an unverified task's histogram share is kept too)
 
 
 def partial_sums(dcf: DCF, shards: list[KeyBatch], points: np.ndarray) -> np.ndarray:

@@ -61,8 +61,7 @@ class Checker:
         if config.verify:
             return True
         life = self.server.store.lifecycle(task_id)
-        return (life is not None and config.make_grid().size <= grid_sums.GRID_SUMS_MAX and life.purge_reason is None
-                and not life.ready)
+        return life is not None and grid_sums.summed(config) and life.purge_reason is None and not life.ready
 
     def _run(self) -> None:
         try:

@@ -25,7 +25,7 @@ from fss import KeyBatch
 
 from ...errors import DpcdfError
 from ..protocols import grid_sums
-from .aggregate import GRID_SUMS_MAX, Histogram
+from .aggregate import Histogram
 from .context import TaskContext
 
 
@@ -40,7 +40,7 @@ class HistogramShare:
     @property
     def answers(self) -> bool:
         """Whether the task's queries read a histogram share: verified, or a grid of up to GRID_SUMS_MAX."""
-        return self.ctx.config.verify or self.ctx.grid.size <= GRID_SUMS_MAX
+        return self.ctx.config.verify or grid_sums.summed(self.ctx.config)
 
     def get(self) -> Histogram:
         """The share for the task's current (frozen, reconciled) report set: kept, stored, or for an
