@@ -337,8 +337,7 @@ class Store:
     def _unchecked(self, task_id: str, after: int | None, limit: int) -> tuple:
         """The parameters of `_UNCHECKED` (under the lock): plain bounds, no subquery in the range."""
         after, frozen = self.checked_upto(task_id) if after is None else after, self._state(task_id)[0]
-        after = after or self._before_first(task_id)  # the first batch (a scan of the task's index, once)
-        return task_id, after, frozen if frozen is not None else 2**62, int(limit)
+        return task_id, after or 0, frozen if frozen is not None else 2**62, int(limit)  # (reports_by_task: no start to find)
 
     def add_check_batch(self, task_id: str, batch: CheckBatch) -> bool:
         """Stores a round-one batch if it starts after `checked_upto` (else a concurrent or earlier run
