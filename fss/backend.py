@@ -210,9 +210,7 @@ def eval_batch(batch: KeyBatch, xs: np.ndarray) -> np.ndarray:
     name = _fast_for(batch.params)
     if name is None:
         return _portable().eval_batch(batch, xs)
-    from . import fast
-
-    return fast.eval_batch(batch, xs, name)
+    return _fast().eval_batch(batch, xs, name)
 
 
 def eval_sum(batch: KeyBatch, points: np.ndarray) -> np.ndarray:
@@ -220,9 +218,7 @@ def eval_sum(batch: KeyBatch, points: np.ndarray) -> np.ndarray:
     name = _fast_for(batch.params)
     if name is None:
         return _portable().eval_sum(batch, points)
-    from . import fast
-
-    return fast.eval_sum(batch, points, name, threads())
+    return _fast().eval_sum(batch, points, name, threads())
 
 
 def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.ndarray) -> tuple[KeyBatch, KeyBatch]:
@@ -230,9 +226,7 @@ def gen_batch(p: TreeParams, alphas: np.ndarray, betas: np.ndarray, roots: np.nd
     name = _fast_for(p)
     if name is None:
         return _portable().gen_batch(p, alphas, betas, roots)
-    from . import fast
-
-    return fast.gen_batch(p, alphas, betas, roots, name)
+    return _fast().gen_batch(p, alphas, betas, roots, name)
 
 
 def gen_one(p: TreeParams, alpha: int, beta, randomness: bytes) -> tuple[KeyBatch, KeyBatch]:
@@ -300,8 +294,7 @@ def _grid_for(p: TreeParams) -> str | None:
     """The backend of `eval_grid` (its fused kernel also does F_p arithmetic): as `_fast_for`, but
     the test that counts is `_grid_self_test` of the kernel these parameters use (failing it gives
     a warning and the portable backend under "auto", an FssError for an explicit choice)."""
-    from . import fast
-
+    fast = _fast()
     name = current()
     if name == "portable" or p.width > fast.MAX_WIDTH:
         return None
@@ -324,9 +317,7 @@ def eval_grid(batch: KeyBatch, start: int, size: int, reverse: bool) -> np.ndarr
     name = _grid_for(batch.params)
     if name is None:
         return _portable().eval_grid(batch, start, size, reverse)
-    from . import fast
-
-    return fast.eval_grid(batch, start, size, reverse, name, threads())
+    return _fast().eval_grid(batch, start, size, reverse, name, threads())
 
 
 def eval_grid_sums(batch: KeyBatch, start: int, size: int, reverse: bool, weights: np.ndarray,
