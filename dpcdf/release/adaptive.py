@@ -69,7 +69,7 @@ from typing import cast
 import numpy as np
 
 from ..errors import ParameterError
-from . import plan_error, postprocess
+from . import adaptive_level, plan_error, postprocess
 from .adaptive_route import ROUND_ZERO_IDS, ZERO_SHARE, RoutedRelease
 from .mechanisms import Answers, BinAnswers, CoordinateAnswers, Mechanism, NodeAnswers, NoiseFn, TreeMechanism, check_relation
 from .histogram import (FILLS, UNIFORM_SHARE, bins_noise, equal_width_ends, fill_linear, fill_pchip,  # noqa: F401
@@ -90,7 +90,7 @@ MIN_ADAPTIVE_GRID = 8 * ROUND_ONE_BINS  # smaller grids: the tree (`auto` picks 
 MIN_ADAPTIVE_EPSILON = MIN_EPSILON / FINE_SHARE * (1 + 1e-9)  # smaller epsilons: the tree (`auto` picks it); where round
 # zero spends (add/remove from plan version 6, substitution from 8) `min_adaptive_epsilon`, as its share and the rest's fine
 # share must reach MIN_EPSILON
-PLAN_VERSION = 8  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
+PLAN_VERSION = 9  # the plan's rules (`AdaptiveMechanism.plan_version`; a task pins the one it was made with)
 EMPTY_SDS = 4.0  # a round-two bin of a non-flat plan within this many noise sds of zero is taken as empty (flat data's
 # equal-width bins never are); 2 before: an empty bin's noise passed 2 sds in 6% of bins and then entered every later prefix
 # (measurements in docs/accuracy.md, "Split groups")
@@ -201,16 +201,27 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         if not isinstance(self.share_rule, int) or isinstance(self.share_rule, bool) or self.share_rule not in (1, 2):
             raise ParameterError(f"the adaptive shares' rule is 1 or 2, got {self.share_rule!r:.40}")
         budget = self.route_budget()  # the rounds' (and the whole tree's) budget: epsilon less round zero's
-        one_share, fine_share = round_one_shares(self.epsilon, self.relation, self.share_rule if self.fine else 1)
-        self.eps_fine = budget * fine_share if self.fine else 0.0
-        self.eps_one = budget * one_share
-        self.isolated_sds = ISOLATED_SDS * one_share / ROUND_ONE_SHARE  # rule 1's threshold in counts (`unplaced`)
+        delta = TreeMechanism.level_sensitivity(self.relation)
+        if self.rules.level_one:  # version 9: round one is a level of the whole tree (`adaptive_level`)
+            if not self.fine:
+                raise ParameterError("plan version 9's round one is a level of the tree, its fine bins: fine=True")
+            self.tree = TreeMechanism(self.size, budget, self.relation)
+            self.one_level, self.fine_ends, self.round_one_ends = adaptive_level.layout(self.tree, fine_bins(self.size))
+            self.scale_fine = self.scale_one = cast(Fraction, self.tree.scales[self.one_level])  # (a level below the root)
+            self.eps_one, self.eps_fine, self.isolated_sds = 0.0, float(delta / self.scale_fine), ISOLATED_SDS
+            if Fraction(self.eps_fine) < delta / self.scale_fine:  # the float at or above the level's exact budget
+                self.eps_fine = math.nextafter(self.eps_fine, math.inf)
+        else:
+            one_share, fine_share = round_one_shares(self.epsilon, self.relation, self.share_rule if self.fine else 1)
+            self.eps_fine = budget * fine_share if self.fine else 0.0
+            self.eps_one = budget * one_share
+            self.isolated_sds = ISOLATED_SDS * one_share / ROUND_ONE_SHARE  # rule 1's threshold in counts (`unplaced`)
         self.eps_two = budget - self.eps_one - self.eps_fine
         while Fraction(self.eps_one) + Fraction(self.eps_fine) + Fraction(self.eps_two) > Fraction(budget):
             self.eps_two = math.nextafter(self.eps_two, 0.0)  # the float split's last bit
-        delta = TreeMechanism.level_sensitivity(self.relation)
-        self.scale_one = scale_fraction(delta, self.eps_one)
-        self.scale_fine = scale_fraction(delta, self.eps_fine) if self.fine else None
+        if not self.rules.level_one:
+            self.scale_one = scale_fraction(delta, self.eps_one)
+            self.scale_fine = scale_fraction(delta, self.eps_fine) if self.fine else None
         self.scale_two = scale_fraction(delta, self.eps_two)
         self.root = self.share_rule >= 2 and self.fine and self.relation == "add-remove" and self.epsilon >= ROOT_EPSILON
         self.scale_root = None
@@ -224,12 +235,14 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
             assert self.group_share is not None  # (every plan version with groups gives their share)
             eps_group, eps_inner = split_budget(eps_bins, self.group_share)
             self.scale_group, self.scale_inner = scale_fraction(delta, eps_group), scale_fraction(delta, eps_inner)
-        self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
+        if not self.rules.level_one:
+            self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
+            self.round_one_ends = equal_width_ends(self.size, ROUND_ONE_BINS)
+            self.fine_ends = equal_width_ends(self.size, fine_bins(self.size)) if self.fine else np.zeros(0, np.int64)
         self.whole = TreeMechanism(self.size, budget, self.relation) if self.routed else None
         self.shape = self.tree.shape  # node queries are round two's tree's (or with `whole`, the whole tree's)
-        self.round_one_ends = equal_width_ends(self.size, ROUND_ONE_BINS)
-        self.fine_ends = equal_width_ends(self.size, fine_bins(self.size)) if self.fine else np.zeros(0, np.int64)
-        self.round_one_parts = [self.round_one_ends] + ([self.fine_ends] if self.fine else [])
+        # what a server answers as round one (version 9: the level's nodes alone; the coarse bins are their sums)
+        self.round_one_parts = [self.fine_ends] if self.rules.level_one else [self.round_one_ends] + ([self.fine_ends] if self.fine else [])
         self.bins_one = ROUND_ONE_BINS + self.fine_ends.size
         exact = self.exact_epsilon(self.relation)  # (the round-two tree's own relation: a guarantee)
         if exact is None or exact > Fraction(self.epsilon):
@@ -238,7 +251,10 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
     # --- the plan ----------------------------------------------------------------------------
     def plan(self, round_one: np.ndarray, n: float | None = None, copies: int = 1) -> RoundTwo:
         """Round two's design (`RoundOnePlanner.plan`); from plan version 6 a histogram only where its
-        estimated error, times `plan_error.SAFETY`, is below the tree's (`plan_error`), else the tree."""
+        estimated error, times `plan_error.SAFETY`, is below the tree's (`plan_error`), else the tree.
+        Version 9 takes round one as the servers answer it (the level's counts) or with its coarse sums first."""
+        if self.rules.level_one and np.size(round_one) == self.fine_ends.size:  # version 9: the level's counts, as
+            round_one = adaptive_level.with_coarse(round_one, self.fine_ends, self.round_one_ends)  # the servers answer them
         proposal = super().plan(round_one, n, copies)
         if not self.rules.gate or proposal.design == "tree":
             return proposal
@@ -252,6 +268,8 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         or two (a histogram's bins, or with `root` its count of the whole grid; `copies` independent noises)."""
         scale = (self.scale_root if root else self.scale_two) if round_ == 2 else self.scale_fine if fine else self.scale_one
         assert scale is not None  # (`root` and `fine` asked of a release that has them)
+        if round_ == 1 and not fine and self.rules.level_one:  # version 9: a coarse bin sums its nodes, on average this many
+            return copies * dlaplace_variance(scale) * self.fine_ends.size / ROUND_ONE_BINS
         return copies * dlaplace_variance(scale)
 
     def check_plan(self, plan: RoundTwo) -> RoundTwo:
@@ -326,6 +344,10 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
             if self.scale_zero is None:
                 return np.zeros(1, np.int64)
             return noise(ROUND_ZERO_IDS + np.arange(k, dtype=np.int64), self.scale_zero)
+        if self.rules.level_one:  # version 9: the level's node noise, as the tree's (`adaptive_level`)
+            if count != self.fine_ends.size:
+                raise ParameterError(f"round one is the {self.fine_ends.size} nodes of the tree's level {self.one_level}")
+            return self.tree.node_noise(self.one_level, np.arange(count), noise)
         ids = ROUND_ONE_IDS + np.arange(count, dtype=np.int64)
         out = noise(ids[:ROUND_ONE_BINS], self.scale_one)
         if count <= ROUND_ONE_BINS:
@@ -362,13 +384,20 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
             if self.take_whole(route_n, copies) or (zero is not None and self.screened(zero, copies)):
                 whole = self.whole.gather(prefix_at, lambda level: nodes_at(level, whole=True))
                 return AdaptiveRelease(np.zeros(0), RoundTwo("whole"), whole, zero=zero)
+        answers = sum(e.size for e in self.round_one_parts)
         one = np.asarray(bins_at(1, np.concatenate(self.round_one_parts)), dtype=np.float64)
-        if one.ndim != 1 or one.size != self.bins_one or not np.isfinite(one).all():
-            raise ParameterError(f"round one has {self.bins_one} bin counts of one ECDF, got shape {one.shape}")
+        if one.ndim != 1 or one.size != answers or not np.isfinite(one).all():
+            raise ParameterError(f"round one has {answers} bin counts of one ECDF, got shape {one.shape}")
+        if self.rules.level_one:  # version 9: its coarse bins are sums of the level's nodes (`adaptive_level`)
+            one = adaptive_level.with_coarse(one, self.fine_ends, self.round_one_ends)
         total = n() if callable(n) else n
         plan = self.plan(one, total if self.relation == "substitution" else None, copies)
         if plan.design == "tree":
-            return AdaptiveRelease(one, plan, self.tree.gather(prefix_at, nodes_at), zero=zero)
+            level_nodes = nodes_at
+            if self.rules.level_one:  # round one's answers are the level's: never asked (central noise: drawn) twice
+                def level_nodes(level: int, whole: bool = False) -> np.ndarray:
+                    return one[ROUND_ONE_BINS:].copy() if level == self.one_level else nodes_at(level)
+            return AdaptiveRelease(one, plan, self.tree.gather(prefix_at, level_nodes), zero=zero)
         groups = (np.asarray(plan.groups, np.int64),) if plan.groups else ()  # (a `bins_at(round, ends)` without groups too)
         two = np.asarray(bins_at(2, np.asarray(plan.ends), *groups), dtype=np.float64)
         k, split = len(plan.ends), int(self.layout(plan)[1].sum())
@@ -515,6 +544,8 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         bins = delta / self.scale_two
         if self.scale_group is not None and self.scale_inner is not None:  # a unit in a split group: its total and its bin
             bins = max(bins, delta / self.scale_group + delta / self.scale_inner)
+        if self.rules.level_one:  # version 9: round one is a level of the tree, whose guarantee counts it already
+            return max(fine + bins + root, tree)
         rounds = delta / self.scale_one + fine + max(bins + root, tree)
         if self.whole is None:  # not routed
             return rounds
@@ -522,10 +553,16 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         return None if whole is None else self.zero_epsilon(relation) + max(rounds, whole)
 
     def rounded_budgets(self) -> int:
+        if self.rules.level_one:  # version 9: the level's budget is the tree's own
+            return max(2 + self.root + (self.scale_group is not None), self.tree.rounded_budgets())
         rounds = 1 + self.fine + max(1 + self.root + (self.scale_group is not None), self.tree.rounded_budgets())
         return rounds if self.whole is None else (self.scale_zero is not None) + max(rounds, self.whole.rounded_budgets())
 
     def _describe(self) -> str:
+        if self.rules.level_one:
+            return (f"adaptive (plan version 9): the {self.fine_ends.size} nodes of level {self.one_level} of the b-ary tree "
+                    f"with eps {self.eps_fine:.4g} (its own), then the rest of that tree, or a histogram chosen from them "
+                    f"with eps {self.eps_two:.4g}")
         fine = f" and {self.fine_ends.size} with eps {self.eps_fine:.4g}" if self.fine else ""
         root = f" (a histogram also counts n with {ROOT_SHARE_TWO:g} of it)" if self.root else ""
         rounds = (f"{ROUND_ONE_BINS} bins with eps {self.eps_one:.4g}{fine}, then a histogram or the b-ary tree "

@@ -78,6 +78,8 @@ class PlanRules:
     screen: tuple[str, ...]  # the relations under which round zero counts the fine bins, and data whose point masses no
     # histogram could keep take the whole tree below the route's n too (`adaptive_route.RoutedRelease.screened`):
     # version 7 add/remove, version 8 substitution too (there n is public: round zero's counts are for the screen)
+    level_one: bool = False  # version 9: round one is one level of the whole tree at its own budget, which a tree ending the
+    # release reuses as it is (`adaptive_level`): no route, no round zero, and the tree costs nothing against itself
 
 
 PLAN_RULES = {
@@ -90,6 +92,8 @@ PLAN_RULES = {
     7: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, True, True, ("add-remove",)),
     8: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, True, True,
                  ("add-remove", "substitution")),
+    9: PlanRules(REFINED_WIDTH, True, True, FLAT_BINS, GROUPED_NARROW_SDS, True, GROUP_SHARE_5, MIN_FLAT_BINS, True, False, (),
+                 level_one=True),
 }
 
 
@@ -128,7 +132,7 @@ class RoundOnePlanner:
         mean of each coarse count and its fine bins' sum (post-processing of round one)."""
         counts = np.asarray(counts, dtype=np.float64)
         coarse, var = counts[:ROUND_ONE_BINS], self.noise_variance(1, copies)
-        if not self.fine:
+        if not self.fine or self.rules.level_one:  # (version 9: the coarse counts are the fine ones' sums already)
             return coarse, var
         sums = counts[ROUND_ONE_BINS:].reshape(ROUND_ONE_BINS, -1)
         sums_var = self.noise_variance(1, copies, fine=True) * sums.shape[1]

@@ -1,7 +1,8 @@
 """Round two's design does not drift within a plan version: tests/vectors/adaptive_plans_v1.json pins
 the plan of every version for fixed round-one answers (eight data shapes, three epsilons, both
 relations; written by `tests/vectors/generate_adaptive_plans.py`, its versions 1 to 3 checked against
-the code before version 4, and 1 to 4 against the file before version 5). A server fixes a task's design the first time it is asked and the analyst
+the code before version 4, and 1 to 4 against the file before version 5; version 9 from its own round one, a
+level of the tree). A server fixes a task's design the first time it is asked and the analyst
 plans with the rules the task pinned, so a silent change here would make them disagree (403)."""
 from __future__ import annotations
 
@@ -13,14 +14,16 @@ import pytest
 
 from dpcdf.release.adaptive import AdaptiveMechanism
 
-SHARE_RULE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 2}  # as `tests/vectors/generate_adaptive_plans.py` planned each version
+SHARE_RULE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 2, 9: 2}  # as `tests/vectors/generate_adaptive_plans.py` planned each version
 
 VECTORS = json.loads((Path(__file__).resolve().parents[1] / "vectors" / "adaptive_plans_v1.json").read_text())
 CASES = VECTORS["cases"]
 
 
 def test_the_vectors_cover_every_version_shape_and_design():
-    assert {v for c in CASES for v in c["plans"]} == {"1", "2", "3", "4", "5", "6", "7", "8"}
+    assert {v for c in CASES for v in c["plans"]} == {"1", "2", "3", "4", "5", "6", "7", "8", "9"}
+    nine = {(p["plans"]["9"]["design"], p["plans"]["9"]["fill"], bool(p["plans"]["9"]["groups"])) for p in CASES}
+    assert {("tree", "linear", False), ("bins", "pchip", False), ("bins", "linear", False), ("bins", "pchip", True)} <= nine
     assert len({c["shape"] for c in CASES}) == 8 and {c["relation"] for c in CASES} == {"substitution", "add-remove"}
     designs = {(v, p["design"], p["fill"], bool(p["groups"])) for c in CASES for v, p in c["plans"].items()}
     assert {("4", "bins", "pchip", True), ("4", "bins", "linear", False), ("4", "bins", "pchip", False),
@@ -39,8 +42,8 @@ def test_the_vectors_cover_every_version_shape_and_design():
 
 @pytest.mark.parametrize("case", CASES, ids=lambda c: f"{c['shape']}-{c['round_one_is']}-{c['relation']}-{c['epsilon']}")
 def test_every_versions_plan_is_what_it_was(case):
-    one = np.array(case["round_one"], np.float64)
     for version, want in case["plans"].items():
+        one = np.array(case["round_one_9" if version == "9" else "round_one"], np.float64)  # version 9: a level of the tree
         plan = AdaptiveMechanism(case["size"], case["epsilon"], case["relation"], plan_version=int(version),
                                  share_rule=SHARE_RULE[int(version)]).plan(one, case["n"])
         got = {"design": plan.design, "ends": list(plan.ends), "fill": plan.fill, "groups": list(plan.groups)}

@@ -144,7 +144,8 @@ def test_plan_version_6_trees_are_covered_with_the_earlier_rounds_counts(relatio
     for n, design in ((60_000, "whole"), (800, "tree")):
         values = np.repeat([300, 700], n // 2) if design == "tree" else rng.integers(0, 1024, n)
         truth = dpcdf.prefix_counts(values, grid) / n
-        rels = [dpcdf.release_ecdf(values, grid, 1.0, "adaptive", relation) for _ in range(runs)]
+        mech = dpcdf.AdaptiveMechanism(1024, 1.0, relation, plan_version=8)
+        rels = [dpcdf.release_ecdf(values, grid, 1.0, mech, relation) for _ in range(runs)]
         ours = [r for r in rels if r.released.plan.design == design]
         assert len(ours) > 0.5 * runs, (design, {r.released.plan.design for r in rels})  # (61% tree: 0.6 was flaky)
         assert "earlier rounds' counts" in band.linear_estimate(ours[0]).what or (design, relation) == ("whole", "substitution")
@@ -371,7 +372,7 @@ def test_plan_version_8_screened_substitution_releases_are_covered():
     grid, runs = Grid.integers(1024), 120
     values = np.full(1000, 500)  # the data set
     truth = dpcdf.prefix_counts(values, grid) / values.size
-    rels = [dpcdf.release_ecdf(values, grid, 2.0, "adaptive", "substitution") for _ in range(runs)]
+    rels = [dpcdf.release_ecdf(values, grid, 2.0, dpcdf.AdaptiveMechanism(1024, 2.0, plan_version=8), "substitution") for _ in range(runs)]
     ours = [r for r in rels if r.released.plan.design == "whole"]
     assert rels[0].mechanism.plan_version == 8 and len(ours) > 0.7 * runs and ours[0].released.zero is not None
     assert "earlier rounds' counts" in band.linear_estimate(ours[0]).what

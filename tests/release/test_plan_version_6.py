@@ -96,7 +96,7 @@ def test_the_tree_error_the_plan_compares_is_the_merged_estimates_own(relation):
     """`plan_error.tree_error` (exact, from public parameters) against the mean squared error of the
     merged round-two tree over 400 draws of its noise and round one's (the error formula); reusing
     round one makes it smaller than the round-two tree's alone."""
-    mech = AdaptiveMechanism(512, 1.0, relation)
+    mech = AdaptiveMechanism(512, 1.0, relation, plan_version=8)
     rng = np.random.default_rng(1)  # simulated noise for a statistical check, not a release
     draws = 400
     tree = mech.tree
@@ -179,7 +179,7 @@ def test_point_masses_are_not_interpolated_across_at_any_scale(relation):
     round one's 20% lost when the plan ends in the tree; version 5 there: up to 5x, docs/accuracy.md)."""
     rng = np.random.default_rng(3)  # the data sets
     grid = Grid.uniform(0, 100, 12)
-    v6, v5 = AdaptiveMechanism(4096, 1.0, relation), adaptive_v5(4096, 1.0, relation)
+    v6, v5 = AdaptiveMechanism(4096, 1.0, relation, plan_version=8), adaptive_v5(4096, 1.0, relation)
     prefix = dpcdf.prefix_counts(np.rint(rng.normal(50, 3, 100_000)), grid)
     assert [v6.noisy(prefix, secure_node_noise).plan.design for _ in range(4)] == ["whole"] * 4
     assert "bins" in [v5.noisy(prefix, secure_node_noise).plan.design for _ in range(4)]
@@ -197,7 +197,7 @@ def test_smooth_small_data_keeps_its_histogram():
     grid = Grid.integers(1024)
     prefix = dpcdf.prefix_counts(values, grid)
     for relation in ("substitution", "add-remove"):
-        mech = AdaptiveMechanism(1024, 0.1, relation)
+        mech = AdaptiveMechanism(1024, 0.1, relation, plan_version=8)
         designs = [mech.noisy(prefix, lambda ids, scale, k=k: prf_noise(bytes([k]) * 16, ids, scale)).plan.design
                    for k in range(20)]
         assert designs.count("bins") >= 5, (relation, designs)
@@ -213,7 +213,7 @@ def test_planning_on_the_largest_grids_stays_small():
 
     tracemalloc.start()
     try:
-        mech = AdaptiveMechanism(1 << 20, 1.0, "add-remove")
+        mech = AdaptiveMechanism(1 << 20, 1.0, "add-remove", plan_version=8)
         limit, error = mech.whole_limit(2), plan_error.tree_error(mech, 2)
         assert plan_error.reuse_merge(mech, "tree", 2) is None and limit > 0 and error == 2 * mech.tree.expected_mse()
         assert tracemalloc.get_traced_memory()[1] < 200e6

@@ -10,7 +10,7 @@ import pytest
 
 import dpcdf
 from dpcdf import Grid, TreeMechanism
-from dpcdf.release.adaptive import AdaptiveMechanism
+from dpcdf.release.adaptive import AdaptiveMechanism, min_adaptive_epsilon
 from dpcdf.release.ecdf import finish_release
 from dpcdf.release.noise import dlaplace_variance, prf_noise
 
@@ -46,7 +46,7 @@ def test_point_masses_below_the_routes_n_take_the_whole_tree():
 def test_spread_data_are_not_screened(epsilon):
     """Data with no point mass (uniform on the grid, at a third of the route's n): round zero never
     screens them, whatever its noise (40 draws), so the rounds may still find a histogram."""
-    mech = AdaptiveMechanism(4096, epsilon, "add-remove")
+    mech = AdaptiveMechanism(4096, epsilon, "add-remove", plan_version=8)
     n = int(mech.whole_limit() / 3)
     fine = np.full(mech.fine_ends.size, n / mech.fine_ends.size)
     noise = [prf_noise(bytes([k]) * 16, np.arange(fine.size), mech.scale_zero) for k in range(40)]
@@ -59,7 +59,7 @@ def test_spread_data_are_not_screened(epsilon):
 
 def test_round_zeros_n_errs_low_by_one_sd_of_its_sum():
     """Version 7's n for the route is the fine counts' sum less one sd of it (a single count's in version 6)."""
-    seven, six = AdaptiveMechanism(1024, 0.5, "add-remove"), AdaptiveMechanism(1024, 0.5, "add-remove", plan_version=6)
+    seven, six = AdaptiveMechanism(1024, 0.5, "add-remove", plan_version=7), AdaptiveMechanism(1024, 0.5, "add-remove", plan_version=6)
     counts = np.arange(seven.fine_ends.size, dtype=np.float64)
     sd = math.sqrt(counts.size * dlaplace_variance(seven.scale_zero))
     assert seven.zero_n(counts) == pytest.approx(counts.sum() - sd) and six.zero_n(np.array([500.0])) == 500.0
@@ -83,7 +83,7 @@ def test_version_7_spends_and_scales_as_version_6(relation, size, epsilon):
 def test_round_zeros_bins_partition_any_grid(size):
     """Round zero's privacy rests on its bins partitioning the grid (a record moves one count by 1):
     strictly increasing ends, the last the grid's last point, on grids that are not powers of two too."""
-    ends = AdaptiveMechanism(size, 1.0, "add-remove").zero_ends
+    ends = AdaptiveMechanism(size, 1.0, "add-remove", plan_version=8).zero_ends
     assert ends[-1] == size - 1 and ends[0] >= 0 and np.all(np.diff(ends) > 0) and ends.size > 1
     counts = np.diff(np.append(-1, ends))  # each bin's points: every point in exactly one bin
     assert counts.sum() == size
@@ -93,6 +93,7 @@ def test_too_small_an_epsilon_under_add_remove_is_a_clear_error_and_auto_takes_t
     """Review of version 7: round zero's 2% of 3e-5 is below the least share; the mechanism says so
     (not a scale error), and the default release takes the tree."""
     with pytest.raises(dpcdf.ParameterError, match="epsilon >= 5e-05 under add-remove"):
-        AdaptiveMechanism(4096, 3e-5, "add-remove")
-    rel = dpcdf.release_ecdf(np.linspace(0, 1, 50), Grid.uniform(0, 1, 12), 3e-5, "auto", "add-remove")
+        AdaptiveMechanism(4096, 3e-5, "add-remove", plan_version=8)
+    assert min_adaptive_epsilon("add-remove", 8) > 3e-5  # (the default version's least is its own: `test_policy`)
+    rel = dpcdf.release_ecdf(np.linspace(0, 1, 50), Grid.uniform(0, 1, 12), 1.5e-5, "auto", "add-remove")
     assert isinstance(rel.mechanism, TreeMechanism)

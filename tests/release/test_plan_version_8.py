@@ -32,7 +32,7 @@ def test_point_masses_under_substitution_take_the_whole_tree():
     98% of epsilon, round zero's counts merged in: within 2% of that tree's error, paired draws."""
     grid = Grid.uniform(0, 100, 12)
     prefix = dpcdf.prefix_counts(np.rint(np.random.default_rng(3).normal(50, 1, 8000)), grid)  # the data set
-    eight, seven = AdaptiveMechanism(4096, 1.0), AdaptiveMechanism(4096, 1.0, plan_version=7)
+    eight, seven = AdaptiveMechanism(4096, 1.0, plan_version=8), AdaptiveMechanism(4096, 1.0, plan_version=7)
     assert eight.plan_version == 8 and not eight.take_whole(8000) and eight.zero_sensitivity == 2
     eights = [_release(eight, prefix, k) for k in range(12)]
     assert all(r.released.plan.design == "whole" for r in eights)
@@ -47,7 +47,7 @@ def test_point_masses_under_substitution_take_the_whole_tree():
 def test_spread_data_under_substitution_are_not_screened(epsilon):
     """Uniform data at a third of the route's n: round zero's noise (40 draws) never screens them; half
     the data on one fine bin is screened."""
-    mech = AdaptiveMechanism(4096, epsilon)
+    mech = AdaptiveMechanism(4096, epsilon, plan_version=8)
     n = int(mech.whole_limit() / 3)
     fine = np.full(mech.fine_ends.size, n / mech.fine_ends.size)
     noise = [prf_noise(bytes([k]) * 16, np.arange(fine.size), mech.scale_zero) for k in range(40)]
@@ -61,13 +61,13 @@ def test_spread_data_under_substitution_are_not_screened(epsilon):
 def test_version_8_spends_round_zero_under_substitution_and_nothing_new_under_add_remove(size, epsilon):
     """Substitution: round zero's scale is 2 / (0.02 eps) and the routes share the rest (each scale
     version 7's at 98% of epsilon); add/remove: every scale and the exact epsilon are version 7's."""
-    eight, seven = AdaptiveMechanism(size, epsilon), AdaptiveMechanism(size, epsilon, plan_version=7)
+    eight, seven = AdaptiveMechanism(size, epsilon, plan_version=8), AdaptiveMechanism(size, epsilon, plan_version=7)
     assert seven.scale_zero is None and eight.scale_zero == scale_fraction(2, epsilon * ZERO_SHARE)
     assert np.array_equal(eight.zero_ends, eight.fine_ends) and eight.exact_epsilon("substitution") <= Fraction(epsilon)
     at_rest = AdaptiveMechanism(size, eight.whole.epsilon, plan_version=7)  # version 7 with what round zero leaves
     for name in ("scale_one", "scale_fine", "scale_two", "scale_group", "scale_inner"):
         assert getattr(eight, name) == getattr(at_rest, name), name
-    eight, seven = AdaptiveMechanism(size, epsilon, "add-remove"), AdaptiveMechanism(size, epsilon, "add-remove", plan_version=7)
+    eight, seven = AdaptiveMechanism(size, epsilon, "add-remove", plan_version=8), AdaptiveMechanism(size, epsilon, "add-remove", plan_version=7)
     for name in ("scale_zero", "scale_one", "scale_fine", "scale_two", "scale_root", "scale_group", "scale_inner"):
         assert getattr(eight, name) == getattr(seven, name), name
     assert eight.exact_epsilon("add-remove") == seven.exact_epsilon("add-remove")
@@ -76,7 +76,7 @@ def test_version_8_spends_round_zero_under_substitution_and_nothing_new_under_ad
 def test_round_zeros_counts_move_by_at_most_two_between_substitution_neighbours():
     """Brute force on 2^8: moving one unit from grid point i to j changes round zero's fine counts by
     at most 2 in L1, the sensitivity its scale is set for."""
-    mech = AdaptiveMechanism(256, 1.0)
+    mech = AdaptiveMechanism(256, 1.0, plan_version=8)
     of = np.searchsorted(mech.zero_ends, np.arange(256))  # each grid point's fine bin
     i, j = np.meshgrid(np.arange(256), np.arange(256))
     moved = np.where(of[i] == of[j], 0, 2)  # -1 in i's bin, +1 in j's
@@ -87,7 +87,7 @@ def test_round_zeros_counts_move_by_at_most_two_between_substitution_neighbours(
 def test_the_route_takes_the_public_n_not_round_zeros_sum(n, design):
     """Under substitution the route's n is n itself (given, or a function giving it), whatever round
     zero's noisy counts sum to; the servers' answers here are all zero but for n."""
-    mech = AdaptiveMechanism(1024, 1.0)
+    mech = AdaptiveMechanism(1024, 1.0, plan_version=8)
     assert mech.take_whole(200_000) and not mech.take_whole(300)
 
     def bins_at(round_, ends, groups=()):
@@ -102,7 +102,7 @@ def test_the_route_takes_the_public_n_not_round_zeros_sum(n, design):
 def test_a_substitution_release_without_n_is_refused_before_any_question():
     """Review of version 8: with n unknown (None) under substitution, round zero's noisy sum would route
     the release and round two could not be planned; the release is refused before anything is asked."""
-    mech, asked = AdaptiveMechanism(1024, 1.0), []
+    mech, asked = AdaptiveMechanism(1024, 1.0, plan_version=8), []
 
     def bins_at(round_, ends, groups=()):
         asked.append(round_)

@@ -24,7 +24,8 @@ def test_the_central_release_and_a_task_pick_the_same_pure_mechanism(bits, relat
     grid = Grid.uniform(0, 1, bits)
     choice = auto_mechanism(grid.size, relation, "pure", epsilon)
     assert choice == ("adaptive" if grid.size >= MIN_ADAPTIVE_GRID and epsilon >= min_adaptive_epsilon(relation) else "tree")
-    assert min_adaptive_epsilon(relation) == pytest.approx(5e-5)  # version 8: round zero under substitution too
+    assert min_adaptive_epsilon(relation) == MIN_ADAPTIVE_EPSILON  # version 9: no round zero, every share at least 5%
+    assert min_adaptive_epsilon(relation, plan_version=8) == pytest.approx(5e-5)  # version 8: round zero under substitution too
     assert min_adaptive_epsilon(relation, plan_version=7) == (MIN_ADAPTIVE_EPSILON if relation == "substitution" else pytest.approx(5e-5))
     rel = release_ecdf(np.linspace(0, 1, 50), grid, epsilon, "auto", relation)
     assert isinstance(rel.mechanism, KIND[choice])

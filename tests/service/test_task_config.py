@@ -140,8 +140,8 @@ def test_the_client_refuses_one_server_before_it_seals_anything(monkeypatch):
 
 def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_1():
     """A server fixes round two's design the first time it is asked, so an analyst must plan from round
-    one with the rules the task was made with: a new adaptive task pins `adaptive_plan` 8 (the route, its screen, and
-    the plan by estimated error); one written with version 5 (at least `MIN_FLAT_BINS` flat bins under
+    one with the rules the task was made with: a new adaptive task pins `adaptive_plan` 9 (round one a level of the
+    tree, the plan by estimated error), one written with version 8 (the route, its screen) keeps it; one written with version 5 (at least `MIN_FLAT_BINS` flat bins under
     substitution) keeps it, and so does a config written with version 4 (graded
     bins, 1 or 2 flat bins), one with version 3 (a spike's run of bins also counted whole: split groups) keeps it
     (its mechanism plans by version 3); a config written with version 2 (mass round one cannot
@@ -149,8 +149,10 @@ def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_
     a plan with groups; a config with fine bins written before version 2 (no field) plans by version 1,
     with the same JSON and fingerprint (the review of issue 25 found 37 of 200 such tasks' plans refused
     with 403 after the change)."""
-    config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0}))
-    assert config.adaptive_plan == 8 and json.loads(config.to_json())["adaptive_plan"] == 8 and config.make_mechanism().routed
+    nine = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0}))
+    assert nine.adaptive_plan == 9 and json.loads(nine.to_json())["adaptive_plan"] == 9 and not nine.make_mechanism().routed
+    config = TaskConfig.from_json(nine.to_json().replace('"adaptive_plan":9,', '"adaptive_plan":8,'))
+    assert config.make_mechanism().plan_version == 8 and config.make_mechanism().routed and config.fingerprint != nine.fingerprint
     seven = TaskConfig.from_json(config.to_json().replace('"adaptive_plan":8,', '"adaptive_plan":7,'))
     assert seven.make_mechanism().plan_version == 7 and seven.fingerprint != config.fingerprint
     config = seven  # the older versions below are written over version 7's JSON
@@ -182,7 +184,7 @@ def test_an_adaptive_task_pins_its_plan_rules_and_an_older_config_keeps_version_
     assert new.check_plan(plan) == plan
     with pytest.raises(ParameterError, match="no split groups"):
         second.check_plan(plan)
-    for bad in (9, 0, True, "2"):
+    for bad in (10, 0, True, "2"):
         with pytest.raises(ParameterError, match="version"):
             TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "add-remove", "min_batch": 0, "adaptive_plan": bad}))
     tree = TaskConfig(**(BASE | {"relation": "substitution"}))
@@ -195,8 +197,9 @@ def test_an_adaptive_task_pins_round_ones_fine_bins_and_an_older_config_keeps_it
     so a server upgraded mid-task answers round one as before (not a second release of its budget)."""
     config = TaskConfig(**(BASE | {"mechanism": "adaptive", "relation": "substitution"}))
     assert config.fine_bins and json.loads(config.to_json())["fine_bins"] is True
-    assert config.make_mechanism().bins_one == 32 + 64 and TaskConfig.from_json(config.to_json()) == config
-    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":8,', "").replace('"adaptive_shares":2,', "")
+    mech = config.make_mechanism()  # version 9: round one's fine bins are the nodes of a tree level (94 on 2^10)
+    assert mech.bins_one == 32 + mech.fine_ends.size == 32 + 94 and TaskConfig.from_json(config.to_json()) == config
+    old_json = config.to_json().replace(',"fine_bins":true', "").replace('"adaptive_plan":9,', "").replace('"adaptive_shares":2,', "")
     old = TaskConfig.from_json(old_json)
     assert old.fine_bins is False and old.to_json() == old_json and old.fingerprint != config.fingerprint
     # without fine bins round one has rule 1's shares whatever the field says: one config, one fingerprint

@@ -7,7 +7,9 @@ replans every case and compares. Round one's answers are a central release's (`A
 under a fixed PRF key (and, for narrow spikes on 2^10, the exact counts too), on eight data shapes, at eps 0.1, 0.5 and 1, under both relations. When this
 file was written (plan version 4), the version 1 to 3 plans were also computed by the code before
 version 4 (commit 31b8915) and were identical; when version 5 was added, the version 1 to 4 plans
-were those of the file before it, and so were versions 1 to 5 when version 6 was added, 1 to 6 when 7 was, and 1 to 7 when 8 was.
+were those of the file before it, and so were versions 1 to 5 when version 6 was added, 1 to 6 when 7 was, 1 to 7 when 8 was,
+and 1 to 8 when 9 was. Version 9's round one is a level of the tree (`adaptive_level`), other answers than the
+earlier versions': each case carries them as `round_one_9` (the same key's noise, or the exact counts).
 Regenerate only to add a version.
 
     python tests/vectors/generate_adaptive_plans.py
@@ -21,13 +23,15 @@ from pathlib import Path
 import numpy as np
 
 from dpcdf import Grid, prefix_counts
+from dpcdf.release import adaptive_level
 from dpcdf.release.adaptive import AdaptiveMechanism
 from dpcdf.release.noise import prf_noise
 
 OUT = Path(__file__).with_name("adaptive_plans_v1.json")
 KEY = hashlib.sha256(b"fss-dpcdf adaptive plan vector key").digest()[:16]
-VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)
-SHARE_RULE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 2}  # the shares' rule each version is planned with (round one: rule 2's)
+VERSIONS = (1, 2, 3, 4, 5, 6, 7, 8)  # planned from version 5's round one; 9 from its own (`LEVEL_VERSIONS`)
+LEVEL_VERSIONS = (9,)
+SHARE_RULE = {1: 2, 2: 2, 3: 2, 4: 2, 5: 2, 6: 2, 7: 2, 8: 2, 9: 2}  # the shares' rule each version is planned with (round one: rule 2's)
 
 
 def shapes() -> dict[str, tuple[np.ndarray, int]]:
@@ -70,8 +74,16 @@ def cases() -> list[dict]:
                                                  share_rule=SHARE_RULE[version]).plan(one, n)
                         plans[str(version)] = {"design": plan.design, "ends": list(plan.ends), "fill": plan.fill,
                                                "groups": list(plan.groups)}
+                    level = AdaptiveMechanism(size, epsilon, relation, plan_version=9)
+                    one_9 = level.noisy(prefix, noise).round_one if kind == "noisy" else adaptive_level.with_coarse(
+                        np.diff(np.append(0, prefix[level.fine_ends])), level.fine_ends, level.round_one_ends)
+                    for version in LEVEL_VERSIONS:
+                        plan = AdaptiveMechanism(size, epsilon, relation, plan_version=version).plan(one_9, n)
+                        plans[str(version)] = {"design": plan.design, "ends": list(plan.ends), "fill": plan.fill,
+                                               "groups": list(plan.groups)}
                     out.append({"shape": name, "round_one_is": kind, "size": size, "relation": relation, "epsilon": epsilon,
-                                "n": n, "round_one": [int(c) for c in one], "plans": plans})
+                                "n": n, "round_one": [int(c) for c in one], "round_one_9": [int(c) for c in one_9],
+                                "plans": plans})
     return out
 
 

@@ -1,4 +1,4 @@
-"""Plan versions 6 and 7's route over the two servers (`dpcdf.release.adaptive_route`): on large data the
+"""Plan versions 6 to 8's route over the two servers (`dpcdf.release.adaptive_route`): on large data the
 whole tree with every bit of epsilon, on small data the two rounds; under add/remove round zero's counts
 choose (version 6: one count of the whole grid; 7: round one's fine bins, which also screen point masses). Each server answers one route per task: an analyst (or anyone holding its
 token) who asks for both gets 403 from the second on, so the budget is round zero's plus one route's.
@@ -57,7 +57,8 @@ def test_point_masses_below_the_routes_n_take_the_whole_tree_on_the_servers(serv
     pair = servers[0]["noisy"]
     vals = np.full(250, 50.0)
     for _ in range(8):  # round zero's noise (each task's own PRF seeds) screens most such tasks, not all: find one
-        config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "add-remove", min_batch=0, verify=False)
+        config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "add-remove", min_batch=0, verify=False,
+                                    adaptive_plan=7)
         mech, grid = config.make_mechanism(), config.make_grid()
         assert submit(config, vals, batch=250)["complete"] == 250 and 250 < mech.whole_limit(2)
         central = mech.noisy(prefix_counts(vals, grid), _both_noises(pair, config), copies=2)
@@ -77,7 +78,8 @@ def test_each_server_answers_one_route_only(servers):
     server): the second route is refused (403, the budget is spent), the first is answered again the
     same (PRF noise: nothing spent twice); round zero is answered on either route, the same each time."""
     pair = servers[0]["noisy"]
-    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "add-remove", min_batch=0, verify=False)
+    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "add-remove", min_batch=0, verify=False,
+                                adaptive_plan=8)
     submit(config, _uniform(120, 9), batch=120)
     analyst = Analyst(config, token)
     zero = analyst._ask({"kind": "bins", "round": 0})[0]
@@ -89,7 +91,8 @@ def test_each_server_answers_one_route_only(servers):
             analyst._ask(rounds)
     assert np.array_equal(zero, analyst._ask({"kind": "bins", "round": 0})[0])
 
-    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "add-remove", min_batch=0, verify=False)
+    config, token = create_task(urls(pair), GRID8, EPSILON, "adaptive", "add-remove", min_batch=0, verify=False,
+                                adaptive_plan=8)
     submit(config, _uniform(120, 10), batch=120)
     analyst = Analyst(config, token)
     analyst._ask({"kind": "bins", "round": 1})
@@ -116,3 +119,38 @@ def test_route_queries_a_task_cannot_answer_are_400(servers):
     with pytest.raises(ServerError, match="400"):
         Analyst(tree, tree_token)._ask({"kind": "bins", "round": 0})
     assert analyst._ask({"kind": "bins", "round": 1})[0].size > 0  # nothing was fixed by the refusals
+
+
+@pytest.mark.parametrize("relation", ["substitution", "add-remove"])
+@pytest.mark.parametrize("design", ["tree", "bins"])
+def test_version_9s_round_one_is_the_trees_level_on_the_servers(servers, relation, design):
+    """Plan version 9 (the default): round one is a level of the whole tree, answered from the same PRF noise
+    as that level's nodes, so a release that ends in the tree is the tree's, and asking the level's nodes
+    again gives round one's answers; the analyst's release equals the central one with both servers' noise,
+    on either design (the tree: 3,000 values on 2^8 at eps 4, every time; a histogram: 1,000 spread values
+    on 2^10 at eps 1, about 9 tasks in 10); round zero and the whole tree are refused (400: no route)."""
+    pair = servers[0]["noisy"]
+    grid_spec, epsilon, n = (GRID8, EPSILON, 3000) if design == "tree" else ({**GRID8, "bits": 10}, 1.0, 1000)
+    for attempt in range(4):  # each task its own PRF seeds: a histogram is chosen in most, not all
+        config, token = create_task(urls(pair), grid_spec, epsilon, "adaptive", relation, min_batch=0, verify=False)
+        mech, grid = config.make_mechanism(), config.make_grid()
+        assert isinstance(mech, AdaptiveMechanism) and mech.plan_version == 9 and not mech.routed
+        vals = _uniform(n, 13 + attempt)
+        assert submit(config, vals, batch=500)["complete"] == n
+        central = mech.noisy(prefix_counts(vals, grid), _both_noises(pair, config), copies=2)
+        if central.plan.design == design:
+            break
+    assert central.plan.design == design
+    analyst = Analyst(config, token)
+    rel = analyst.release()
+    assert rel.released.plan.design == design
+    np.testing.assert_array_equal(rel.released.round_one, central.round_one)
+    want = finish_release(grid, mech, central, n if relation == "substitution" else 0, copies=2)
+    np.testing.assert_allclose(rel.counts, want.counts, atol=1e-6)
+    one = analyst._ask({"kind": "bins", "round": 1})[0]
+    assert one.size == mech.fine_ends.size and np.array_equal(one, central.round_one[len(mech.round_one_ends):])
+    if design == "tree":  # the level's nodes are round one's answers
+        assert np.array_equal(analyst._ask({"kind": "nodes", "level": mech.one_level})[0], one)
+    for refused in ({"kind": "bins", "round": 0}, {"kind": "nodes", "level": 0, "whole": True}):
+        with pytest.raises(ServerError, match="400"):
+            analyst._ask(refused)
