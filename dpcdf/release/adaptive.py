@@ -6,7 +6,8 @@ is several times more accurate at small epsilon, and on data concentrated in a s
 grid (a skewed distribution) a histogram of a few dozen bins placed at equal mass. Which of these
 fits the data is itself a question about the data, answered here by a first DP round:
 
-1. Round one spends `ROUND_ONE_SHARE` of epsilon on the counts of `ROUND_ONE_BINS` equal-width bins,
+1. (Plan version 9, the default: round one is one level of the whole tree instead, `adaptive_level`.)
+   Round one spends `ROUND_ONE_SHARE` of epsilon on the counts of `ROUND_ONE_BINS` equal-width bins,
    and `FINE_SHARE` on `fine_bins` finer ones (about 16 grid points wide): 32 bins cannot see a spike
    narrower than a bin, so a plan from them alone spread it (`fine=False`: the coarse bins alone).
    Under add/remove above eps `SHARE_EPSILON` both shares shrink as SHARE_EPSILON / eps
@@ -51,11 +52,12 @@ add/remove, composes with its bins: eps_bins + eps_root <= eps_2; a unit in a sp
 bin's count and its group's, whose DLap scales spend GROUP_SHARE (GROUP_SHARE_5) and the rest of eps_bins, while a
 unit elsewhere moves one bin's count at eps_bins: `round_two_scales`, for any groups an analyst names);
 the round-two tree is `TreeMechanism`'s guarantee at eps_2. The
-exact guarantee is round one's plus the larger of the two round-two designs', each rounded down to a
+exact guarantee is round one's plus the larger of the two round-two designs' (version 9: the larger of the
+whole tree's, whose level round one is, and round one's plus the histogram's), each rounded down to a
 rational scale, so at most epsilon whichever design the data picks. Over two servers each round is
 fixed once per task (`dpcdf.service`): a server answers round one's bins, and one round-two design,
 from its own PRF noise, so an analyst cannot spend more; a task pins `fine` (`TaskConfig.fine_bins`),
-the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`: 8 since round zero's screen under both relations, `adaptive_route`) and the shares' rule (`share_rule`,
+the plan's rules (`plan_version`, `TaskConfig.adaptive_plan`: 9 since round one is a level of the tree, `adaptive_level`) and the shares' rule (`share_rule`,
 `TaskConfig.adaptive_shares`).
 Measured against OpenDP and the Sarus methods in docs/accuracy.md.
 """
@@ -171,14 +173,18 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
     Plan version 3 (`GROUP_SHARE`): a split group's total with DLap(Delta / (0.6 eps_bins)) and its bins
     with DLap(Delta / (0.4 eps_bins)), eps_bins the bins' budget (`round_two_scales`; 0.7, 0.3 from version 5).
 
+    Plan version 9 (`adaptive_level`): round one is one level of the whole tree at its own scale, round two
+    the tree's other levels or a histogram at epsilon less that level's budget.
+
     Privacy: epsilon-DP under `relation` (module docstring): eps_1 + eps_fine + the larger of the two round-two
-    designs' guarantees, exactly, whichever the data picks. Grids of at least `MIN_ADAPTIVE_GRID`
+    designs' guarantees (version 9: the larger of the tree's and the level's plus the histogram's), exactly,
+    whichever the data picks. Grids of at least `MIN_ADAPTIVE_GRID`
     points; count releases only (one ECDF, no payload columns)."""
 
     size: int
     epsilon: float
     relation: str = "substitution"
-    fine: bool = True  # round one's fine bins too (False: the 32 coarse bins alone, as tasks made before them)
+    fine: bool = True  # round one's fine bins too (False: the 32 coarse bins alone, as tasks made before them, with a version below 9)
     # plan_version (older tasks) 1: 2-point spike bins, no `unplaced`; 2: no groups; 3: no graded bins; 4: 60% groups, 1-2 flat bins
     plan_version: int = PLAN_VERSION
     share_rule: int = SHARE_RULE  # 1: round one's shares fixed (tasks made before rule 2; `round_one_shares`)
@@ -323,7 +329,8 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
     # --- the release -------------------------------------------------------------------------
     def bin_noise(self, round_: int, count: int, noise: NoiseFn, plan: RoundTwo | None = None) -> np.ndarray:
         """The noise of a round's `count` bins (round one: its coarse bins, then its fine ones; round
-        two: `plan`'s values, `round_two_scales`), from node ids no tree node uses."""
+        two: `plan`'s values, `round_two_scales`), from node ids no tree node uses; version 9's round one is
+        the tree's level, its node ids and scale."""
         if round_ == 2:
             scales = self.round_two_scales(plan if plan is not None else RoundTwo("bins", tuple(range(count - self.root))))
             if len(scales) != count:
@@ -340,7 +347,7 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
             k = self.zero_ends.size if self.routed else 0
             if not self.routed or count != k:
                 raise ParameterError("round zero is the count of the whole grid (or from plan version 7 under add/remove, 8 "
-                                     "under both relations, of round one's fine bins), in a release of plan version 6 or later only")
+                                     "under both relations, of round one's fine bins), in a release of plan version 6 to 8 only")
             if self.scale_zero is None:
                 return np.zeros(1, np.int64)
             return noise(ROUND_ZERO_IDS + np.arange(k, dtype=np.int64), self.scale_zero)

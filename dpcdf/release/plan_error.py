@@ -6,7 +6,8 @@ one's counts reused in it, `merge`) is always the other candidate. Errors are me
 the prefix counts per grid index, in counts:
 
 - the tree's: exact, from public parameters (the consistent estimate's variance less what round
-  one's counts add, `merge.RoundOneMerge`), cached per mechanism;
+  one's counts add, `merge.RoundOneMerge`; version 9: the whole tree's own, round one being one of its
+  levels), cached per mechanism;
 - a histogram's: its noise exactly (`histogram.bins_noise`), plus what interpolation inside its
   bins misses of the data. That bias grows with the square of the counts, so on large data it
   decides. What round one's coarse counts (with their fine bins' sums) see of it is estimated
@@ -103,7 +104,8 @@ def histogram_error(mech, counts: np.ndarray, knots: np.ndarray, n: float | None
 def tree_error(mech, copies: int = 1, whole: bool = False) -> float:
     """The exact error per grid index of the tree that would end the release (averaged over `_SAMPLE`
     prefixes spread over the grid): round two's with round one's counts (and round zero's) reused
-    (`merge`), or with `whole` the whole tree's (plan version 6's route). Public: cached per mechanism."""
+    (`merge`; version 9 reuses none: its round-two tree is the whole tree), or with `whole` the whole
+    tree's (plan version 6's route). Public: cached per mechanism."""
     key = _key(mech, copies) + (whole,)
     if key not in _TREE_ERRORS and mech.size > MAX_REUSE_GRID:  # exact for the covering estimate, an upper bound
         _TREE_ERRORS[key] = copies * (mech.whole if whole else mech.tree).expected_mse()

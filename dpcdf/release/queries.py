@@ -54,7 +54,7 @@ class PrefixQuery:
 @dataclass(frozen=True)
 class NodesQuery:
     """Noisy counts of every data-holding node of one released tree level; `whole` (an adaptive task
-    of plan version 6 or later): of its whole tree, the route taken on large data (`adaptive_route`), not of its
+    of plan versions 6 to 8): of its whole tree, the route taken on large data (`adaptive_route`), not of its
     round-two tree."""
     level: int
     whole: bool | None = None
@@ -76,9 +76,9 @@ class CoordinatesQuery:
 
 @dataclass(frozen=True)
 class BinsQuery:
-    """An adaptive release's noisy bin counts: round 0 (plan version 6 and later) the counts that choose
+    """An adaptive release's noisy bin counts: round 0 (plan versions 6 to 8) the counts that choose
     the route (`adaptive_route`: the whole grid's, from version 7 under add/remove and 8 under both the fine bins'; no
-    `ends`), round 1 its fixed bins (no `ends`), round 2 the bins ending at `ends`, then the totals of
+    `ends`), round 1 its fixed bins (no `ends`; version 9: a tree level's nodes), round 2 the bins ending at `ends`, then the totals of
     those split `groups` (`RoundTwo.groups`; None: no groups)."""
     round: int
     ends: tuple[int, ...] | None = None

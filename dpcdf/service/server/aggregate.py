@@ -123,12 +123,12 @@ class Aggregator:
 
     def node_shares(self, shards: list[KeyBatch], level: int, whole: bool = False) -> np.ndarray:
         """Share of (count + this server's noise) for every data-holding node of a tree level (`whole`:
-        of an adaptive mechanism's whole tree, plan version 6 or later). ParameterError unless the mechanism
+        of an adaptive mechanism's whole tree, plan versions 6 to 8). ParameterError unless the mechanism
         releases that level's node counts (`released_levels`: none for the path mechanism; never an
         exact root that is not public)."""
         mech = getattr(self.mechanism, "whole", None) if whole else self.mechanism
         if mech is None:
-            raise ParameterError("this task's mechanism has no whole tree (adaptive, plan version 6 or later, only)")
+            raise ParameterError("this task's mechanism has no whole tree (adaptive, plan versions 6 to 8, only)")
         if isinstance(level, bool) or not isinstance(level, (int, np.integer)) or int(level) not in mech.released_levels():
             raise ParameterError(f"the {mech.name} mechanism releases node counts of levels {mech.released_levels()} "
                                  f"only, not {level!r}")
@@ -159,7 +159,8 @@ class Aggregator:
     def bin_shares(self, shards: list[KeyBatch], round_: int, ends: np.ndarray | None = None, groups=()) -> np.ndarray:
         """An adaptive task's bin counts: round 1 its fixed equal-width bins (coarse, then fine), round 2 the bins ending at
         `ends` (checked by `AdaptiveMechanism.check_plan`; then its split `groups`' totals and the whole grid's count,
-        `round_two_parts`), plus this server's noise at each value's scale (`AdaptiveMechanism.bin_noise`: ids no tree node uses). ParameterError for any other
+        `round_two_parts`), plus this server's noise at each value's scale (`AdaptiveMechanism.bin_noise`: ids no tree node uses;
+        plan version 9's round one is the nodes of a tree level, with their own noise). ParameterError for any other
         mechanism or a bad partition. Whether round two may be answered is the router's (once per task)."""
         mech = self.mechanism
         if not isinstance(mech, AdaptiveMechanism) or self.dcf.width != 1:

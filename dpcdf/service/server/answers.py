@@ -98,7 +98,7 @@ class _Nodes(Handler[NodesQuery]):
 
     def check(self, q: NodesQuery, config, agg) -> None:
         if q.whole and getattr(agg.mechanism, "whole", None) is None:
-            raise QueryRefused("only an adaptive task of plan version 6 or later (with fine bins) has a whole tree")
+            raise QueryRefused("only an adaptive task of plan versions 6 to 8 (with fine bins) has a whole tree")
         tree = agg.mechanism.whole if q.whole else agg.mechanism
         if config.mechanism not in ("tree", "adaptive") or q.level not in tree.released_levels():
             raise QueryRefused("node queries need the tree mechanism and a released level")
@@ -130,7 +130,7 @@ class _Bins(Handler[BinsQuery]):
         if (q.round == 2) != (q.ends is not None) or (q.groups is not None and q.round != 2):
             raise QueryRefused("round 1's bins (and round 0's count) are the task's (no ends); round 2 names its bins' ends (and groups)")
         if q.round == 0 and not getattr(agg.mechanism, "routed", False):
-            raise QueryRefused("round 0 (the counts that choose the route) is an adaptive task's of plan version 6 or later "
+            raise QueryRefused("round 0 (the counts that choose the route) is an adaptive task's of plan versions 6 to 8 "
                                "(with fine bins)")
         if q.ends is not None:
             try:
@@ -192,7 +192,7 @@ def check(q: Query, config: "TaskConfig", agg: "Aggregator") -> None:
 
 
 def _rounds(config: "TaskConfig") -> list[tuple[str, str, str]]:
-    """An adaptive task of plan version 6 or later answers round one and round two (or the whole tree) on one
+    """An adaptive task of plan versions 6 to 8 answers round one and round two (or the whole tree) on one
     route only: a query of the rounds fixes that route (`dpcdf.release.adaptive_route`)."""
     routed = config.mechanism == "adaptive" and takes_routes(config.adaptive_plan, config.fine_bins)
     return [("route", json.dumps("rounds"), SPENT_ROUTE)] if routed else []

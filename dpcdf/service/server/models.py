@@ -198,10 +198,10 @@ class CoordinatesQuery(QueryModel):
 
 
 class BinsQuery(QueryModel):
-    """Adaptive tasks: shares of noisy bin counts. Round 0 (plan version 6 and later; no ends): the counts
+    """Adaptive tasks: shares of noisy bin counts. Round 0 (plan versions 6 to 8; no ends): the counts
     that choose the route: n itself under substitution (from version 8 round one's fine bins' counts,
     noisy); under add/remove the whole grid's count, from version 7 the fine bins' counts, noisy. Round 1: the task's fixed equal-width bins (no
-    ends). Round 2: the bins ending at `ends` (strictly increasing grid indices, the last one the grid's
+    ends; plan version 9: the nodes of one level of the tree, with that level's node noise). Round 2: the bins ending at `ends` (strictly increasing grid indices, the last one the grid's
     last), fixed by the task's first round-two query: a task answers one round-two design only (these
     bins, or its tree's nodes), as another would spend the budget again."""
     kind: Literal["bins"]
