@@ -15,8 +15,8 @@ Two checks, each run on the kernel and on its previous, branching version (which
   pointer the model cannot place in an object is a violation too.
 Not checked: the machine code LLVM emits (its x86 backend may turn a select into a branch), numba's
 reference counting (NRT_*), the AES calls between levels (pycryptodome's ECB), the numpy code around the
-kernels (the F_p payload step is elementwise masks there, see `fss.portable._gen_payload_prime`), the
-portable eval kernels, and timing itself."""
+kernels (the F_p payload step is elementwise masks there, see `fss.portable._gen_payload_prime`), and
+timing itself. The portable eval kernels: `test_constant_time_portable_eval.py`."""
 import ast
 import inspect
 import re
