@@ -294,7 +294,7 @@ def trie_steps(width: int, has_v: bool, tier: str):
 
 
 @functools.lru_cache(maxsize=None)
-def gen_group(width: int, has_v: bool, tier: str):
+def gen_group(width: int, has_v: bool, tier: str, halves: int = HALVES):
     """The intrinsic gen16(alphas, betas, roots, g, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v):
     both parties' correction words for the 16 key pairs of group g (BCG+21 Fig. 1), written into the
     grouped arrays cw_seed (G, bits, 2, 16), cw_t (G, bits, 16), cw_v (G, v_levels, width, 16).
@@ -326,7 +326,7 @@ def gen_group(width: int, has_v: bool, tier: str):
                 return BE.load8(_off(b, b.mul(_c64(e), n_pad), k_, _c64(8 * h)))
 
             state = []  # per half: s0 lo, s0 hi, s1 lo, s1 hi, t0, t1, v_alpha[width]
-            for h in range(HALVES):
+            for h in range(halves):
                 kh = _off(b, k_, _c64(8 * h))
                 state += [RO.load8(_off(b, b.mul(_c64(r), n_pad), kh)) for r in range(4)]
                 state += [zero, one] + [zero] * (width if has_v else 0)
@@ -335,7 +335,7 @@ def gen_group(width: int, has_v: bool, tier: str):
             def level(i, st):
                 sh = A.splat(b, b.sub(b.sub(bits_, _c64(1)), i))
                 new = []
-                for h in range(HALVES):
+                for h in range(halves):
                     s0lo, s0hi, s1lo, s1hi, t0, t1 = st[per_half * h : per_half * h + 6]
                     va = st[per_half * h + 6 : per_half * (h + 1)]
                     lane = _c64(8 * h)
@@ -389,7 +389,7 @@ def gen_group(width: int, has_v: bool, tier: str):
 
             final = _level_loop(b, bits_, state, level)
             last = b.mul(bits_, _c64(width)) if has_v else _c64(0)
-            for h in range(HALVES):
+            for h in range(halves):
                 s0lo, s0hi, s1lo, s1hi, t0, t1 = final[per_half * h : per_half * h + 6]
                 va = final[per_half * h + 6 : per_half * (h + 1)] or [zero] * width
                 lane = _c64(8 * h)

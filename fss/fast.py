@@ -471,16 +471,46 @@ def _gen_kernel(width: int, has_v: bool, tier: str):
 
 @functools.lru_cache(maxsize=256)
 def _gen_constants(p: TreeParams, tier: str) -> tuple:
-    """A function's gen kernel and its scalar arguments, worked out once per (function, tier)."""
+    """A function's one-key gen kernel (`_one_kernel`) and its scalar arguments, worked out once per (function, tier)."""
     ones = np.uint64(2**64 - 1)
     below = ones if p.beta_below else np.uint64(0)
     equal = ones if p.beta_equal else np.uint64(0)
     joint = payload_dtype(p) == np.uint64  # cw_v in cw_seed's allocation (else its own, 32-bit)
     cw_size = (2 * p.bits + (p.v_levels * p.width if joint else 0)) * GROUP
-    return _gen_kernel(p.width, p.level_payload, require(tier)), p.bits, np.uint64(p.mask), below, equal, p.width, cw_size, joint
+    return _one_kernel(p.width, p.level_payload, require(tier), joint), p.bits, np.uint64(p.mask), below, equal, p.width, cw_size, joint
 
 
 _one = threading.local()  # each thread's staging arrays for `gen_one` (the kernel reads them; zeroed after)
+_NO_V = np.zeros((1, 1, 1, 1), np.uint64)  # `_one_kernel`'s own_v where cw_v lies in `out` (64-bit payloads): never read
+
+
+@functools.lru_cache(maxsize=None)
+def _one_kernel(width: int, has_v: bool, tier: str, joint: bool):
+    """One key's gen in one compiled call (issue 45, one-key latency): its root seeds and payload put in lane 0
+    of this thread's staging (`_staging`, where the caller put alpha), the gen intrinsic for the first 8 lanes
+    (`gen_group` with one half: half a group's AES work), both parties' seeds copied out, and the staging's
+    lane 0 zeroed again. The intrinsic is called here, not through `_gen_kernel`'s dispatcher: a cached
+    kernel calling another dispatcher can be linked to a same-named function of another process's cache."""
+    group = gen_group(width, has_v, tier, 1)
+
+    @njit(nogil=True)
+    def one(words, beta, flat, bits, mask, below, equal, rk, out, cw_t, own_v, v_levels):
+        w = beta.shape[0]
+        roots, alphas = flat[: 4 * GROUP].reshape((2, 2, GROUP)), flat[4 * GROUP: 5 * GROUP]
+        betas = flat[5 * GROUP: (5 + w) * GROUP].reshape((w, GROUP))
+        cw_seed = out[4 * GROUP: (4 + 2 * bits) * GROUP].reshape((1, bits, 2, GROUP))
+        cw_v = out[(4 + 2 * bits) * GROUP:].reshape((1, v_levels, w, GROUP)) if joint else own_v
+        for j in range(4):
+            flat[j * GROUP] = words[j]
+        for e in range(w):
+            flat[(5 + e) * GROUP] = beta[e]
+        group(alphas, betas, roots, 0, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v)
+        for j in range(4):  # both parties' seeds: out's first (2, 1, 2, GROUP)
+            out[j * GROUP] = flat[j * GROUP]
+        for r in range(5 + w):  # no seed, alpha or payload stays staged
+            flat[r * GROUP] = 0
+
+    return _cache.cached(one, _tag(width, has_v, tier) + ("-one" if joint else "-one32"))
 
 
 def _staging(w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
@@ -499,25 +529,30 @@ def _staging(w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
 def gen_one(p: TreeParams, alpha: int, beta, randomness: bytes, tier: str) -> tuple[KeyBatch, KeyBatch]:
     """`gen_batch` of one key (internal `alpha`, payload `beta`: an int or (width,) values, `randomness`
     its 32 root-seed bytes, laid out as `gen_batch`'s roots), without its reshaping and padding: one
-    key's latency is then the kernel's one group and little else (issue 45). The same keys, bit for bit
-    (tests/fss_tests/test_one_key_paths.py)."""
-    kernel, bits, mask, below, equal, w, cw_size, joint = _gen_constants(p, tier)
-    flat, roots, alphas, betas = _staging(w)
-    flat[0: 4 * GROUP: GROUP] = np.frombuffer(randomness, "<u8")  # lane 0 of roots[d, word]
-    flat[4 * GROUP] = alpha
-    flat[5 * GROUP:: GROUP] = beta
-    cw = np.empty(cw_size, np.uint64)  # cw_seed (1, bits, 2, GROUP), and with 64-bit payloads cw_v (1, v_levels, w, GROUP)
-    cw_seed = cw[: 2 * bits * GROUP].reshape(1, bits, 2, GROUP)
+    key's latency is then one compiled call of half a group's work (`_one_kernel`) and little else (issue 45).
+    The same keys, bit for bit (tests/fss_tests/test_one_key_paths.py); both parties' seeds and the shared
+    corrections in one read-only allocation (no two keys' seeds overlap)."""
+    one, bits, mask, below, equal, w, cw_size, joint = _gen_constants(p, tier)
+    flat = _staging(w)[0]
+    out = np.zeros(4 * GROUP + cw_size, np.uint64)  # zeros: the kernel writes lanes 0 to 7 only
+    cw_t = np.zeros((1, bits, GROUP), np.uint8)
     v_shape = (1, p.v_levels, w, GROUP)
-    cw_v = cw[2 * bits * GROUP:].reshape(v_shape) if joint else np.empty(v_shape, payload_dtype(p))
-    cw_t = np.empty((1, bits, GROUP), np.uint8)
+    own_v = _NO_V if joint else np.zeros(v_shape, payload_dtype(p))  # (joint: cw_v is in `out`)
+    betas = np.empty(w, np.uint64)
+    betas[:] = beta  # (an int, or the width's values)
+    flat[4 * GROUP] = alpha
     try:
-        kernel(alphas, betas, roots, bits, mask, below, equal, round_keys(), cw_seed, cw_t, cw_v, 0, 1)
-        s0, s1 = roots[0:1].copy(), roots[1:2].copy()  # each key its own seed's array
+        one(np.frombuffer(randomness, "<u8"), betas, flat, bits, mask, below, equal, round_keys(), out, cw_t, own_v, p.v_levels)
+    except BaseException:  # (the kernel zeroes the staging's lane 0 itself when it returns)
+        flat[0:: GROUP] = 0
+        raise
     finally:
-        flat[0:: GROUP] = 0  # no seed, alpha or payload stays in the staging arrays (lane 0 of each row)
-    for a in (s0, s1, cw_seed, cw_t, cw_v):
+        betas[:] = 0
+    for a in (out, cw_t) if joint else (out, cw_t, own_v):  # read-only, and so every view made of them below
         a.setflags(write=False)
+    s0, s1 = out[: 2 * GROUP].reshape(1, 2, GROUP), out[2 * GROUP: 4 * GROUP].reshape(1, 2, GROUP)
+    cw_seed = out[4 * GROUP: (4 + 2 * bits) * GROUP].reshape(1, bits, 2, GROUP)
+    cw_v = out[(4 + 2 * bits) * GROUP:].reshape(v_shape) if joint else own_v
     return KeyBatch._of(p, 0, 1, s0, cw_seed, cw_t, cw_v), KeyBatch._of(p, 1, 1, s1, cw_seed, cw_t, cw_v)
 
 

@@ -4,7 +4,7 @@ take no branch and compute no address from secret data, on every tier this CPU r
 `test_constant_time.py` (`ir_taint`) over each kernel's optimized module, every function the kernel calls
 included, for the argument types the library itself passes (taken from the kernels after a real call).
 
-Secret: gen's alphas, betas and root seeds; eval's key arrays (seeds, cw_seed, cw_t, cw_v), and all
+Secret: gen's alphas, betas and root seeds (the one-key gen's words, beta and staging array); eval's key arrays (seeds, cw_seed, cw_t, cw_v), and all
 that is derived from them, in registers or through memory (the trie's node slots, the grid's node
 buffers and correction rows, the output rows the sketch reads back). Public: the points x, the trie
 programs and grid plans, the shapes, the party, the round keys.
@@ -50,8 +50,10 @@ FUNCTIONS = {"dcf64w3": DCF(10, 64, 3), "dpf32": DPF(9, 32, 1), "p61w2": DCF(8, 
 # leaf-only payload and 32-bit corrections; over F_p (every F_p key is made by the portable gen) eval_grid
 # of width 2 (round one's keys: `_blockgrid` on the 16-register tiers, else `_grid`) with its sketch, and
 # where width 2 takes `_blockgrid`, width 1 for `_grid`'s F_p step
-CASES = [("dcf64w3", k) for k in ("gen", "eval_batch", "eval_sum", "eval_sum_trie", "eval_grid")] + \
-        [("dpf32", "gen"), ("dpf32", "eval_batch"), ("p61w2", "eval_grid"), ("p61w2", "eval_grid_sums"), ("p61w1", "eval_grid")]
+CASES = [("dcf64w3", k) for k in ("gen", "gen_one", "eval_batch", "eval_sum", "eval_sum_trie", "eval_grid")] + \
+        [("dpf32", "gen"), ("dpf32", "gen_one"), ("dpf32", "eval_batch"), ("p61w2", "eval_grid"), ("p61w2", "eval_grid_sums"),
+         ("p61w1", "eval_grid")]
+ONE = ("words", "beta", "flat")  # the one-key gen (`fast._one_kernel`): its root seeds, payload, staging (alpha there)
 TIER_CASES = [(t, c) for t in TIERS for c in CASES if c[0] != "p61w1" or fits(2, True, 2, t)]
 
 
@@ -67,7 +69,7 @@ def _run(tier: str, name: str):
         k0, _ = portable.gen_batch(p, alphas, betas, roots)
     else:
         k0, _ = F.gen_batch(p, alphas, betas, roots, tier)
-        F.gen_one(p, 3, 1, bytes(32), tier)  # the one-key path's staging arrays: the same kernel
+        F.gen_one(p, 3, 1, bytes(32), tier)  # the one-key path (`_one_kernel`, its half-group gen kernel inside)
         F.eval_batch(k0, alphas, tier)
         F.eval_sum(k0, alphas[:1], tier)
         F.eval_sum(k0, alphas[:3], tier)
@@ -88,6 +90,8 @@ def kernel_irs(tier: str, name: str, kernel: str) -> tuple:
     w, v = p.width, p.level_payload
     if kernel == "gen":
         dispatcher, secrets = F._gen_kernel(w, v, tier), GEN
+    elif kernel == "gen_one":
+        dispatcher, secrets = F._one_kernel(w, v, tier, F.payload_dtype(p) == np.uint64), ONE
     else:
         secrets = KEYS
         dispatcher = {"eval_batch": F._batch_kernel, "eval_sum": F._sum_kernel, "eval_sum_trie": F._trie_kernel}.get(kernel)
