@@ -30,6 +30,7 @@ from ._fused import gen_group, trie_steps
 from ._blockgrid import block_step, fits
 from ._grid import grid_step
 from ._linear import fold_all, lane_sketch, no_sketch, row_sketch
+from .errors import ParameterError
 from .keys import GROUP, KeyBatch, groups, payload_dtype, to_groups
 from .params import TreeParams
 
@@ -494,19 +495,20 @@ def _one_kernel(width: int, has_v: bool, tier: str, joint: bool):
     group = gen_group(width, has_v, tier, 1)
 
     @njit(nogil=True)
-    def one(words, beta, flat, bits, mask, below, equal, rk, out, cw_t, own_v, v_levels):
+    def one(words, beta, flat, bits, mask, below, equal, rk, out, cw_t, own_v, v_levels, s0, s1):
         w = beta.shape[0]
         roots, alphas = flat[: 4 * GROUP].reshape((2, 2, GROUP)), flat[4 * GROUP: 5 * GROUP]
         betas = flat[5 * GROUP: (5 + w) * GROUP].reshape((w, GROUP))
-        cw_seed = out[4 * GROUP: (4 + 2 * bits) * GROUP].reshape((1, bits, 2, GROUP))
-        cw_v = out[(4 + 2 * bits) * GROUP:].reshape((1, v_levels, w, GROUP)) if joint else own_v
+        cw_seed = out[: 2 * bits * GROUP].reshape((1, bits, 2, GROUP))
+        cw_v = out[2 * bits * GROUP:].reshape((1, v_levels, w, GROUP)) if joint else own_v
         for j in range(4):
             flat[j * GROUP] = words[j]
         for e in range(w):
             flat[(5 + e) * GROUP] = beta[e]
         group(alphas, betas, roots, 0, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v)
-        for j in range(4):  # both parties' seeds: out's first (2, 1, 2, GROUP)
-            out[j * GROUP] = flat[j * GROUP]
+        for j in range(2):  # each party's seed into its own array
+            s0[0, j, 0] = flat[j * GROUP]
+            s1[0, j, 0] = flat[(2 + j) * GROUP]
         for r in range(5 + w):  # no seed, alpha or payload stays staged
             flat[r * GROUP] = 0
 
@@ -530,11 +532,16 @@ def gen_one(p: TreeParams, alpha: int, beta, randomness: bytes, tier: str) -> tu
     """`gen_batch` of one key (internal `alpha`, payload `beta`: an int or (width,) values, `randomness`
     its 32 root-seed bytes, laid out as `gen_batch`'s roots), without its reshaping and padding: one
     key's latency is then one compiled call of half a group's work (`_one_kernel`) and little else (issue 45).
-    The same keys, bit for bit (tests/fss_tests/test_one_key_paths.py); both parties' seeds and the shared
-    corrections in one read-only allocation (no two keys' seeds overlap)."""
+    The same keys, bit for bit (tests/fss_tests/test_one_key_paths.py); each party's seed in its own
+    read-only array, the shared corrections in one."""
+    if len(randomness) != 32:  # (the kernel reads four words of it)
+        raise ParameterError(f"one key's gen takes 32 bytes of root seeds, got {len(randomness)}")
     one, bits, mask, below, equal, w, cw_size, joint = _gen_constants(p, tier)
     flat = _staging(w)[0]
-    out = np.zeros(4 * GROUP + cw_size, np.uint64)  # zeros: the kernel writes lanes 0 to 7 only
+    # zeros: the kernel writes lanes 0 to 7 only. Each party's seed in its own array (neither key holds the
+    # other's seed, not even through `.base`); the shared corrections together in `out`
+    s0, s1 = np.zeros((1, 2, GROUP), np.uint64), np.zeros((1, 2, GROUP), np.uint64)
+    out = np.zeros(cw_size, np.uint64)
     cw_t = np.zeros((1, bits, GROUP), np.uint8)
     v_shape = (1, p.v_levels, w, GROUP)
     own_v = _NO_V if joint else np.zeros(v_shape, payload_dtype(p))  # (joint: cw_v is in `out`)
@@ -542,17 +549,17 @@ def gen_one(p: TreeParams, alpha: int, beta, randomness: bytes, tier: str) -> tu
     betas[:] = beta  # (an int, or the width's values)
     flat[4 * GROUP] = alpha
     try:
-        one(np.frombuffer(randomness, "<u8"), betas, flat, bits, mask, below, equal, round_keys(), out, cw_t, own_v, p.v_levels)
+        one(np.frombuffer(randomness, "<u8"), betas, flat, bits, mask, below, equal, round_keys(), out, cw_t, own_v, p.v_levels,
+            s0, s1)
     except BaseException:  # (the kernel zeroes the staging's lane 0 itself when it returns)
         flat[0:: GROUP] = 0
         raise
     finally:
         betas[:] = 0
-    for a in (out, cw_t) if joint else (out, cw_t, own_v):  # read-only, and so every view made of them below
+    for a in (s0, s1, out, cw_t) if joint else (s0, s1, out, cw_t, own_v):  # read-only, and every view made of them below
         a.setflags(write=False)
-    s0, s1 = out[: 2 * GROUP].reshape(1, 2, GROUP), out[2 * GROUP: 4 * GROUP].reshape(1, 2, GROUP)
-    cw_seed = out[4 * GROUP: (4 + 2 * bits) * GROUP].reshape(1, bits, 2, GROUP)
-    cw_v = out[(4 + 2 * bits) * GROUP:].reshape(v_shape) if joint else own_v
+    cw_seed = out[: 2 * bits * GROUP].reshape(1, bits, 2, GROUP)
+    cw_v = out[2 * bits * GROUP:].reshape(v_shape) if joint else own_v
     return KeyBatch._of(p, 0, 1, s0, cw_seed, cw_t, cw_v), KeyBatch._of(p, 1, 1, s1, cw_seed, cw_t, cw_v)
 
 

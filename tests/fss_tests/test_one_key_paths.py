@@ -146,3 +146,21 @@ def test_one_keys_gen_from_many_threads_leaves_no_seed_staged():
     for t in threads:
         t.join()
     assert errors == []
+
+
+@pytest.mark.parametrize("tier", [t for t in backend.available() if t != "portable"])
+@pytest.mark.parametrize("fn", [DCF(32, 64), DCF(16, 20, 3), DPF(12, 64, 2)], ids=repr)
+def test_neither_key_reaches_the_other_partys_seed(tier, fn):
+    """Review of the one-key kernel: each party's key arrays, and the arrays they are views of, share no
+    memory with the other party's seed (an earlier version kept both seeds in one allocation that each
+    key's corrections were views of); all of them are read-only. And `fast.gen_one` refuses randomness that
+    is not 32 bytes (its kernel reads four words)."""
+    with backend.using(tier):
+        k0, k1 = fn.gen(5, 1 if fn.width == 1 else list(range(1, fn.width + 1)))
+    for mine, theirs in ((k0.batch, k1.batch), (k1.batch, k0.batch)):
+        for a in (mine.seeds, mine.cw_seed, mine.cw_t, mine.cw_v):
+            assert not a.flags.writeable
+            for b in (a, a.base):
+                assert b is None or not np.shares_memory(b, theirs.seeds)
+    with pytest.raises(ParameterError, match="32 bytes"):
+        fast.gen_one(fn.params, 5, 1, bytes(24), tier)
