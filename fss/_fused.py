@@ -300,7 +300,8 @@ def gen_group(width: int, has_v: bool, tier: str, halves: int = HALVES):
     grouped arrays cw_seed (G, bits, 2, 16), cw_t (G, bits, 16), cw_v (G, v_levels, width, 16).
     alphas (n_pad,) internal; betas (width, n_pad); roots (2 parties, 2 words, n_pad), n_pad a
     multiple of 16; below / equal: all-ones or zero masks that switch beta on for x < alpha and
-    x == alpha."""
+    x == alpha. `halves` 1: the group's first 8 keys alone, half the AES work (one key's gen,
+    `fast._one_kernel`); the other lanes of the outputs are left as they are."""
 
     @intrinsic
     def gen16(typingctx, alphas, betas, roots, g, bits, mask, below, equal, rk, cw_seed, cw_t, cw_v):

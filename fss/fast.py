@@ -515,16 +515,15 @@ def _one_kernel(width: int, has_v: bool, tier: str, joint: bool):
     return _cache.cached(one, _tag(width, has_v, tier) + ("-one" if joint else "-one32"))
 
 
-def _staging(w: int) -> tuple[np.ndarray, np.ndarray, np.ndarray, np.ndarray]:
-    """This thread's staging for one key: flat, a (5 + w) * GROUP array zero but in lane 0, and its
-    views roots (2, 2, GROUP), alphas (GROUP,), betas (w, GROUP), the kernel's arguments."""
+def _staging(w: int) -> np.ndarray:
+    """This thread's staging for one key: a (5 + w) * GROUP array, zero but in lane 0 during a gen, laid
+    out as the kernel's roots (2, 2, GROUP), alphas (GROUP,) and betas (w, GROUP), one after another
+    (`_one_kernel` makes those views itself)."""
     staged = getattr(_one, "staged", None)
     if staged is None:
         staged = _one.staged = {}
     if w not in staged:
-        flat = np.zeros((5 + w) * GROUP, np.uint64)
-        staged[w] = (flat, flat[: 4 * GROUP].reshape(2, 2, GROUP), flat[4 * GROUP: 5 * GROUP],
-                     flat[5 * GROUP:].reshape(w, GROUP))
+        staged[w] = np.zeros((5 + w) * GROUP, np.uint64)
     return staged[w]
 
 
@@ -537,7 +536,7 @@ def gen_one(p: TreeParams, alpha: int, beta, randomness: bytes, tier: str) -> tu
     if len(randomness) != 32:  # (the kernel reads four words of it)
         raise ParameterError(f"one key's gen takes 32 bytes of root seeds, got {len(randomness)}")
     one, bits, mask, below, equal, w, cw_size, joint = _gen_constants(p, tier)
-    flat = _staging(w)[0]
+    flat = _staging(w)
     # zeros: the kernel writes lanes 0 to 7 only. Each party's seed in its own array (neither key holds the
     # other's seed, not even through `.base`); the shared corrections together in `out`
     s0, s1 = np.zeros((1, 2, GROUP), np.uint64), np.zeros((1, 2, GROUP), np.uint64)
