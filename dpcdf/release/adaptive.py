@@ -225,9 +225,12 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
         self.eps_two = budget - self.eps_one - self.eps_fine
         while Fraction(self.eps_one) + Fraction(self.eps_fine) + Fraction(self.eps_two) > Fraction(budget):
             self.eps_two = math.nextafter(self.eps_two, 0.0)  # the float split's last bit
-        if not self.rules.level_one:
+        if not self.rules.level_one:  # (version 9 set its round one's scale and layout above)
             self.scale_one = scale_fraction(delta, self.eps_one)
             self.scale_fine = scale_fraction(delta, self.eps_fine) if self.fine else None
+            self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
+            self.round_one_ends = equal_width_ends(self.size, ROUND_ONE_BINS)
+            self.fine_ends = equal_width_ends(self.size, fine_bins(self.size)) if self.fine else np.zeros(0, np.int64)
         self.scale_two = scale_fraction(delta, self.eps_two)
         self.root = self.share_rule >= 2 and self.fine and self.relation == "add-remove" and self.epsilon >= ROOT_EPSILON
         self.scale_root = None
@@ -241,10 +244,6 @@ class AdaptiveMechanism(RoutedRelease, RoundOnePlanner, Mechanism):
             assert self.group_share is not None  # (every plan version with groups gives their share)
             eps_group, eps_inner = split_budget(eps_bins, self.group_share)
             self.scale_group, self.scale_inner = scale_fraction(delta, eps_group), scale_fraction(delta, eps_inner)
-        if not self.rules.level_one:
-            self.tree = TreeMechanism(self.size, self.eps_two, self.relation)
-            self.round_one_ends = equal_width_ends(self.size, ROUND_ONE_BINS)
-            self.fine_ends = equal_width_ends(self.size, fine_bins(self.size)) if self.fine else np.zeros(0, np.int64)
         self.whole = TreeMechanism(self.size, budget, self.relation) if self.routed else None
         self.shape = self.tree.shape  # node queries are round two's tree's (or with `whole`, the whole tree's)
         # what a server answers as round one (version 9: the level's nodes alone; the coarse bins are their sums)
